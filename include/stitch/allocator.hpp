@@ -1,0 +1,102 @@
+// stitch/allocator.hpp — the C++ API: a caching allocator object over one backend.
+//
+// An Allocator owns its caches and needs no process-wide state; several can coexist (each with
+// its own backend). The C API (stitch.h) drives one process-wide Allocator.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+
+#include "stitch/backend.hpp"
+#include "stitch/config.hpp"
+#include "stitch/errors.hpp"
+#include "stitch/stats.hpp"
+
+namespace stitch {
+
+class DeviceAllocator;
+
+/// Creates the backend a configuration names (`backend:sim` or `backend:cuda`).
+/// Throws stitch::backend_error if it is unavailable (e.g. "no CUDA device"); never substitutes
+/// another backend.
+std::shared_ptr<Backend> make_backend(const Config& config);
+
+/// A caching device allocator. Thread-safe: any thread may allocate and free on any device.
+class Allocator {
+ public:
+  /// Builds the backend named by `config` (see make_backend()).
+  explicit Allocator(const Config& config);
+  /// Uses `backend` (config.backend and the sim_* keys are then ignored).
+  Allocator(const Config& config, std::shared_ptr<Backend> backend);
+  /// Returns every cached segment to the device. Blocks still allocated are leaked to the
+  /// device (they stay valid until the backend is destroyed).
+  ~Allocator();
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  /// Allocates `bytes` on `device` for use on `stream`. Returns nullptr for 0 bytes.
+  /// Throws stitch::out_of_memory (a std::bad_alloc) when the request cannot be served, and
+  /// stitch::invalid_argument for a bad device.
+  [[nodiscard]] void* allocate(std::size_t bytes, stream_t stream = nullptr, int device = 0);
+  /// Frees a pointer returned by allocate(). The device is found from the pointer.
+  /// Throws stitch::invalid_argument (and counts num_invalid_frees) for an unknown pointer or a
+  /// double free, leaving everything else intact. nullptr is ignored.
+  void deallocate(void* ptr, stream_t stream = nullptr);
+  /// As deallocate(), also checking that `bytes` is the size requested and `device` the device
+  /// the pointer was allocated on (PyTorch's free hook passes both).
+  void deallocate(void* ptr, std::size_t bytes, int device, stream_t stream);
+  /// Marks `ptr` as used on `stream`: after it is freed, the block is reused only once the work
+  /// queued on `stream` up to the free has completed.
+  void record_stream(void* ptr, stream_t stream);
+
+  /// Returns every entirely free cached segment of `device` (-1: of every device) to the device,
+  /// after waiting for the streams that used them.
+  void empty_cache(int device = -1);
+  /// Caps what `device` may reserve at `fraction` of its capacity (1.0 removes the cap).
+  void set_memory_fraction(double fraction, int device);
+  /// Applies tunables from a `key:value,...` string. Keys fixed at construction (backend,
+  /// sim_capacity_mb, sim_devices) may only be repeated with their current value.
+  void configure(std::string_view conf);
+
+  /// A copy of `device`'s statistics.
+  [[nodiscard]] DeviceStats stats(int device) const;
+  /// One statistic by flat key ("allocated_bytes.all.current"); nullopt if the key is unknown.
+  [[nodiscard]] std::optional<std::int64_t> stat(int device, std::string_view key) const;
+  void reset_peak_stats(int device);
+  void reset_accumulated_stats(int device);
+
+  /// Size and device of the live allocation containing... exactly starting at `ptr`.
+  struct BlockInfo {
+    int device = -1;
+    std::size_t requested = 0;  ///< bytes asked for
+    std::size_t size = 0;       ///< bytes of the block (after rounding)
+    stream_t stream = nullptr;  ///< allocation stream
+  };
+  [[nodiscard]] std::optional<BlockInfo> find(const void* ptr) const;
+
+  /// Checks every internal invariant of every device (block chains tile their segments, no two
+  /// blocks overlap, the free index holds exactly the free blocks, statistics equal a recount).
+  /// Throws stitch::error describing the first violation.
+  void validate() const;
+
+  [[nodiscard]] int device_count() const noexcept;
+  [[nodiscard]] const Config& config() const noexcept { return config_; }
+  [[nodiscard]] Backend& backend() const noexcept { return *backend_; }
+
+  /// The per-device allocator (for diagnostics).
+  [[nodiscard]] DeviceAllocator& device(int device) const;
+
+ private:
+  DeviceAllocator& checked_device(int device) const;
+  DeviceAllocator* owner_of(const void* ptr, int hint) const;
+
+  Config config_;
+  std::shared_ptr<Backend> backend_;
+  std::unique_ptr<std::unique_ptr<DeviceAllocator>[]> devices_;
+  int device_count_ = 0;
+};
+
+}  // namespace stitch

@@ -1,0 +1,85 @@
+// stitch/backend.hpp — the one interface between the allocator core and a device.
+//
+// The core never talks to CUDA directly: everything device-side goes through a Backend.
+// Two implementations ship with stitch: SimBackend (host memory that behaves like a GPU) and
+// CudaBackend (the CUDA runtime plus the driver's virtual-memory API).
+//
+// Error contract for every method: running out of device memory is reported through the return
+// value (nullptr / 0 / false, as documented per method); every other failure throws
+// stitch::backend_error with a message naming the call. A method that throws has changed nothing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace stitch {
+
+/// A stream handle: a cudaStream_t passed as an opaque pointer. nullptr is the default stream.
+using stream_t = void*;
+/// An event handle created by Backend::create_event.
+using event_t = void*;
+/// A handle to physical device memory created by Backend::create_physical (0 is never valid).
+using phys_handle_t = std::uint64_t;
+
+/// Device memory as the device reports it.
+struct MemoryInfo {
+  std::size_t free = 0;   ///< bytes the device could still hand out
+  std::size_t total = 0;  ///< device capacity in bytes
+};
+
+/// The device-side operations the allocator core needs. Implementations must be thread-safe.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  /// Short name ("sim", "cuda") used in messages and snapshots.
+  [[nodiscard]] virtual const char* name() const noexcept = 0;
+  /// Number of devices this backend drives (devices are numbered 0..count-1).
+  [[nodiscard]] virtual int device_count() = 0;
+  /// Free and total memory of a device.
+  [[nodiscard]] virtual MemoryInfo memory_info(int device) = 0;
+  /// Granularity of physical allocations and mappings (2 MiB on current GPUs), a power of two.
+  [[nodiscard]] virtual std::size_t granularity(int device) = 0;
+  /// Whether the virtual-memory calls (reserve/create_physical/map/unmap) work on this device.
+  [[nodiscard]] virtual bool supports_virtual_memory(int device) = 0;
+
+  // ---- plain device memory (cudaMalloc / cudaFree) -------------------------------------------
+  /// Allocates `bytes` of device memory, at least 512-byte aligned. Returns nullptr when the
+  /// device is out of memory.
+  [[nodiscard]] virtual void* allocate(int device, std::size_t bytes) = 0;
+  /// Frees memory returned by allocate(); `bytes` is the size that was allocated.
+  virtual void deallocate(int device, void* ptr, std::size_t bytes) = 0;
+
+  // ---- virtual memory (cuMemAddressReserve / cuMemCreate / cuMemMap ...) -----------------------
+  /// Reserves a range of virtual addresses (no memory behind it). `bytes` and `alignment` are
+  /// multiples of granularity(). Returns nullptr when no address space is left.
+  [[nodiscard]] virtual void* reserve(int device, std::size_t bytes, std::size_t alignment) = 0;
+  /// Releases a reservation made by reserve(); nothing may still be mapped in it.
+  virtual void release_reservation(int device, void* va, std::size_t bytes) = 0;
+  /// Creates `bytes` (a multiple of granularity()) of physical memory. Returns 0 when the device
+  /// is out of memory. Physical memory counts against the device's capacity.
+  [[nodiscard]] virtual phys_handle_t create_physical(int device, std::size_t bytes) = 0;
+  /// Releases physical memory. If it is still mapped somewhere it is freed when the last mapping
+  /// goes away (as cuMemRelease does).
+  virtual void release_physical(int device, phys_handle_t handle) = 0;
+  /// Maps the whole of `handle` (of size `bytes`) at `va`, inside a reservation, and makes it
+  /// readable and writable from `device`.
+  virtual void map(int device, void* va, std::size_t bytes, phys_handle_t handle) = 0;
+  /// Unmaps `bytes` at `va` (a range previously mapped by one or more map() calls).
+  virtual void unmap(int device, void* va, std::size_t bytes) = 0;
+
+  // ---- events and streams -------------------------------------------------------------------
+  /// Creates an event (timing disabled). The core pools events; this is not on any fast path.
+  [[nodiscard]] virtual event_t create_event(int device) = 0;
+  virtual void destroy_event(int device, event_t event) = 0;
+  /// Records `event` on `stream`: it completes once the work queued on the stream so far is done.
+  virtual void record_event(int device, event_t event, stream_t stream) = 0;
+  /// True when the work captured by the last record_event() has completed.
+  [[nodiscard]] virtual bool query_event(int device, event_t event) = 0;
+  /// Blocks until the event has completed.
+  virtual void synchronize_event(int device, event_t event) = 0;
+  /// Blocks until all work queued on `stream` has completed.
+  virtual void synchronize_stream(int device, stream_t stream) = 0;
+};
+
+}  // namespace stitch

@@ -1,0 +1,53 @@
+// stitch/config.hpp — allocator settings and the parser for PyTorch's `key:value,...` syntax.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace stitch {
+
+/// Which device implementation an allocator drives.
+enum class BackendKind { cuda, sim };
+
+/// What happens when the caller frees a pointer stitch does not own (or frees it twice).
+enum class InvalidFreePolicy { error, abort };
+
+/// Every setting of an allocator. Defaults match PyTorch's CUDACachingAllocator.
+struct Config {
+  static constexpr std::size_t kUnlimited = SIZE_MAX;
+
+  // ---- fixed at construction ----
+  BackendKind backend = BackendKind::cuda;          ///< backend:cuda|sim
+  std::size_t sim_capacity_mb = 81920;              ///< sim_capacity_mb: per simulated device
+  int sim_devices = 1;                              ///< sim_devices
+
+  // ---- tunables (may change at run time) ----
+  std::size_t max_split_size = kUnlimited;          ///< max_split_size_mb (>= 20), in bytes
+  std::size_t max_non_split_rounding = 20u << 20;   ///< max_non_split_rounding_mb (>= 20), bytes
+  /// roundup_power2_divisions per interval: index i covers sizes in [2^(20+i), 2^(21+i)) bytes,
+  /// index 0 also everything below 1 MiB, index 15 everything from 32 GiB. 0 = no rounding.
+  std::array<std::uint32_t, 16> roundup_power2_divisions{};
+  double garbage_collection_threshold = 0.0;        ///< (0,1); 0 = off
+  bool expandable_segments = false;                 ///< expandable_segments:True|False
+  double per_process_memory_fraction = 1.0;         ///< (0,1]; 1 = no limit
+  InvalidFreePolicy on_invalid_free = InvalidFreePolicy::error;  ///< on_invalid_free:error|abort
+
+  /// The last configuration string applied (as given), for reports.
+  std::string source;
+
+  /// Parses `conf` on top of `base`. Throws stitch::config_error naming the key and the accepted
+  /// values for an unknown key or a bad value. An empty string returns `base` unchanged.
+  static Config parse(std::string_view conf, const Config& base);
+  static Config parse(std::string_view conf) { return parse(conf, Config{}); }
+
+  /// The settings as a `key:value,...` string that parse() accepts.
+  [[nodiscard]] std::string to_string() const;
+};
+
+/// Name of a backend kind ("cuda", "sim").
+const char* to_string(BackendKind kind) noexcept;
+
+}  // namespace stitch

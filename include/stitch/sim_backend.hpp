@@ -1,0 +1,124 @@
+// stitch/sim_backend.hpp — a simulated GPU made of real host memory, for machines without one.
+//
+// Pointers are host memory that can be read and written. Plain allocations are anonymous
+// MAP_NORESERVE mappings, so an 80 GiB device costs nothing until touched. Physical memory for
+// the virtual-memory calls lives in one memfd per device: map() places it with MAP_FIXED, so two
+// virtual ranges mapped to one handle see the same bytes. Capacity is enforced on plain
+// allocations plus physical memory; reservations are free.
+//
+// Streams are opaque non-null handles (nullptr is the default stream). A test may hold a stream:
+// events recorded on it stay incomplete until the test releases the stream. Faults can be
+// injected into the Nth call of any kind.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "stitch/backend.hpp"
+
+namespace stitch {
+
+/// The kinds of backend call the simulator counts and can make fail.
+enum class SimCall : int {
+  allocate,
+  deallocate,
+  reserve,
+  release_reservation,
+  create_physical,
+  release_physical,
+  map,
+  unmap,
+  create_event,
+  destroy_event,
+  record_event,
+  query_event,
+  synchronize_event,
+  synchronize_stream,
+  count_  ///< number of kinds (not a call)
+};
+
+/// Name of a call kind ("allocate", "map", ...).
+const char* to_string(SimCall call) noexcept;
+
+/// How an injected fault fails a call.
+enum class SimFault : int {
+  out_of_memory,  ///< the call reports out-of-memory (only for allocate, reserve, create_physical;
+                  ///< other kinds treat it like `error`)
+  error           ///< the call throws stitch::backend_error
+};
+
+/// Per-device usage figures, for tests and leak checks.
+struct SimUsage {
+  std::size_t capacity = 0;         ///< configured capacity in bytes
+  std::size_t used = 0;             ///< plain allocations + live physical memory, in bytes
+  std::size_t allocations = 0;      ///< live plain allocations
+  std::size_t physical_handles = 0; ///< live (not yet freed) physical handles
+  std::size_t reservations = 0;     ///< live reserved ranges
+  std::size_t mappings = 0;         ///< live mapped ranges
+  std::size_t events = 0;           ///< live events
+};
+
+/// The simulated device. Thread-safe.
+class SimBackend final : public Backend {
+ public:
+  struct Options {
+    int devices = 1;                                     ///< sim_devices
+    std::size_t capacity = std::size_t{81920} << 20;     ///< per device, sim_capacity_mb
+    std::size_t granularity = std::size_t{2} << 20;      ///< physical page size
+  };
+
+  SimBackend();
+  explicit SimBackend(Options options);
+  ~SimBackend() override;
+  SimBackend(const SimBackend&) = delete;
+  SimBackend& operator=(const SimBackend&) = delete;
+
+  // Backend
+  [[nodiscard]] const char* name() const noexcept override { return "sim"; }
+  [[nodiscard]] int device_count() override;
+  [[nodiscard]] MemoryInfo memory_info(int device) override;
+  [[nodiscard]] std::size_t granularity(int device) override;
+  [[nodiscard]] bool supports_virtual_memory(int device) override;
+  [[nodiscard]] void* allocate(int device, std::size_t bytes) override;
+  void deallocate(int device, void* ptr, std::size_t bytes) override;
+  [[nodiscard]] void* reserve(int device, std::size_t bytes, std::size_t alignment) override;
+  void release_reservation(int device, void* va, std::size_t bytes) override;
+  [[nodiscard]] phys_handle_t create_physical(int device, std::size_t bytes) override;
+  void release_physical(int device, phys_handle_t handle) override;
+  void map(int device, void* va, std::size_t bytes, phys_handle_t handle) override;
+  void unmap(int device, void* va, std::size_t bytes) override;
+  [[nodiscard]] event_t create_event(int device) override;
+  void destroy_event(int device, event_t event) override;
+  void record_event(int device, event_t event, stream_t stream) override;
+  [[nodiscard]] bool query_event(int device, event_t event) override;
+  void synchronize_event(int device, event_t event) override;
+  void synchronize_stream(int device, stream_t stream) override;
+
+  // ---- test controls --------------------------------------------------------------------------
+  /// From now on, events recorded on `stream` stay incomplete until release_stream(stream).
+  void hold_stream(stream_t stream);
+  /// Completes all work recorded on `stream` so far and stops holding it.
+  void release_stream(stream_t stream);
+  /// Number of times a synchronize call had to complete work on a held stream.
+  [[nodiscard]] std::uint64_t forced_completions() const;
+  /// Makes the `nth` call of kind `call` counted from now (1 = the next one) fail with `fault`.
+  /// Several faults may be armed at once, on the same or different kinds.
+  void inject_fault(SimCall call, std::uint64_t nth, SimFault fault);
+  /// Disarms every pending fault.
+  void clear_faults();
+  /// Calls of a kind made so far (including failed ones).
+  [[nodiscard]] std::uint64_t call_count(SimCall call) const;
+  /// Faults that fired so far.
+  [[nodiscard]] std::uint64_t faults_fired() const;
+  /// Usage figures of a device.
+  [[nodiscard]] SimUsage usage(int device) const;
+  /// Changes a device's capacity (may be below current use: later requests then fail).
+  void set_capacity(int device, std::size_t bytes);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace stitch

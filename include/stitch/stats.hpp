@@ -1,0 +1,69 @@
+// stitch/stats.hpp — per-device statistics under PyTorch's memory_stats() names.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace stitch {
+
+/// One statistic: its current value, its peak, and the running sums of increases and decreases.
+struct Stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;
+  std::int64_t freed = 0;
+
+  void increase(std::int64_t amount) noexcept {
+    current += amount;
+    allocated += amount;
+    if (current > peak) peak = current;
+  }
+  void decrease(std::int64_t amount) noexcept {
+    current -= amount;
+    freed += amount;
+  }
+  void reset_peak() noexcept { peak = current; }
+  void reset_accumulated() noexcept { allocated = freed = 0; }
+};
+
+/// Index into a StatArray: all pools, the small pool (<= 1 MiB) or the large pool.
+enum StatPool : int { kAll = 0, kSmallPool = 1, kLargePool = 2 };
+using StatArray = std::array<Stat, 3>;
+
+/// Everything PyTorch's memory_stats() reports for one device.
+struct DeviceStats {
+  StatArray allocation;            ///< live allocations
+  StatArray segment;               ///< device segments (cudaMalloc calls; expandable maps excluded)
+  StatArray active;                ///< allocated blocks plus blocks waiting on stream events
+  StatArray inactive_split;        ///< free blocks inside split segments
+  StatArray allocated_bytes;       ///< bytes of allocated blocks (after rounding)
+  StatArray reserved_bytes;        ///< bytes held from the device
+  StatArray active_bytes;          ///< bytes of active blocks
+  StatArray inactive_split_bytes;  ///< bytes of inactive_split blocks
+  StatArray requested_bytes;       ///< bytes the callers asked for (before rounding)
+  Stat oversize_allocations;       ///< live allocations of at least max_split_size
+  Stat oversize_segments;          ///< segments of at least max_split_size
+
+  std::int64_t num_alloc_retries = 0;     ///< allocations that succeeded only after a cache flush
+  std::int64_t num_ooms = 0;              ///< out-of-memory failures
+  std::int64_t num_sync_all_streams = 0;  ///< times every outstanding event was waited for
+  std::int64_t num_device_alloc = 0;      ///< device allocations (segments and page maps)
+  std::int64_t num_device_free = 0;       ///< device frees (segments and page unmaps)
+  std::int64_t num_invalid_frees = 0;     ///< rejected frees (unknown pointer, double free, ...)
+  std::int64_t max_split_size = -1;       ///< the configured max_split_size (-1: unlimited)
+
+  /// Looks a value up by its flat key, e.g. "reserved_bytes.all.peak" or "num_ooms".
+  [[nodiscard]] std::optional<std::int64_t> get(std::string_view key) const;
+  /// Calls `fn(key, value)` for every key, in a stable order.
+  void for_each(const std::function<void(const std::string&, std::int64_t)>& fn) const;
+  /// Sets every peak to its current value.
+  void reset_peak() noexcept;
+  /// Zeroes the running sums and the event counters (num_*).
+  void reset_accumulated() noexcept;
+};
+
+}  // namespace stitch

@@ -1,0 +1,53 @@
+/* stitch/stitch.h — the C API of libstitch. Valid C99; needs no CUDA header.
+ *
+ * A stream is a cudaStream_t passed as void* (NULL is the default stream). No function throws:
+ * failures return NULL or a non-zero code and stitch_last_error() says why. The process-wide
+ * allocator is created at first use from STITCH_ALLOC_CONF plus any stitch_configure() calls
+ * made before it. stitch_malloc/stitch_free have the signatures PyTorch's
+ * torch.cuda.memory.CUDAPluggableAllocator expects. */
+#ifndef STITCH_STITCH_H
+#define STITCH_STITCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define STITCH_API __declspec(dllexport)
+#else
+#define STITCH_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Allocates `size` bytes on `device` for `stream`; 512-byte aligned. Returns NULL for size 0
+ *  (no error) and on failure (out of memory: num_ooms counts it and stitch_last_error() holds the
+ *  report). PyTorch's alloc hook. */
+STITCH_API void* stitch_malloc(size_t size, int device, void* stream);
+/** Frees `ptr` (size and device as allocated). NULL does nothing. An unknown pointer, a double
+ *  free or a wrong size/device changes nothing, counts num_invalid_frees and sets the error
+ *  (or aborts with on_invalid_free:abort). PyTorch's free hook. */
+STITCH_API void stitch_free(void* ptr, size_t size, int device, void* stream);
+/** Applies a `key:value,...` configuration. 0 on success. Before the first allocation any key may
+ *  be set; afterwards only tunables (not backend, sim_capacity_mb, sim_devices). */
+STITCH_API int stitch_configure(const char* conf);
+/** Marks `ptr` as used on `stream` (see Tensor.record_stream). 0 on success. */
+STITCH_API int stitch_record_stream(void* ptr, void* stream);
+/** Returns cached, entirely free segments of `device` (-1: every device) to the device. */
+STITCH_API int stitch_empty_cache(int device);
+/** Caps `device`'s reserved memory at `fraction` (0..1] of its capacity. 0 on success. */
+STITCH_API int stitch_set_memory_fraction(double fraction, int device);
+/** A statistic by PyTorch name, e.g. "reserved_bytes.all.peak"; -1 if the key or device is
+ *  unknown (stitch_last_error() then says which). */
+STITCH_API int64_t stitch_stat(int device, const char* key);
+/** Resets every peak statistic of `device` (-1: every device) to its current value. */
+STITCH_API int stitch_reset_peak_stats(int device);
+/** This thread's last error message; "" if the last call succeeded. Valid until the next call. */
+STITCH_API const char* stitch_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STITCH_STITCH_H */

@@ -1,0 +1,34 @@
+// backends/backend_factory.cpp — turns a Config's `backend:` key into a Backend instance.
+#include <memory>
+
+#include "stitch/allocator.hpp"
+#include "stitch/errors.hpp"
+#include "stitch/sim_backend.hpp"
+
+#ifdef STITCH_HAVE_CUDA
+#include "backends/cuda/cuda_backend.hpp"
+#endif
+
+namespace stitch {
+
+std::shared_ptr<Backend> make_backend(const Config& config) {
+  switch (config.backend) {
+    case BackendKind::sim: {
+      SimBackend::Options options;
+      options.devices = config.sim_devices;
+      options.capacity = config.sim_capacity_mb << 20;
+      return std::make_shared<SimBackend>(options);
+    }
+    case BackendKind::cuda:
+#ifdef STITCH_HAVE_CUDA
+      return make_cuda_backend();  // throws backend_error("no CUDA device ...") without a GPU
+#else
+      throw backend_error(
+          "backend:cuda is unavailable: this libstitch was built without the CUDA toolkit "
+          "(use backend:sim for the simulated device)");
+#endif
+  }
+  throw config_error("unknown backend");
+}
+
+}  // namespace stitch
