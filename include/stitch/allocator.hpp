@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "stitch/backend.hpp"
@@ -41,10 +42,14 @@ class Allocator {
   /// Throws stitch::out_of_memory (a std::bad_alloc) when the request cannot be served, and
   /// stitch::invalid_argument for a bad device.
   [[nodiscard]] void* allocate(std::size_t bytes, stream_t stream = nullptr, int device = 0);
-  /// Frees a pointer returned by allocate(). The device is found from the pointer.
-  /// Throws stitch::invalid_argument (and counts num_invalid_frees) for an unknown pointer or a
-  /// double free, leaving everything else intact. nullptr is ignored.
-  void deallocate(void* ptr, stream_t stream = nullptr);
+  /// Frees a pointer returned by allocate(); its last use was on its allocation stream. The
+  /// device is found from the pointer. Throws stitch::invalid_argument (and counts
+  /// num_invalid_frees) for an unknown pointer or a double free, leaving everything else intact.
+  /// nullptr is ignored.
+  void deallocate(void* ptr);
+  /// As deallocate(ptr), where `stream` is the stream of the last use: if it is not the
+  /// allocation stream the block is reused only after that stream's work up to now completes.
+  void deallocate(void* ptr, stream_t stream);
   /// As deallocate(), also checking that `bytes` is the size requested and `device` the device
   /// the pointer was allocated on (PyTorch's free hook passes both).
   void deallocate(void* ptr, std::size_t bytes, int device, stream_t stream);
@@ -68,13 +73,14 @@ class Allocator {
   void reset_peak_stats(int device);
   void reset_accumulated_stats(int device);
 
-  /// Size and device of the live allocation containing... exactly starting at `ptr`.
+  /// What stitch knows about a live allocation.
   struct BlockInfo {
     int device = -1;
     std::size_t requested = 0;  ///< bytes asked for
     std::size_t size = 0;       ///< bytes of the block (after rounding)
     stream_t stream = nullptr;  ///< allocation stream
   };
+  /// The live allocation starting at `ptr` (interior pointers are not found).
   [[nodiscard]] std::optional<BlockInfo> find(const void* ptr) const;
 
   /// Checks every internal invariant of every device (block chains tile their segments, no two
@@ -91,7 +97,7 @@ class Allocator {
 
  private:
   DeviceAllocator& checked_device(int device) const;
-  DeviceAllocator* owner_of(const void* ptr, int hint) const;
+  void free_any_device(void* ptr, std::optional<stream_t> stream);
 
   Config config_;
   std::shared_ptr<Backend> backend_;

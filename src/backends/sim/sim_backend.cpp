@@ -1,0 +1,680 @@
+// backends/sim/sim_backend.cpp — SimBackend, a simulated GPU made of real host memory (Linux).
+//
+// This file owns everything behind stitch::SimBackend: plain allocations (anonymous
+// MAP_NORESERVE mappings), the virtual-memory model (PROT_NONE reservations, one sparse memfd per
+// device carved into physical handles by a free-range allocator, MAP_FIXED mappings of it), the
+// capacity accounting, the stream/event model with held streams, and fault injection.
+#include "stitch/sim_backend.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "stitch/errors.hpp"
+
+namespace stitch {
+
+namespace {
+
+constexpr std::size_t kCallKinds = static_cast<std::size_t>(SimCall::count_);
+
+std::size_t index_of(SimCall call) {
+  const auto i = static_cast<std::size_t>(call);
+  if (i >= kCallKinds) {
+    throw invalid_argument("sim: invalid SimCall value " + std::to_string(static_cast<int>(call)));
+  }
+  return i;
+}
+
+bool is_power_of_two(std::size_t x) { return x != 0 && (x & (x - 1)) == 0; }
+
+std::uintptr_t addr(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+void* ptr(std::uintptr_t a) { return reinterpret_cast<void*>(a); }
+
+std::string hex(std::uintptr_t a) {
+  char buf[2 + 2 * sizeof(std::uintptr_t) + 1];
+  std::snprintf(buf, sizeof buf, "0x%jx", static_cast<std::uintmax_t>(a));
+  return buf;
+}
+
+/// "sim: <call> (device N): " — the prefix of every message about a device call.
+std::string prefix(const char* call, int device) {
+  return std::string("sim: ") + call + " (device " + std::to_string(device) + "): ";
+}
+
+/// "<syscall> failed: <message of err>" (thread-safe, unlike strerror()).
+std::string errno_text(const char* syscall, int err) {
+  return std::string(syscall) + " failed: " + std::generic_category().message(err);
+}
+
+/// Physical memory: a range of the device's memfd.
+struct Physical {
+  std::size_t offset = 0;
+  std::size_t bytes = 0;
+  std::size_t mappings = 0;  ///< live map() calls of this handle
+  bool released = false;     ///< release_physical() was called; freed when mappings reaches 0
+};
+
+/// One map() call.
+struct Mapping {
+  std::size_t bytes = 0;
+  phys_handle_t handle = 0;
+};
+
+struct Event {
+  int device = 0;
+  bool recorded = false;
+  stream_t stream = nullptr;
+  std::uint64_t seq = 0;  ///< position of the record in its stream
+};
+
+struct Stream {
+  std::uint64_t submitted = 0;  ///< records made on the stream
+  std::uint64_t completed = 0;  ///< records whose work has completed
+  bool held = false;
+};
+
+struct Fault {
+  SimCall call;
+  std::uint64_t at;  ///< value of the call counter at which it fires
+  SimFault fault;
+};
+
+/// One simulated device. Owns its host mappings and its memfd; the destructor releases them.
+struct Device {
+  int fd = -1;
+  std::size_t file_size = 0;  ///< current size of the memfd
+  std::size_t capacity = 0;
+  std::size_t used = 0;
+  std::map<std::uintptr_t, std::size_t> allocations;   ///< plain allocations: address -> bytes
+  std::map<std::uintptr_t, std::size_t> reservations;  ///< reserved ranges: address -> bytes
+  std::map<std::uintptr_t, Mapping> mappings;          ///< mapped ranges, inside reservations
+  std::map<phys_handle_t, Physical> physical;          ///< live physical handles
+  std::map<std::size_t, std::size_t> free_ranges;      ///< free memfd ranges: offset -> bytes
+  std::size_t events = 0;
+
+  Device() = default;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  ~Device() {
+    for (const auto& [a, bytes] : allocations) ::munmap(ptr(a), bytes);
+    // Every mapping lies inside a reservation, so this removes the mappings too.
+    for (const auto& [a, bytes] : reservations) ::munmap(ptr(a), bytes);
+    if (fd >= 0) ::close(fd);
+  }
+
+  [[nodiscard]] bool fits(std::size_t bytes) const {
+    return used <= capacity && bytes <= capacity - used;
+  }
+
+  /// Carves `bytes` out of the memfd (best fit; grows the sparse file when nothing fits).
+  /// Throws backend_error if the file cannot grow, having changed nothing.
+  std::size_t carve(std::size_t bytes) {
+    auto best = free_ranges.end();
+    for (auto it = free_ranges.begin(); it != free_ranges.end(); ++it) {
+      if (it->second >= bytes && (best == free_ranges.end() || it->second < best->second)) {
+        best = it;
+      }
+    }
+    if (best != free_ranges.end()) {
+      const auto [offset, length] = *best;
+      free_ranges.erase(best);
+      if (length > bytes) free_ranges.emplace(offset + bytes, length - bytes);
+      return offset;
+    }
+    // Nothing fits (fragmentation or a raised capacity): extend the file, reusing a free tail.
+    std::size_t offset = file_size;
+    auto last = free_ranges.empty() ? free_ranges.end() : std::prev(free_ranges.end());
+    if (last != free_ranges.end() && last->first + last->second == file_size) offset = last->first;
+    const std::size_t new_size = offset + bytes;
+    if (new_size < offset) throw backend_error("sim: create_physical: memfd size overflow");
+    if (::ftruncate(fd, static_cast<off_t>(new_size)) != 0) {
+      const int err = errno;
+      throw backend_error("sim: create_physical: growing the device memfd: " +
+                          errno_text("ftruncate", err));
+    }
+    if (last != free_ranges.end() && offset == last->first) free_ranges.erase(last);
+    file_size = new_size;
+    return offset;
+  }
+
+  /// Returns a memfd range to the free list (coalescing) and its pages to the host.
+  void give_back(std::size_t offset, std::size_t bytes) {
+    // Best effort: if the hole cannot be punched the pages merely stay resident.
+    (void)::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                      static_cast<off_t>(bytes));
+    auto next = free_ranges.lower_bound(offset);
+    if (next != free_ranges.end() && offset + bytes == next->first) {
+      bytes += next->second;
+      next = free_ranges.erase(next);
+    }
+    if (next != free_ranges.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == offset) {
+        prev->second += bytes;
+        return;
+      }
+    }
+    free_ranges.emplace(offset, bytes);
+  }
+
+  /// Frees a physical handle's memory (it must be released and unmapped).
+  void free_physical(std::map<phys_handle_t, Physical>::iterator it) {
+    const Physical p = it->second;
+    physical.erase(it);
+    used -= p.bytes;
+    give_back(p.offset, p.bytes);
+  }
+
+  /// The reservation containing [a, a + bytes), or end().
+  std::map<std::uintptr_t, std::size_t>::const_iterator reservation_of(std::uintptr_t a,
+                                                                        std::size_t bytes) const {
+    auto it = reservations.upper_bound(a);
+    if (it == reservations.begin()) return reservations.end();
+    --it;
+    const std::size_t into = a - it->first;
+    if (into >= it->second || bytes > it->second - into) return reservations.end();
+    return it;
+  }
+
+  /// Whether any mapping intersects [a, a + bytes).
+  [[nodiscard]] bool mapped_in(std::uintptr_t a, std::size_t bytes) const {
+    auto it = mappings.lower_bound(a);
+    if (it != mappings.end() && it->first - a < bytes) return true;
+    if (it != mappings.begin()) {
+      --it;
+      if (a - it->first < it->second.bytes) return true;
+    }
+    return false;
+  }
+};
+
+}  // namespace
+
+const char* to_string(SimCall call) noexcept {
+  switch (call) {
+    case SimCall::allocate: return "allocate";
+    case SimCall::deallocate: return "deallocate";
+    case SimCall::reserve: return "reserve";
+    case SimCall::release_reservation: return "release_reservation";
+    case SimCall::create_physical: return "create_physical";
+    case SimCall::release_physical: return "release_physical";
+    case SimCall::map: return "map";
+    case SimCall::unmap: return "unmap";
+    case SimCall::create_event: return "create_event";
+    case SimCall::destroy_event: return "destroy_event";
+    case SimCall::record_event: return "record_event";
+    case SimCall::query_event: return "query_event";
+    case SimCall::synchronize_event: return "synchronize_event";
+    case SimCall::synchronize_stream: return "synchronize_stream";
+    case SimCall::count_: return "count_";
+  }
+  return "unknown";
+}
+
+struct SimBackend::Impl {
+  mutable std::mutex mutex;
+  Options options;
+  std::vector<std::unique_ptr<Device>> devices;
+  std::unordered_map<event_t, std::unique_ptr<Event>> events;
+  std::unordered_map<stream_t, Stream> streams;
+  std::array<std::uint64_t, kCallKinds> calls{};
+  std::vector<Fault> faults;
+  std::uint64_t fired = 0;
+  std::uint64_t forced = 0;
+  phys_handle_t last_handle = 0;
+
+  explicit Impl(Options o) : options(o) {
+    const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    if (options.devices < 1) {
+      throw backend_error("sim: sim_devices must be at least 1, not " +
+                          std::to_string(options.devices));
+    }
+    if (!is_power_of_two(options.granularity) || options.granularity < page) {
+      throw backend_error("sim: granularity " + std::to_string(options.granularity) +
+                          " is not a power of two of at least the page size (" +
+                          std::to_string(page) + ")");
+    }
+    const std::size_t g = options.granularity;
+    for (int i = 0; i < options.devices; ++i) {
+      auto d = std::make_unique<Device>();
+      const std::string fd_name = "stitch-sim-device" + std::to_string(i);
+      d->fd = ::memfd_create(fd_name.c_str(), MFD_CLOEXEC);
+      if (d->fd < 0) {
+        const int err = errno;
+        throw backend_error("sim: device " + std::to_string(i) + ": " +
+                            errno_text("memfd_create", err));
+      }
+      d->capacity = options.capacity;
+      // Sparse: costs nothing until pages are touched. Rounded so offsets stay granular.
+      d->file_size = options.capacity / g * g + (options.capacity % g ? g : 0);
+      if (::ftruncate(d->fd, static_cast<off_t>(d->file_size)) != 0) {
+        const int err = errno;
+        throw backend_error("sim: device " + std::to_string(i) + ": " +
+                            errno_text("ftruncate", err));
+      }
+      if (d->file_size > 0) d->free_ranges.emplace(0, d->file_size);
+      devices.push_back(std::move(d));
+    }
+  }
+
+  Device& device(int index, const char* call) {
+    if (index < 0 || index >= static_cast<int>(devices.size())) {
+      throw backend_error(std::string("sim: ") + call + ": invalid device " +
+                          std::to_string(index) + " (the simulator has " +
+                          std::to_string(devices.size()) + " device(s))");
+    }
+    return *devices[static_cast<std::size_t>(index)];
+  }
+
+  /// Counts a call and fires a fault armed for it. Returns true when the call must report
+  /// out-of-memory; throws backend_error for an error fault. Called before anything else.
+  bool enter(SimCall call) {
+    const std::uint64_t n = ++calls[index_of(call)];
+    auto armed = [&](const Fault& f) { return f.call == call && f.at == n; };
+    auto it = std::find_if(faults.begin(), faults.end(), armed);
+    if (it == faults.end()) return false;
+    const SimFault fault = it->fault;
+    std::erase_if(faults, armed);
+    ++fired;
+    const bool can_oom =
+        call == SimCall::allocate || call == SimCall::reserve || call == SimCall::create_physical;
+    if (fault == SimFault::out_of_memory && can_oom) return true;
+    throw backend_error(std::string("sim: injected fault in ") + to_string(call));
+  }
+
+  Event& event(event_t e, int device, const char* call) {
+    auto it = events.find(e);
+    if (it == events.end()) {
+      throw backend_error(prefix(call, device) + hex(addr(e)) + " is not a live event");
+    }
+    if (it->second->device != device) {
+      throw backend_error(prefix(call, device) + "event " + hex(addr(e)) +
+                          " was created on device " + std::to_string(it->second->device));
+    }
+    return *it->second;
+  }
+};
+
+SimBackend::SimBackend() : SimBackend(Options{}) {}
+
+SimBackend::SimBackend(Options options) : impl_(std::make_unique<Impl>(options)) {}
+
+SimBackend::~SimBackend() = default;
+
+int SimBackend::device_count() { return static_cast<int>(impl_->devices.size()); }
+
+MemoryInfo SimBackend::memory_info(int device) {
+  std::lock_guard lock(impl_->mutex);
+  const Device& d = impl_->device(device, "memory_info");
+  return MemoryInfo{d.used < d.capacity ? d.capacity - d.used : 0, d.capacity};
+}
+
+std::size_t SimBackend::granularity(int device) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->device(device, "granularity");
+  return impl_->options.granularity;
+}
+
+bool SimBackend::supports_virtual_memory(int device) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->device(device, "supports_virtual_memory");
+  return true;
+}
+
+// ---- plain device memory ----------------------------------------------------------------------
+
+void* SimBackend::allocate(int device, std::size_t bytes) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->enter(SimCall::allocate)) return nullptr;
+  Device& d = impl_->device(device, "allocate");
+  if (bytes == 0) throw backend_error(prefix("allocate", device) + "size 0");
+  if (!d.fits(bytes)) return nullptr;
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    if (err == ENOMEM) return nullptr;
+    throw backend_error(prefix("allocate", device) + errno_text("mmap", err));
+  }
+  d.allocations.emplace(addr(p), bytes);
+  d.used += bytes;
+  return p;
+}
+
+void SimBackend::deallocate(int device, void* p, std::size_t bytes) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::deallocate);
+  Device& d = impl_->device(device, "deallocate");
+  if (p == nullptr) return;  // like cudaFree(nullptr)
+  auto it = d.allocations.find(addr(p));
+  if (it == d.allocations.end()) {
+    for (std::size_t i = 0; i < impl_->devices.size(); ++i) {
+      if (impl_->devices[i]->allocations.contains(addr(p))) {
+        throw backend_error(prefix("deallocate", device) + hex(addr(p)) +
+                            " was allocated on device " + std::to_string(i));
+      }
+    }
+    throw backend_error(prefix("deallocate", device) + hex(addr(p)) +
+                        " is not a live allocation");
+  }
+  if (it->second != bytes) {
+    throw backend_error(prefix("deallocate", device) + hex(addr(p)) + " was allocated with " +
+                        std::to_string(it->second) + " bytes, not " + std::to_string(bytes));
+  }
+  if (::munmap(p, bytes) != 0) {
+    const int err = errno;
+    throw backend_error(prefix("deallocate", device) + errno_text("munmap", err));
+  }
+  d.allocations.erase(it);
+  d.used -= bytes;
+}
+
+// ---- virtual memory ---------------------------------------------------------------------------
+
+void* SimBackend::reserve(int device, std::size_t bytes, std::size_t alignment) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->enter(SimCall::reserve)) return nullptr;
+  Device& d = impl_->device(device, "reserve");
+  const std::size_t g = impl_->options.granularity;
+  if (bytes == 0 || bytes % g != 0) {
+    throw backend_error(prefix("reserve", device) + "size " + std::to_string(bytes) +
+                        " is not a positive multiple of the granularity " + std::to_string(g));
+  }
+  if (alignment != 0 && !is_power_of_two(alignment)) {
+    throw backend_error(prefix("reserve", device) + "alignment " + std::to_string(alignment) +
+                        " is not a power of two");
+  }
+  const std::size_t align = std::max(alignment, g);
+  if (bytes > SIZE_MAX - align) return nullptr;
+  // Over-reserve by `align`, then trim both ends so that the range starts aligned.
+  const std::size_t total = bytes + align;
+  void* raw = ::mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+                     0);
+  if (raw == MAP_FAILED) {
+    const int err = errno;
+    if (err == ENOMEM) return nullptr;
+    throw backend_error(prefix("reserve", device) + errno_text("mmap", err));
+  }
+  const std::uintptr_t base = (addr(raw) + align - 1) & ~(static_cast<std::uintptr_t>(align) - 1);
+  const std::size_t head = base - addr(raw);
+  const std::size_t tail = total - head - bytes;
+  if (head > 0) ::munmap(raw, head);
+  if (tail > 0) ::munmap(ptr(base + bytes), tail);
+  d.reservations.emplace(base, bytes);
+  return ptr(base);
+}
+
+void SimBackend::release_reservation(int device, void* va, std::size_t bytes) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::release_reservation);
+  Device& d = impl_->device(device, "release_reservation");
+  const char* call = "release_reservation";
+  auto it = d.reservations.find(addr(va));
+  if (it == d.reservations.end()) {
+    throw backend_error(prefix(call, device) + hex(addr(va)) + " is not a live reservation");
+  }
+  if (it->second != bytes) {
+    throw backend_error(prefix(call, device) + "reservation " + hex(addr(va)) + " has " +
+                        std::to_string(it->second) + " bytes, not " + std::to_string(bytes));
+  }
+  if (d.mapped_in(addr(va), bytes)) {
+    throw backend_error(prefix(call, device) + "reservation " + hex(addr(va)) +
+                        " still has mapped ranges");
+  }
+  if (::munmap(va, bytes) != 0) {
+    const int err = errno;
+    throw backend_error(prefix(call, device) + errno_text("munmap", err));
+  }
+  d.reservations.erase(it);
+}
+
+phys_handle_t SimBackend::create_physical(int device, std::size_t bytes) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->enter(SimCall::create_physical)) return 0;
+  Device& d = impl_->device(device, "create_physical");
+  const std::size_t g = impl_->options.granularity;
+  if (bytes == 0 || bytes % g != 0) {
+    throw backend_error(prefix("create_physical", device) + "size " + std::to_string(bytes) +
+                        " is not a positive multiple of the granularity " + std::to_string(g));
+  }
+  if (!d.fits(bytes)) return 0;
+  const std::size_t offset = d.carve(bytes);
+  const phys_handle_t handle = ++impl_->last_handle;
+  d.physical.emplace(handle, Physical{offset, bytes, 0, false});
+  d.used += bytes;
+  return handle;
+}
+
+void SimBackend::release_physical(int device, phys_handle_t handle) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::release_physical);
+  Device& d = impl_->device(device, "release_physical");
+  auto it = d.physical.find(handle);
+  if (it == d.physical.end() || it->second.released) {
+    throw backend_error(prefix("release_physical", device) + "handle " + std::to_string(handle) +
+                        (it == d.physical.end() ? " is not a live physical handle"
+                                                : " was already released"));
+  }
+  it->second.released = true;
+  if (it->second.mappings == 0) d.free_physical(it);
+}
+
+void SimBackend::map(int device, void* va, std::size_t bytes, phys_handle_t handle) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::map);
+  Device& d = impl_->device(device, "map");
+  auto h = d.physical.find(handle);
+  if (h == d.physical.end() || h->second.released) {
+    throw backend_error(prefix("map", device) + "handle " + std::to_string(handle) +
+                        (h == d.physical.end() ? " is not a live physical handle"
+                                               : " was released"));
+  }
+  if (bytes != h->second.bytes) {
+    throw backend_error(prefix("map", device) + "handle " + std::to_string(handle) + " has " +
+                        std::to_string(h->second.bytes) + " bytes, not " + std::to_string(bytes));
+  }
+  const std::uintptr_t a = addr(va);
+  if (a % impl_->options.granularity != 0) {
+    throw backend_error(prefix("map", device) + hex(a) + " is not aligned to the granularity");
+  }
+  if (d.reservation_of(a, bytes) == d.reservations.end()) {
+    throw backend_error(prefix("map", device) + "[" + hex(a) + ", +" + std::to_string(bytes) +
+                        ") is not inside a reservation");
+  }
+  if (d.mapped_in(a, bytes)) {
+    throw backend_error(prefix("map", device) + "[" + hex(a) + ", +" + std::to_string(bytes) +
+                        ") overlaps a mapped range");
+  }
+  void* p = ::mmap(va, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, d.fd,
+                   static_cast<off_t>(h->second.offset));
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    throw backend_error(prefix("map", device) + errno_text("mmap", err));
+  }
+  d.mappings.emplace(a, Mapping{bytes, handle});
+  ++h->second.mappings;
+}
+
+void SimBackend::unmap(int device, void* va, std::size_t bytes) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::unmap);
+  Device& d = impl_->device(device, "unmap");
+  const std::uintptr_t a = addr(va);
+  // The range must be exactly a run of adjacent mappings, the first starting at `va`.
+  auto first = d.mappings.find(a);
+  auto last = first;
+  std::size_t covered = 0;
+  while (last != d.mappings.end() && last->first == a + covered && covered < bytes) {
+    covered += last->second.bytes;
+    ++last;
+  }
+  if (bytes == 0 || first == d.mappings.end() || covered != bytes) {
+    throw backend_error(prefix("unmap", device) + "[" + hex(a) + ", +" + std::to_string(bytes) +
+                        ") is not exactly covered by mapped ranges");
+  }
+  // Put a fresh inaccessible range in place, so that the reservation stays intact.
+  void* p = ::mmap(va, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+                   -1, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    throw backend_error(prefix("unmap", device) + errno_text("mmap", err));
+  }
+  for (auto it = first; it != last;) {
+    auto h = d.physical.find(it->second.handle);
+    it = d.mappings.erase(it);
+    if (h != d.physical.end() && --h->second.mappings == 0 && h->second.released) {
+      d.free_physical(h);
+    }
+  }
+}
+
+// ---- events and streams -----------------------------------------------------------------------
+
+event_t SimBackend::create_event(int device) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::create_event);
+  Device& d = impl_->device(device, "create_event");
+  auto e = std::make_unique<Event>();
+  e->device = device;
+  event_t handle = e.get();
+  impl_->events.emplace(handle, std::move(e));
+  ++d.events;
+  return handle;
+}
+
+void SimBackend::destroy_event(int device, event_t event) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::destroy_event);
+  Device& d = impl_->device(device, "destroy_event");
+  (void)impl_->event(event, device, "destroy_event");
+  impl_->events.erase(event);
+  --d.events;
+}
+
+void SimBackend::record_event(int device, event_t event, stream_t stream) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::record_event);
+  (void)impl_->device(device, "record_event");
+  Event& e = impl_->event(event, device, "record_event");
+  Stream& s = impl_->streams[stream];
+  e.recorded = true;
+  e.stream = stream;
+  e.seq = ++s.submitted;
+  if (!s.held) s.completed = s.submitted;
+}
+
+bool SimBackend::query_event(int device, event_t event) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::query_event);
+  (void)impl_->device(device, "query_event");
+  const Event& e = impl_->event(event, device, "query_event");
+  if (!e.recorded) return true;
+  auto s = impl_->streams.find(e.stream);
+  return s == impl_->streams.end() || s->second.completed >= e.seq;
+}
+
+void SimBackend::synchronize_event(int device, event_t event) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::synchronize_event);
+  (void)impl_->device(device, "synchronize_event");
+  const Event& e = impl_->event(event, device, "synchronize_event");
+  if (!e.recorded) return;
+  Stream& s = impl_->streams[e.stream];
+  if (s.completed < e.seq) {
+    // The stream is held: waiting would never end, so let time pass up to the event.
+    s.completed = e.seq;
+    ++impl_->forced;
+  }
+}
+
+void SimBackend::synchronize_stream(int device, stream_t stream) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::synchronize_stream);
+  (void)impl_->device(device, "synchronize_stream");
+  auto it = impl_->streams.find(stream);
+  if (it == impl_->streams.end()) return;
+  Stream& s = it->second;
+  if (s.completed < s.submitted) {
+    s.completed = s.submitted;  // held: complete everything submitted so far; stays held
+    ++impl_->forced;
+  }
+}
+
+// ---- test controls ----------------------------------------------------------------------------
+
+void SimBackend::hold_stream(stream_t stream) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->streams[stream].held = true;
+}
+
+void SimBackend::release_stream(stream_t stream) {
+  std::lock_guard lock(impl_->mutex);
+  Stream& s = impl_->streams[stream];
+  s.completed = s.submitted;
+  s.held = false;
+}
+
+std::uint64_t SimBackend::forced_completions() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->forced;
+}
+
+void SimBackend::inject_fault(SimCall call, std::uint64_t nth, SimFault fault) {
+  std::lock_guard lock(impl_->mutex);
+  const std::size_t i = index_of(call);
+  if (nth == 0) throw invalid_argument("sim: inject_fault: nth counts from 1");
+  if (fault != SimFault::out_of_memory && fault != SimFault::error) {
+    throw invalid_argument("sim: inject_fault: invalid SimFault value");
+  }
+  impl_->faults.push_back(Fault{call, impl_->calls[i] + nth, fault});
+}
+
+void SimBackend::clear_faults() {
+  std::lock_guard lock(impl_->mutex);
+  impl_->faults.clear();
+}
+
+std::uint64_t SimBackend::call_count(SimCall call) const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->calls[index_of(call)];
+}
+
+std::uint64_t SimBackend::faults_fired() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->fired;
+}
+
+SimUsage SimBackend::usage(int device) const {
+  std::lock_guard lock(impl_->mutex);
+  const Device& d = impl_->device(device, "usage");
+  SimUsage u;
+  u.capacity = d.capacity;
+  u.used = d.used;
+  u.allocations = d.allocations.size();
+  u.physical_handles = d.physical.size();
+  u.reservations = d.reservations.size();
+  u.mappings = d.mappings.size();
+  u.events = d.events;
+  return u;
+}
+
+void SimBackend::set_capacity(int device, std::size_t bytes) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->device(device, "set_capacity").capacity = bytes;
+}
+
+}  // namespace stitch

@@ -1,0 +1,144 @@
+// capi/c_api.cpp — the C shim (stitch.h) over one process-wide stitch::Allocator.
+//
+// Every entry point catches everything: no exception crosses the C boundary. The allocator is
+// built at first use from STITCH_ALLOC_CONF plus the stitch_configure() calls made before it,
+// and deliberately never destroyed (callers may free memory from static destructors).
+#include "stitch/stitch.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <string>
+
+#include "stitch/allocator.hpp"
+#include "stitch/errors.hpp"
+
+namespace {
+
+std::mutex g_init_mutex;
+std::atomic<stitch::Allocator*> g_allocator{nullptr};
+std::string g_early_conf;  // stitch_configure() strings applied before the allocator exists
+thread_local std::string t_error;
+
+stitch::Config base_config() {
+  const char* env = std::getenv("STITCH_ALLOC_CONF");
+  try {
+    return stitch::Config::parse(env != nullptr ? env : "");
+  } catch (const stitch::config_error& e) {
+    throw stitch::config_error(fmt::format("STITCH_ALLOC_CONF: {}", e.what()));
+  }
+}
+
+stitch::Allocator& allocator() {
+  stitch::Allocator* a = g_allocator.load(std::memory_order_acquire);
+  if (a != nullptr) return *a;
+  std::lock_guard lock(g_init_mutex);
+  a = g_allocator.load(std::memory_order_relaxed);
+  if (a == nullptr) {
+    const stitch::Config config = stitch::Config::parse(g_early_conf, base_config());
+    a = new stitch::Allocator(config);  // throws: stays uninitialised, the next call retries
+    g_allocator.store(a, std::memory_order_release);
+  }
+  return *a;
+}
+
+// Runs `fn`, turning any exception into t_error and `fail`.
+template <typename Fn, typename R>
+R guarded(Fn&& fn, R fail) noexcept {
+  t_error.clear();
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    try {
+      t_error = e.what();
+    } catch (...) {
+    }
+  } catch (...) {
+    t_error = "stitch: unknown error";
+  }
+  return fail;
+}
+
+}  // namespace
+
+extern "C" {
+
+void* stitch_malloc(size_t size, int device, void* stream) {
+  return guarded([&]() -> void* { return allocator().allocate(size, stream, device); },
+                 static_cast<void*>(nullptr));
+}
+
+void stitch_free(void* ptr, size_t size, int device, void* stream) {
+  guarded([&] {
+    if (ptr != nullptr) allocator().deallocate(ptr, size, device, stream);
+    return 0;
+  }, 0);
+}
+
+int stitch_configure(const char* conf) {
+  return guarded([&] {
+    if (conf == nullptr) throw stitch::invalid_argument("stitch_configure: conf is NULL");
+    if (stitch::Allocator* a = g_allocator.load(std::memory_order_acquire)) {
+      a->configure(conf);
+      return 0;
+    }
+    std::lock_guard lock(g_init_mutex);
+    if (stitch::Allocator* a = g_allocator.load(std::memory_order_relaxed)) {
+      a->configure(conf);
+      return 0;
+    }
+    std::string combined = g_early_conf.empty() ? conf : g_early_conf + "," + conf;
+    (void)stitch::Config::parse(combined, base_config());  // validate now, apply at first use
+    g_early_conf = std::move(combined);
+    return 0;
+  }, 1);
+}
+
+int stitch_record_stream(void* ptr, void* stream) {
+  return guarded([&] {
+    allocator().record_stream(ptr, stream);
+    return 0;
+  }, 1);
+}
+
+int stitch_empty_cache(int device) {
+  return guarded([&] {
+    allocator().empty_cache(device);
+    return 0;
+  }, 1);
+}
+
+int stitch_set_memory_fraction(double fraction, int device) {
+  return guarded([&] {
+    allocator().set_memory_fraction(fraction, device);
+    return 0;
+  }, 1);
+}
+
+int64_t stitch_stat(int device, const char* key) {
+  return guarded([&]() -> int64_t {
+    if (key == nullptr) throw stitch::invalid_argument("stitch_stat: key is NULL");
+    auto v = allocator().stat(device, key);
+    if (!v) throw stitch::invalid_argument(fmt::format("stitch_stat: unknown key '{}'", key));
+    return *v;
+  }, int64_t{-1});
+}
+
+int stitch_reset_peak_stats(int device) {
+  return guarded([&] {
+    stitch::Allocator& a = allocator();
+    if (device == -1) {
+      for (int d = 0; d < a.device_count(); ++d) a.reset_peak_stats(d);
+    } else {
+      a.reset_peak_stats(device);
+    }
+    return 0;
+  }, 1);
+}
+
+const char* stitch_last_error(void) { return t_error.c_str(); }
+
+}  // extern "C"

@@ -1,0 +1,147 @@
+// core/allocator.cpp — stitch::Allocator: one DeviceAllocator per device over one backend, plus
+// the checks on caller input (bad device, unknown pointer, double free, wrong size).
+#include "stitch/allocator.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/device_allocator.hpp"
+#include "stitch/errors.hpp"
+
+namespace stitch {
+
+Allocator::Allocator(const Config& config) : Allocator(config, make_backend(config)) {}
+
+Allocator::Allocator(const Config& config, std::shared_ptr<Backend> backend)
+    : config_(config), backend_(std::move(backend)) {
+  if (!backend_) throw invalid_argument("stitch::Allocator needs a backend");
+  device_count_ = backend_->device_count();
+  if (device_count_ <= 0)
+    throw backend_error(fmt::format("backend:{} reports no device", backend_->name()));
+  devices_ = std::make_unique<std::unique_ptr<DeviceAllocator>[]>(static_cast<std::size_t>(device_count_));
+  for (int d = 0; d < device_count_; ++d)
+    devices_[static_cast<std::size_t>(d)] = std::make_unique<DeviceAllocator>(d, *backend_, config_);
+}
+
+Allocator::~Allocator() = default;
+
+int Allocator::device_count() const noexcept { return device_count_; }
+
+DeviceAllocator& Allocator::checked_device(int device) const {
+  if (device < 0 || device >= device_count_)
+    throw invalid_argument(fmt::format("invalid device {} (backend:{} has {} device{})", device,
+                                       backend_->name(), device_count_, device_count_ == 1 ? "" : "s"));
+  return *devices_[static_cast<std::size_t>(device)];
+}
+
+DeviceAllocator& Allocator::device(int device) const { return checked_device(device); }
+
+void* Allocator::allocate(std::size_t bytes, stream_t stream, int device) {
+  return checked_device(device).malloc(bytes, stream);
+}
+
+namespace {
+[[noreturn]] void reject_free(const Config& config, DeviceAllocator& counter, std::string message) {
+  counter.count_invalid_free();
+  if (config.on_invalid_free == InvalidFreePolicy::abort) {
+    std::fprintf(stderr, "stitch: %s (on_invalid_free:abort)\n", message.c_str());
+    std::abort();
+  }
+  throw invalid_argument(std::move(message));
+}
+}  // namespace
+
+void Allocator::deallocate(void* ptr) { free_any_device(ptr, std::nullopt); }
+
+void Allocator::deallocate(void* ptr, stream_t stream) { free_any_device(ptr, stream); }
+
+void Allocator::free_any_device(void* ptr, std::optional<stream_t> stream) {
+  if (ptr == nullptr) return;
+  for (int d = 0; d < device_count_; ++d) {
+    if (devices_[static_cast<std::size_t>(d)]->free(ptr, std::nullopt, stream) == FreeStatus::freed)
+      return;
+  }
+  reject_free(config_, *devices_[0],
+              fmt::format("free of {}: not a live allocation of stitch (unknown pointer, interior "
+                          "pointer or double free)", ptr));
+}
+
+void Allocator::deallocate(void* ptr, std::size_t bytes, int device, stream_t stream) {
+  if (ptr == nullptr) return;
+  DeviceAllocator& home = checked_device(device);
+  std::size_t actual = 0;
+  switch (home.free(ptr, bytes, stream, &actual)) {
+    case FreeStatus::freed:
+      return;
+    case FreeStatus::wrong_size:
+      reject_free(config_, home,
+                  fmt::format("free of {} with size {}, but it was allocated with size {}; "
+                              "nothing was freed", ptr, bytes, actual));
+    case FreeStatus::not_found:
+      break;
+  }
+  for (int d = 0; d < device_count_; ++d) {
+    if (d != device && devices_[static_cast<std::size_t>(d)]->find(ptr))
+      reject_free(config_, home,
+                  fmt::format("free of {} on device {}, but it was allocated on device {}; "
+                              "nothing was freed", ptr, device, d));
+  }
+  reject_free(config_, home,
+              fmt::format("free of {} on device {}: not a live allocation of stitch (unknown "
+                          "pointer, interior pointer or double free)", ptr, device));
+}
+
+void Allocator::record_stream(void* ptr, stream_t stream) {
+  for (int d = 0; d < device_count_; ++d)
+    if (devices_[static_cast<std::size_t>(d)]->record_stream(ptr, stream)) return;
+  throw invalid_argument(fmt::format("record_stream of {}: not a live allocation of stitch", ptr));
+}
+
+std::optional<Allocator::BlockInfo> Allocator::find(const void* ptr) const {
+  for (int d = 0; d < device_count_; ++d)
+    if (auto info = devices_[static_cast<std::size_t>(d)]->find(ptr)) return info;
+  return std::nullopt;
+}
+
+void Allocator::empty_cache(int device) {
+  if (device == -1) {
+    for (int d = 0; d < device_count_; ++d) devices_[static_cast<std::size_t>(d)]->empty_cache();
+  } else {
+    checked_device(device).empty_cache();
+  }
+}
+
+void Allocator::set_memory_fraction(double fraction, int device) {
+  checked_device(device).set_memory_fraction(fraction);
+}
+
+void Allocator::configure(std::string_view conf) {
+  Config next = Config::parse(conf, config_);
+  if (next.backend != config_.backend || next.sim_capacity_mb != config_.sim_capacity_mb ||
+      next.sim_devices != config_.sim_devices)
+    throw config_error(
+        "stitch config: backend, sim_capacity_mb and sim_devices are fixed once the allocator "
+        "exists; only tunables can change");
+  for (int d = 0; d < device_count_; ++d) devices_[static_cast<std::size_t>(d)]->set_config(next);
+  config_ = std::move(next);
+}
+
+DeviceStats Allocator::stats(int device) const { return checked_device(device).stats(); }
+
+std::optional<std::int64_t> Allocator::stat(int device, std::string_view key) const {
+  return checked_device(device).stats().get(key);
+}
+
+void Allocator::reset_peak_stats(int device) { checked_device(device).reset_peak_stats(); }
+
+void Allocator::reset_accumulated_stats(int device) {
+  checked_device(device).reset_accumulated_stats();
+}
+
+void Allocator::validate() const {
+  for (int d = 0; d < device_count_; ++d) devices_[static_cast<std::size_t>(d)]->validate();
+}
+
+}  // namespace stitch

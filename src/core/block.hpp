@@ -1,0 +1,52 @@
+// core/block.hpp — Segment (memory obtained from the device) and Block (a piece of a segment).
+//
+// A segment's blocks tile it exactly, linked in address order through prev/next. A block is in
+// one of three states: allocated (handed to a caller), pending (freed by the caller but waiting
+// for events on other streams) or free (in its pool's FreeIndex, available for reuse).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "stitch/backend.hpp"
+
+namespace stitch::detail {
+
+struct Segment;
+
+struct Block {
+  char* ptr = nullptr;
+  std::size_t size = 0;        ///< bytes of the block
+  std::size_t requested = 0;   ///< bytes the caller asked for (allocated and pending blocks)
+  stream_t stream = nullptr;   ///< stream the block belongs to (its segment's stream)
+  Segment* segment = nullptr;
+  Block* prev = nullptr;       ///< address neighbour in the same segment
+  Block* next = nullptr;
+  bool allocated = false;
+  bool small = false;          ///< small pool (<= 1 MiB) or large pool
+  bool in_index = false;       ///< currently in its pool's FreeIndex
+  bool oversize = false;       ///< counted in oversize_allocations while allocated
+  int event_count = 0;         ///< outstanding events before a pending block becomes free
+  std::uint64_t gc_stamp = 0;  ///< pool call counter when it was last freed (GC age)
+  std::vector<stream_t> stream_uses;  ///< other streams that used it (record_stream)
+
+  Block(char* p, std::size_t s, stream_t st, Segment* seg, bool is_small) noexcept
+      : ptr(p), size(s), stream(st), segment(seg), small(is_small) {}
+
+  [[nodiscard]] bool is_split() const noexcept { return prev != nullptr || next != nullptr; }
+  [[nodiscard]] bool is_free() const noexcept { return !allocated && event_count == 0; }
+};
+
+struct Segment {
+  char* base = nullptr;
+  std::size_t size = 0;
+  stream_t stream = nullptr;
+  bool small = false;
+  bool oversize = false;       ///< counted in oversize_segments
+  Block* head = nullptr;       ///< lowest-address block
+  Segment* prev = nullptr;     ///< device-wide list of segments
+  Segment* next = nullptr;
+};
+
+}  // namespace stitch::detail

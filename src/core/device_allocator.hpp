@@ -1,0 +1,125 @@
+// core/device_allocator.hpp — the caching allocator of one device.
+//
+// Owns the device's segments, its two block pools (small <= 1 MiB, large), the live-allocation
+// table, the cross-stream events and the statistics, all under one mutex. The fast path (a cache
+// hit) is: lock, best-fit lookup, optional split, table insert, unlock — no heap allocation, no
+// scan, no backend call. Everything that talks to the backend is on the slow path.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/block.hpp"
+#include "core/free_index.hpp"
+#include "core/object_pool.hpp"
+#include "core/ptr_map.hpp"
+#include "stitch/allocator.hpp"
+#include "stitch/backend.hpp"
+#include "stitch/config.hpp"
+#include "stitch/stats.hpp"
+
+namespace stitch {
+
+/// Result of a free attempt on one device.
+enum class FreeStatus { freed, not_found, wrong_size };
+
+class DeviceAllocator {
+ public:
+  DeviceAllocator(int device, Backend& backend, const Config& config);
+  ~DeviceAllocator();
+  DeviceAllocator(const DeviceAllocator&) = delete;
+  DeviceAllocator& operator=(const DeviceAllocator&) = delete;
+
+  /// Allocates `size` bytes for `stream`; throws out_of_memory or backend_error.
+  void* malloc(std::size_t size, stream_t stream);
+  /// Frees `ptr` if this device owns it. `expected_size` (if given) must equal the requested
+  /// size; `stream` (if given and not the allocation stream) is treated as a last use.
+  FreeStatus free(void* ptr, std::optional<std::size_t> expected_size,
+                  std::optional<stream_t> stream, std::size_t* actual_size = nullptr);
+  /// Adds `stream` as a user of the live block at `ptr`; false if this device does not own it.
+  bool record_stream(void* ptr, stream_t stream);
+  /// Returns every entirely free segment to the device (waits for outstanding events first).
+  void empty_cache();
+  /// Caps reserved memory at `fraction` of the device's capacity (>= 1: no cap).
+  void set_memory_fraction(double fraction);
+  /// Applies new tunables (the backend keys are ignored here).
+  void set_config(const Config& config);
+
+  [[nodiscard]] DeviceStats stats() const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+  void count_invalid_free();
+  [[nodiscard]] std::optional<Allocator::BlockInfo> find(const void* ptr) const;
+  /// Throws stitch::error on the first broken invariant (see Allocator::validate).
+  void validate() const;
+
+  [[nodiscard]] int device() const noexcept { return device_; }
+
+ private:
+  using Block = detail::Block;
+  using Segment = detail::Segment;
+
+  using NodeStorage = detail::PoolAllocator<detail::Block*>::Storage;
+
+  struct Pool {
+    Pool(NodeStorage* nodes, bool is_small) : index(nodes), small(is_small) {}
+    detail::FreeIndex index;
+    bool small;
+    std::uint64_t calls = 0;  ///< get_free_block calls: the GC clock
+  };
+
+  // fast path (allocator.cpp)
+  Block* get_free_block(Pool& pool, stream_t stream, std::size_t rounded);
+  Block* alloc_found_block(Pool& pool, Block* block, std::size_t rounded, std::size_t requested);
+  [[nodiscard]] bool should_split(const Block* block, std::size_t rounded) const noexcept;
+  void free_block(Block* block);
+  Block* merge(Block* dst, Block* src);
+  void account_inactive(const Block* block, int sign) noexcept;
+
+  // slow path (device_allocator_slow.cpp)
+  Block* allocate_slow(Pool& pool, stream_t stream, std::size_t rounded, std::size_t requested);
+  Block* alloc_segment(Pool& pool, stream_t stream, std::size_t bytes);
+  void release_segment(Block* block);
+  bool release_cached_blocks();
+  bool release_available_cached_blocks(stream_t stream, std::size_t rounded);
+  void garbage_collect();
+  void insert_events(Block* block);
+  void process_events();
+  void synchronize_and_free_events();
+  event_t get_event();
+  [[noreturn]] void raise_oom(std::size_t requested, std::size_t alloc_size);
+  [[nodiscard]] std::size_t largest_free_block() const;
+
+  // validation (device_allocator_validate.cpp)
+  void validate_locked() const;
+
+  Pool& pool_for(bool small) noexcept { return small ? small_ : large_; }
+  const Pool& pool_for_const(bool small) const noexcept { return small ? small_ : large_; }
+
+  const int device_;
+  Backend& backend_;
+  Config config_;
+  std::optional<std::size_t> allowed_;  ///< memory-fraction cap on reserved bytes
+
+  mutable std::mutex mutex_;
+  NodeStorage index_nodes_;
+  detail::ObjectPool<Block> blocks_;
+  Pool small_{&index_nodes_, true};
+  Pool large_{&index_nodes_, false};
+  detail::PtrMap<Block> live_;
+  Segment* segments_ = nullptr;  ///< intrusive list of every segment
+  DeviceStats stats_;
+
+  // cross-stream events (slow path only)
+  std::unordered_map<stream_t, std::deque<std::pair<event_t, Block*>>> pending_;
+  std::size_t outstanding_events_ = 0;
+  std::vector<event_t> event_pool_;
+};
+
+}  // namespace stitch

@@ -1,0 +1,251 @@
+// core/device_allocator_slow.cpp — the per-device slow path: new segments, the out-of-memory
+// ladder (garbage collection, releasing oversize and then all cached segments, retry), returning
+// memory to the device, and cross-stream events.
+#include <algorithm>
+#include <vector>
+
+#include "core/device_allocator.hpp"
+#include "core/size_policy.hpp"
+#include "diagnostics/oom_report.hpp"
+#include "stitch/errors.hpp"
+
+namespace stitch {
+
+namespace {
+inline void add(StatArray& stat, bool small, std::int64_t amount) noexcept {
+  stat[kAll].increase(amount);
+  stat[small ? kSmallPool : kLargePool].increase(amount);
+}
+inline void sub(StatArray& stat, bool small, std::int64_t amount) noexcept {
+  stat[kAll].decrease(amount);
+  stat[small ? kSmallPool : kLargePool].decrease(amount);
+}
+}  // namespace
+
+DeviceAllocator::Block* DeviceAllocator::allocate_slow(Pool& pool, stream_t stream,
+                                                       std::size_t rounded,
+                                                       std::size_t requested) {
+  const std::size_t alloc_size = detail::segment_size(rounded);
+  if (allowed_ && config_.garbage_collection_threshold > 0.0) garbage_collect();
+  Block* block = alloc_segment(pool, stream, alloc_size);
+  if (block == nullptr && release_available_cached_blocks(stream, rounded))
+    block = alloc_segment(pool, stream, alloc_size);
+  if (block == nullptr) {
+    // Last resort: wait for every outstanding event, return every free segment, and retry.
+    release_cached_blocks();
+    ++stats_.num_alloc_retries;
+    block = get_free_block(pool, stream, rounded);  // a pending block may have become free
+    if (block == nullptr) block = alloc_segment(pool, stream, alloc_size);
+  }
+  if (block == nullptr) raise_oom(requested, alloc_size);
+  return block;
+}
+
+DeviceAllocator::Block* DeviceAllocator::alloc_segment(Pool& pool, stream_t stream,
+                                                       std::size_t bytes) {
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
+  if (allowed_ && reserved + bytes > *allowed_) return nullptr;
+  void* ptr = backend_.allocate(device_, bytes);  // throws backend_error for non-OOM failures
+  if (ptr == nullptr) return nullptr;
+  auto* segment = new Segment;
+  segment->base = static_cast<char*>(ptr);
+  segment->size = bytes;
+  segment->stream = stream;
+  segment->small = pool.small;
+  segment->oversize = bytes >= config_.max_split_size;
+  segment->next = segments_;
+  if (segments_ != nullptr) segments_->prev = segment;
+  segments_ = segment;
+  Block* block = blocks_.create(segment->base, bytes, stream, segment, pool.small);
+  segment->head = block;
+  ++stats_.num_device_alloc;
+  add(stats_.segment, pool.small, 1);
+  add(stats_.reserved_bytes, pool.small, static_cast<std::int64_t>(bytes));
+  if (segment->oversize) stats_.oversize_segments.increase(1);
+  // The new block counts as active-to-be: alloc_found_block adds it; free blocks are not active.
+  return block;
+}
+
+void DeviceAllocator::release_segment(Block* block) {
+  // `block` is free, in its index, and spans its whole segment.
+  Segment* segment = block->segment;
+  backend_.deallocate(device_, segment->base, segment->size);  // throws: nothing changed
+  pool_for(block->small).index.erase(block);
+  ++stats_.num_device_free;
+  sub(stats_.segment, segment->small, 1);
+  sub(stats_.reserved_bytes, segment->small, static_cast<std::int64_t>(segment->size));
+  if (segment->oversize) stats_.oversize_segments.decrease(1);
+  if (segment->prev != nullptr) segment->prev->next = segment->next;
+  if (segment->next != nullptr) segment->next->prev = segment->prev;
+  if (segments_ == segment) segments_ = segment->next;
+  blocks_.destroy(block);
+  delete segment;
+}
+
+bool DeviceAllocator::release_cached_blocks() {
+  synchronize_and_free_events();
+  std::vector<Block*> whole;
+  for (Pool* pool : {&small_, &large_})
+    for (Block* b : pool->index)
+      if (!b->is_split()) whole.push_back(b);
+  for (Block* b : whole) release_segment(b);
+  return true;
+}
+
+bool DeviceAllocator::release_available_cached_blocks(stream_t stream, std::size_t rounded) {
+  // Only with max_split_size set: free cached oversize segments of this stream, one big enough
+  // or, failing that, the largest ones until they add up to the request.
+  const std::size_t max_split = config_.max_split_size;
+  if (max_split == Config::kUnlimited) return false;
+  const std::size_t want = std::max(rounded, max_split);
+  auto& index = large_.index;
+  auto it = index.lower_bound(detail::FreeKey{stream, want, nullptr});
+  if (it != index.end() && (*it)->stream == stream && !(*it)->is_split()) {
+    release_segment(*it);
+    return true;
+  }
+  std::vector<Block*> victims;
+  std::size_t total = 0;
+  while (it != index.begin() && total < want) {
+    --it;
+    Block* b = *it;
+    if (b->stream != stream || b->size < max_split) break;
+    if (b->is_split()) continue;
+    victims.push_back(b);
+    total += b->size;
+  }
+  if (total < want) return false;
+  for (Block* b : victims) release_segment(b);
+  return true;
+}
+
+void DeviceAllocator::garbage_collect() {
+  // PyTorch's garbage_collection_threshold: once reserved memory passes threshold x allowed,
+  // free unsplit large-pool segments that have sat unused longer than average, oldest first.
+  const auto reserved = static_cast<double>(stats_.reserved_bytes[kAll].current);
+  const double limit = config_.garbage_collection_threshold * static_cast<double>(*allowed_);
+  if (reserved <= limit) return;
+  const double target = reserved - limit;
+  double reclaimed = 0;
+  std::vector<Block*> candidates;
+  for (Block* b : large_.index)
+    if (!b->is_split()) candidates.push_back(b);
+  while (reclaimed < target && !candidates.empty()) {
+    double total_age = 0;
+    for (Block* b : candidates) total_age += static_cast<double>(large_.calls - b->gc_stamp);
+    const double mean_age = total_age / static_cast<double>(candidates.size());
+    std::vector<Block*> keep;
+    bool freed = false;
+    for (Block* b : candidates) {
+      if (reclaimed < target && static_cast<double>(large_.calls - b->gc_stamp) >= mean_age) {
+        reclaimed += static_cast<double>(b->size);
+        release_segment(b);
+        freed = true;
+      } else {
+        keep.push_back(b);
+      }
+    }
+    if (!freed) break;
+    candidates.swap(keep);
+  }
+}
+
+// ---- cross-stream events ----------------------------------------------------------------------
+
+event_t DeviceAllocator::get_event() {
+  if (!event_pool_.empty()) {
+    event_t e = event_pool_.back();
+    event_pool_.pop_back();
+    return e;
+  }
+  return backend_.create_event(device_);
+}
+
+void DeviceAllocator::insert_events(Block* block) {
+  // Record one event per extra stream. All or nothing: on failure the recorded events go back to
+  // the pool and the block stays allocated.
+  std::vector<event_t> recorded;
+  recorded.reserve(block->stream_uses.size());
+  try {
+    for (stream_t s : block->stream_uses) {
+      event_t e = get_event();
+      try {
+        backend_.record_event(device_, e, s);
+      } catch (...) {
+        event_pool_.push_back(e);
+        throw;
+      }
+      recorded.push_back(e);
+    }
+  } catch (...) {
+    // Already-recorded events will complete on their own; they are safe to reuse.
+    event_pool_.insert(event_pool_.end(), recorded.begin(), recorded.end());
+    throw;
+  }
+  for (std::size_t i = 0; i < recorded.size(); ++i) {
+    pending_[block->stream_uses[i]].emplace_back(recorded[i], block);
+    ++block->event_count;
+    ++outstanding_events_;
+  }
+}
+
+void DeviceAllocator::process_events() {
+  // Per-stream queues: stop at the first incomplete event of each stream.
+  for (auto& [stream, queue] : pending_) {
+    while (!queue.empty()) {
+      auto [event, block] = queue.front();
+      if (!backend_.query_event(device_, event)) break;
+      queue.pop_front();
+      event_pool_.push_back(event);
+      --outstanding_events_;
+      if (--block->event_count == 0) free_block(block);
+    }
+  }
+}
+
+void DeviceAllocator::synchronize_and_free_events() {
+  if (outstanding_events_ == 0) return;
+  ++stats_.num_sync_all_streams;
+  for (auto& [stream, queue] : pending_) {
+    while (!queue.empty()) {
+      auto [event, block] = queue.front();
+      backend_.synchronize_event(device_, event);
+      queue.pop_front();
+      event_pool_.push_back(event);
+      --outstanding_events_;
+      if (--block->event_count == 0) free_block(block);
+    }
+  }
+}
+
+// ---- out of memory ----------------------------------------------------------------------------
+
+std::size_t DeviceAllocator::largest_free_block() const {
+  std::size_t largest = 0;
+  for (const Pool* pool : {&small_, &large_})
+    for (const Block* b : pool->index) largest = std::max(largest, b->size);
+  return largest;
+}
+
+void DeviceAllocator::raise_oom(std::size_t requested, std::size_t alloc_size) {
+  ++stats_.num_ooms;
+  detail::OomFacts facts;
+  facts.device = device_;
+  facts.requested = requested;
+  facts.alloc_size = alloc_size;
+  try {
+    const MemoryInfo info = backend_.memory_info(device_);
+    facts.device_total = info.total;
+    facts.device_free = info.free;
+  } catch (...) {
+    facts.device_info_known = false;
+  }
+  facts.allowed = allowed_;
+  facts.reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
+  facts.allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAll].current);
+  facts.largest_free_block = largest_free_block();
+  facts.expandable = config_.expandable_segments;
+  throw out_of_memory(detail::format_oom(facts));
+}
+
+}  // namespace stitch

@@ -1,0 +1,102 @@
+// core/device_allocator_validate.cpp — the invariant checker: recounts a device's state from its
+// segments and compares it with the free index, the live table and the statistics.
+#include <fmt/format.h>
+
+#include <cstdint>
+
+#include "core/device_allocator.hpp"
+#include "stitch/errors.hpp"
+
+namespace stitch {
+
+namespace {
+[[noreturn]] void broken(int device, const std::string& what) {
+  throw error(fmt::format("stitch invariant broken on device {}: {}", device, what));
+}
+
+void check_stat(int device, const char* name, const StatArray& have, const std::int64_t (&want)[3]) {
+  static const char* kPools[3] = {"all", "small_pool", "large_pool"};
+  for (int p = 0; p < 3; ++p)
+    if (have[p].current != want[p])
+      broken(device, fmt::format("{}.{}.current is {} but a recount gives {}", name, kPools[p],
+                                 have[p].current, want[p]));
+}
+}  // namespace
+
+void DeviceAllocator::validate_locked() const {
+  std::int64_t allocation[3] = {}, segment[3] = {}, active[3] = {}, inactive[3] = {},
+               allocated_bytes[3] = {}, reserved[3] = {}, active_bytes[3] = {},
+               inactive_bytes[3] = {}, requested[3] = {};
+  auto count = [](std::int64_t (&arr)[3], bool small, std::int64_t v) {
+    arr[0] += v;
+    arr[small ? 1 : 2] += v;
+  };
+  std::size_t free_blocks[2] = {};  // small, large
+  std::size_t live_blocks = 0;
+  std::size_t pending_events = 0;
+
+  for (const Segment* s = segments_; s != nullptr; s = s->next) {
+    count(segment, s->small, 1);
+    count(reserved, s->small, static_cast<std::int64_t>(s->size));
+    if (s->head == nullptr || s->head->prev != nullptr) broken(device_, "segment head is wrong");
+    const char* expect = s->base;
+    const Block* prev = nullptr;
+    for (const Block* b = s->head; b != nullptr; prev = b, b = b->next) {
+      if (b->segment != s) broken(device_, "block points at the wrong segment");
+      if (b->prev != prev) broken(device_, "block prev link is wrong");
+      if (b->ptr != expect)
+        broken(device_, fmt::format("blocks do not tile segment {}: gap or overlap at {}",
+                                    static_cast<const void*>(s->base),
+                                    static_cast<const void*>(b->ptr)));
+      if (b->size == 0 || b->size % 512 != 0) broken(device_, "block size not a multiple of 512");
+      if (b->small != s->small || b->stream != s->stream)
+        broken(device_, "block pool or stream differs from its segment");
+      expect = b->ptr + b->size;
+      const auto size = static_cast<std::int64_t>(b->size);
+      if (b->allocated) {
+        ++live_blocks;
+        if (live_.find(b->ptr) != b) broken(device_, "allocated block missing from the live table");
+        if (b->in_index) broken(device_, "allocated block is in the free index");
+        count(allocation, b->small, 1);
+        count(allocated_bytes, b->small, size);
+        count(active, b->small, 1);
+        count(active_bytes, b->small, size);
+        count(requested, b->small, static_cast<std::int64_t>(b->requested));
+      } else if (b->event_count > 0) {
+        pending_events += static_cast<std::size_t>(b->event_count);
+        if (b->in_index) broken(device_, "pending block is in the free index");
+        count(active, b->small, 1);
+        count(active_bytes, b->small, size);
+        count(requested, b->small, static_cast<std::int64_t>(b->requested));
+      } else {
+        if (!b->in_index) broken(device_, "free block missing from the free index");
+        if (!pool_for_const(b->small).index.contains(const_cast<Block*>(b)))
+          broken(device_, "free block flagged in_index but not found in the index");
+        ++free_blocks[b->small ? 0 : 1];
+        if (prev != nullptr && prev->in_index)
+          broken(device_, "two adjacent free blocks were not coalesced");
+        if (b->is_split()) {
+          count(inactive, b->small, 1);
+          count(inactive_bytes, b->small, size);
+        }
+      }
+    }
+    if (expect != s->base + s->size) broken(device_, "blocks do not cover their segment");
+  }
+  if (free_blocks[0] != small_.index.size() || free_blocks[1] != large_.index.size())
+    broken(device_, "the free index holds blocks that are not free in any segment");
+  if (live_blocks != live_.size()) broken(device_, "the live table holds unknown pointers");
+  if (pending_events != outstanding_events_) broken(device_, "pending event count is wrong");
+
+  check_stat(device_, "allocation", stats_.allocation, allocation);
+  check_stat(device_, "segment", stats_.segment, segment);
+  check_stat(device_, "active", stats_.active, active);
+  check_stat(device_, "inactive_split", stats_.inactive_split, inactive);
+  check_stat(device_, "allocated_bytes", stats_.allocated_bytes, allocated_bytes);
+  check_stat(device_, "reserved_bytes", stats_.reserved_bytes, reserved);
+  check_stat(device_, "active_bytes", stats_.active_bytes, active_bytes);
+  check_stat(device_, "inactive_split_bytes", stats_.inactive_split_bytes, inactive_bytes);
+  check_stat(device_, "requested_bytes", stats_.requested_bytes, requested);
+}
+
+}  // namespace stitch
