@@ -183,9 +183,13 @@ TEST(SimBackend, TwoRangesMappedToOneHandleShareBytes) {
   sim.map(0, b, 2 * kGran, h);
   EXPECT_EQ(b[12345], 0x11);
 
-  sim.unmap(0, a + 2 * kGran, 2 * kGran);
-  sim.unmap(0, b, 2 * kGran);
+  // Released while mapped twice: freed only when the last of the two mappings goes.
   sim.release_physical(0, h);
+  sim.unmap(0, a + 2 * kGran, 2 * kGran);
+  EXPECT_EQ(sim.usage(0).used, 2 * kGran);
+  EXPECT_EQ(b[12345], 0x11);
+  sim.unmap(0, b, 2 * kGran);
+  EXPECT_EQ(sim.usage(0).used, 0u);
   sim.release_reservation(0, a, 4 * kGran);
   sim.release_reservation(0, b, 2 * kGran);
   EXPECT_TRUE(same(sim.usage(0), SimUsage{64 * kMiB, 0, 0, 0, 0, 0, 0}));

@@ -4,6 +4,8 @@
 // its own backend). The C API (stitch.h) drives one process-wide Allocator.
 #pragma once
 
+#include "stitch/export.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -23,10 +25,10 @@ class DeviceAllocator;
 /// Creates the backend a configuration names (`backend:sim` or `backend:cuda`).
 /// Throws stitch::backend_error if it is unavailable (e.g. "no CUDA device"); never substitutes
 /// another backend.
-std::shared_ptr<Backend> make_backend(const Config& config);
+STITCH_EXPORT std::shared_ptr<Backend> make_backend(const Config& config);
 
 /// A caching device allocator. Thread-safe: any thread may allocate and free on any device.
-class Allocator {
+class STITCH_EXPORT Allocator {
  public:
   /// Builds the backend named by `config` (see make_backend()).
   explicit Allocator(const Config& config);

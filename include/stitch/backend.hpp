@@ -9,6 +9,8 @@
 // stitch::backend_error with a message naming the call. A method that throws has changed nothing.
 #pragma once
 
+#include "stitch/export.hpp"
+
 #include <cstddef>
 #include <cstdint>
 
@@ -28,7 +30,7 @@ struct MemoryInfo {
 };
 
 /// The device-side operations the allocator core needs. Implementations must be thread-safe.
-class Backend {
+class STITCH_EXPORT Backend {
  public:
   virtual ~Backend() = default;
 

@@ -1,6 +1,8 @@
 // stitch/config.hpp — allocator settings and the parser for PyTorch's `key:value,...` syntax.
 #pragma once
 
+#include "stitch/export.hpp"
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -16,7 +18,7 @@ enum class BackendKind { cuda, sim };
 enum class InvalidFreePolicy { error, abort };
 
 /// Every setting of an allocator. Defaults match PyTorch's CUDACachingAllocator.
-struct Config {
+struct STITCH_EXPORT Config {
   static constexpr std::size_t kUnlimited = SIZE_MAX;
 
   // ---- fixed at construction ----
@@ -48,6 +50,6 @@ struct Config {
 };
 
 /// Name of a backend kind ("cuda", "sim").
-const char* to_string(BackendKind kind) noexcept;
+STITCH_EXPORT const char* to_string(BackendKind kind) noexcept;
 
 }  // namespace stitch

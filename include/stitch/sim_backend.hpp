@@ -11,6 +11,8 @@
 // injected into the Nth call of any kind.
 #pragma once
 
+#include "stitch/export.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -39,7 +41,7 @@ enum class SimCall : int {
 };
 
 /// Name of a call kind ("allocate", "map", ...).
-const char* to_string(SimCall call) noexcept;
+STITCH_EXPORT const char* to_string(SimCall call) noexcept;
 
 /// How an injected fault fails a call.
 enum class SimFault : int {
@@ -60,7 +62,7 @@ struct SimUsage {
 };
 
 /// The simulated device. Thread-safe.
-class SimBackend final : public Backend {
+class STITCH_EXPORT SimBackend final : public Backend {
  public:
   struct Options {
     int devices = 1;                                     ///< sim_devices

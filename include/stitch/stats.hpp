@@ -1,6 +1,8 @@
 // stitch/stats.hpp — per-device statistics under PyTorch's memory_stats() names.
 #pragma once
 
+#include "stitch/export.hpp"
+
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -35,7 +37,7 @@ enum StatPool : int { kAll = 0, kSmallPool = 1, kLargePool = 2 };
 using StatArray = std::array<Stat, 3>;
 
 /// Everything PyTorch's memory_stats() reports for one device.
-struct DeviceStats {
+struct STITCH_EXPORT DeviceStats {
   StatArray allocation;            ///< live allocations
   StatArray segment;               ///< device segments (cudaMalloc calls; expandable maps excluded)
   StatArray active;                ///< allocated blocks plus blocks waiting on stream events

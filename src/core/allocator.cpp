@@ -84,7 +84,7 @@ void Allocator::deallocate(void* ptr, std::size_t bytes, int device, stream_t st
   }
   for (int d = 0; d < device_count_; ++d) {
     if (d != device && devices_[static_cast<std::size_t>(d)]->find(ptr))
-      reject_free(config_, home,
+      reject_free(config_, *devices_[static_cast<std::size_t>(d)],  // counted by the owner
                   fmt::format("free of {} on device {}, but it was allocated on device {}; "
                               "nothing was freed", ptr, device, d));
   }

@@ -1,0 +1,301 @@
+// The conformance suite every stitch::Backend must pass, run against each backend that ships
+// (the simulator, and CUDA where a device is present). It talks only to stitch::Backend.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "stitch/allocator.hpp"
+#include "stitch/backend.hpp"
+#include "stitch/config.hpp"
+#include "stitch/errors.hpp"
+#include "stitch/sim_backend.hpp"
+
+namespace stitch {
+namespace {
+
+/// How to obtain and drive one backend in the suite.
+struct BackendFactory {
+  std::string name;
+  /// Creates the backend; throwing skips the instance (with the exception's message).
+  std::function<std::shared_ptr<Backend>()> make;
+  /// A stream to record on, and its disposal.
+  std::function<stream_t()> make_stream;
+  std::function<void(stream_t)> destroy_stream;
+  /// Copies `n` bytes between host and device memory (either direction). Returns false when the
+  /// test cannot reach the backend's memory; the data checks are then skipped.
+  std::function<bool(void* dst, const void* src, std::size_t n)> copy;
+  /// Optional: checks after each test that the backend holds nothing any more (leak check).
+  std::function<void(Backend&)> expect_clean;
+};
+
+void PrintTo(const BackendFactory& factory, std::ostream* os) { *os << factory.name; }
+
+BackendFactory sim_factory() {
+  BackendFactory f;
+  f.name = "sim";
+  f.make = [] {
+    SimBackend::Options options;
+    options.capacity = std::size_t{1} << 30;
+    return std::make_shared<SimBackend>(options);
+  };
+  // Simulated streams are opaque: any fresh non-null address will do.
+  f.make_stream = [] { return static_cast<stream_t>(new char); };
+  f.destroy_stream = [](stream_t s) { delete static_cast<char*>(s); };
+  f.copy = [](void* dst, const void* src, std::size_t n) {
+    std::memcpy(dst, src, n);
+    return true;
+  };
+  f.expect_clean = [](Backend& backend) {
+    const SimUsage u = dynamic_cast<SimBackend&>(backend).usage(0);
+    EXPECT_EQ(u.used, 0u);
+    EXPECT_EQ(u.allocations, 0u);
+    EXPECT_EQ(u.physical_handles, 0u);
+    EXPECT_EQ(u.reservations, 0u);
+    EXPECT_EQ(u.mappings, 0u);
+    EXPECT_EQ(u.events, 0u);
+  };
+  return f;
+}
+
+BackendFactory cuda_factory() {
+  BackendFactory f;
+  f.name = "cuda";
+  f.make = [] { return make_backend(Config::parse("backend:cuda")); };
+  // Streams cannot be created without the CUDA headers, so the cuda instance records on the
+  // default stream (nullptr) only; non-null streams are covered by the sim instance.
+  f.make_stream = [] { return stream_t{nullptr}; };
+  f.destroy_stream = [](stream_t) {};
+  // Device memory is not host-addressable: use cudaMemcpy(..., cudaMemcpyDefault) from the
+  // CUDA runtime already loaded by the backend, if the process has it.
+  f.copy = [](void* dst, const void* src, std::size_t n) {
+    using Memcpy = int (*)(void*, const void*, std::size_t, int);
+    static const auto memcpy_fn = reinterpret_cast<Memcpy>(::dlsym(RTLD_DEFAULT, "cudaMemcpy"));
+    if (memcpy_fn == nullptr) return false;
+    constexpr int kCudaMemcpyDefault = 4;
+    EXPECT_EQ(memcpy_fn(dst, src, n, kCudaMemcpyDefault), 0) << "cudaMemcpy failed";
+    return true;
+  };
+  return f;
+}
+
+class BackendConformance : public ::testing::TestWithParam<BackendFactory> {
+ protected:
+  void SetUp() override {
+    try {
+      backend_ = GetParam().make();
+    } catch (const std::exception& e) {
+      GTEST_SKIP() << GetParam().name << " backend unavailable: " << e.what();
+    }
+    ASSERT_NE(backend_, nullptr);
+    ASSERT_GE(backend_->device_count(), 1);
+  }
+
+  void TearDown() override {
+    if (backend_ != nullptr && GetParam().expect_clean) GetParam().expect_clean(*backend_);
+  }
+
+  Backend& b() { return *backend_; }
+
+  /// Writes a pattern (seeded by `seed`) to `n` bytes of device memory at `dst`.
+  /// Returns false when the memory cannot be reached from the test.
+  bool write(void* dst, std::size_t n, unsigned seed) {
+    std::vector<unsigned char> host(n);
+    for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<unsigned char>(i * 31 + seed);
+    return GetParam().copy(dst, host.data(), n);
+  }
+
+  /// Checks that `n` bytes at `src` hold the pattern of `seed`.
+  void expect_pattern(const void* src, std::size_t n, unsigned seed) {
+    std::vector<unsigned char> host(n);
+    if (!GetParam().copy(host.data(), src, n)) return;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (host[i] != static_cast<unsigned char>(i * 31 + seed)) {
+        ADD_FAILURE() << "byte " << i << " of " << src << " differs";
+        return;
+      }
+    }
+  }
+
+  std::shared_ptr<Backend> backend_;
+};
+
+TEST_P(BackendConformance, DescribesItself) {
+  EXPECT_NE(std::string(b().name()), "");
+  const MemoryInfo info = b().memory_info(0);
+  EXPECT_GT(info.total, 0u);
+  EXPECT_LE(info.free, info.total);
+  const std::size_t g = b().granularity(0);
+  EXPECT_GT(g, 0u);
+  EXPECT_EQ(g & (g - 1), 0u) << "granularity " << g << " is not a power of two";
+}
+
+TEST_P(BackendConformance, AllocateWriteReadDeallocate) {
+  const std::vector<std::size_t> sizes = {1, 512, 4096 + 3, std::size_t{1} << 20,
+                                          (std::size_t{3} << 20) + 5};
+  std::vector<void*> ptrs;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    void* p = b().allocate(0, sizes[i]);
+    ASSERT_NE(p, nullptr) << sizes[i] << " bytes";
+    ptrs.push_back(p);
+    if (!write(p, sizes[i], static_cast<unsigned>(i))) break;
+  }
+  for (std::size_t i = 0; i < ptrs.size(); ++i) {
+    expect_pattern(ptrs[i], sizes[i], static_cast<unsigned>(i));
+    b().deallocate(0, ptrs[i], sizes[i]);
+  }
+}
+
+TEST_P(BackendConformance, AllocationsAre512ByteAligned) {
+  std::vector<std::pair<void*, std::size_t>> live;
+  for (std::size_t bytes : {1, 3, 511, 513, 1000, 4097, 70000}) {
+    void* p = b().allocate(0, bytes);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 512, 0u) << bytes << " bytes at " << p;
+    live.emplace_back(p, bytes);
+  }
+  for (auto [p, bytes] : live) b().deallocate(0, p, bytes);
+}
+
+TEST_P(BackendConformance, OutOfMemoryReturnsNullptr) {
+  const MemoryInfo info = b().memory_info(0);
+  void* p = nullptr;
+  EXPECT_NO_THROW(p = b().allocate(0, info.total + b().granularity(0)));
+  EXPECT_EQ(p, nullptr);
+  if (p != nullptr) b().deallocate(0, p, info.total + b().granularity(0));
+  // The device still works.
+  void* q = b().allocate(0, 4096);
+  ASSERT_NE(q, nullptr);
+  b().deallocate(0, q, 4096);
+}
+
+TEST_P(BackendConformance, VirtualMemoryMapWriteReadUnmap) {
+  if (!b().supports_virtual_memory(0)) GTEST_SKIP() << "no virtual memory support";
+  const std::size_t g = b().granularity(0);
+  auto* va = static_cast<char*>(b().reserve(0, 4 * g, g));
+  ASSERT_NE(va, nullptr);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(va) % g, 0u);
+  const phys_handle_t h1 = b().create_physical(0, 2 * g);
+  const phys_handle_t h2 = b().create_physical(0, 2 * g);
+  ASSERT_NE(h1, 0u);
+  ASSERT_NE(h2, 0u);
+  EXPECT_NE(h1, h2);
+  b().map(0, va, 2 * g, h1);
+  b().map(0, va + 2 * g, 2 * g, h2);
+  // The two mappings form one contiguous range.
+  if (write(va, 4 * g, 7)) expect_pattern(va, 4 * g, 7);
+  // Unmapping a range made of several mappings at once.
+  b().unmap(0, va, 4 * g);
+  // The reservation survives unmap: map again (the handles still hold their bytes).
+  b().map(0, va, 2 * g, h2);
+  if (write(va + g, 16, 3)) expect_pattern(va + g, 16, 3);
+  b().unmap(0, va, 2 * g);
+  b().release_physical(0, h1);
+  b().release_physical(0, h2);
+  b().release_reservation(0, va, 4 * g);
+}
+
+TEST_P(BackendConformance, TwoRangesMappedToOneHandleAlias) {
+  if (!b().supports_virtual_memory(0)) GTEST_SKIP() << "no virtual memory support";
+  const std::size_t g = b().granularity(0);
+  auto* a = static_cast<char*>(b().reserve(0, 2 * g, g));
+  auto* c = static_cast<char*>(b().reserve(0, g, g));
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(c, nullptr);
+  const phys_handle_t h = b().create_physical(0, g);
+  ASSERT_NE(h, 0u);
+  b().map(0, a + g, g, h);
+  b().map(0, c, g, h);
+  if (write(a + g, g, 11)) expect_pattern(c, g, 11);
+  if (write(c + 100, 200, 5)) expect_pattern(a + g + 100, 200, 5);
+  // Released while mapped twice: the memory stays valid until the last mapping goes.
+  b().release_physical(0, h);
+  b().unmap(0, a + g, g);
+  expect_pattern(c + 100, 200, 5);
+  b().unmap(0, c, g);
+  b().release_reservation(0, a, 2 * g);
+  b().release_reservation(0, c, g);
+}
+
+TEST_P(BackendConformance, VirtualMemoryReleaseOrders) {
+  if (!b().supports_virtual_memory(0)) GTEST_SKIP() << "no virtual memory support";
+  const std::size_t g = b().granularity(0);
+  // Reserve and release with nothing mapped.
+  void* va = b().reserve(0, 2 * g, g);
+  ASSERT_NE(va, nullptr);
+  b().release_reservation(0, va, 2 * g);
+  // Create and release without mapping.
+  phys_handle_t h = b().create_physical(0, g);
+  ASSERT_NE(h, 0u);
+  b().release_physical(0, h);
+  // map, unmap, release_physical, release_reservation.
+  va = b().reserve(0, g, g);
+  h = b().create_physical(0, g);
+  ASSERT_NE(va, nullptr);
+  ASSERT_NE(h, 0u);
+  b().map(0, va, g, h);
+  b().unmap(0, va, g);
+  b().release_physical(0, h);
+  b().release_reservation(0, va, g);
+  // map, release_physical (deferred), unmap, release_reservation.
+  va = b().reserve(0, g, g);
+  h = b().create_physical(0, g);
+  ASSERT_NE(va, nullptr);
+  ASSERT_NE(h, 0u);
+  b().map(0, va, g, h);
+  b().release_physical(0, h);
+  if (write(va, 64, 9)) expect_pattern(va, 64, 9);
+  b().unmap(0, va, g);
+  b().release_reservation(0, va, g);
+  // map, unmap, release_reservation, then release_physical (the handle outlives the range).
+  va = b().reserve(0, g, g);
+  h = b().create_physical(0, g);
+  ASSERT_NE(va, nullptr);
+  ASSERT_NE(h, 0u);
+  b().map(0, va, g, h);
+  b().unmap(0, va, g);
+  b().release_reservation(0, va, g);
+  b().release_physical(0, h);
+}
+
+TEST_P(BackendConformance, EventsCompleteAfterSynchronize) {
+  event_t never = b().create_event(0);
+  event_t e = b().create_event(0);
+  ASSERT_NE(e, nullptr);
+  ASSERT_NE(never, nullptr);
+  EXPECT_NE(e, never);
+  EXPECT_TRUE(b().query_event(0, never));  // never recorded: complete
+
+  b().record_event(0, e, nullptr);
+  b().synchronize_event(0, e);
+  EXPECT_TRUE(b().query_event(0, e));
+
+  stream_t s = GetParam().make_stream();
+  b().record_event(0, e, s);
+  b().synchronize_stream(0, s);
+  EXPECT_TRUE(b().query_event(0, e));
+  b().record_event(0, e, s);
+  b().synchronize_event(0, e);
+  EXPECT_TRUE(b().query_event(0, e));
+  b().synchronize_stream(0, nullptr);
+
+  b().destroy_event(0, e);
+  b().destroy_event(0, never);
+  GetParam().destroy_stream(s);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, BackendConformance,
+                         ::testing::Values(sim_factory(), cuda_factory()),
+                         [](const ::testing::TestParamInfo<BackendFactory>& info) {
+                           return info.param.name;
+                         });
+
+}  // namespace
+}  // namespace stitch

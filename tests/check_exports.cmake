@@ -1,0 +1,19 @@
+# tests/check_exports.cmake — fails unless libstitch.so exports every C API function.
+# Run as: cmake -DLIB=<path to libstitch.so> -P check_exports.cmake
+find_program(NM nm REQUIRED)
+execute_process(COMMAND ${NM} -D --defined-only ${LIB} OUTPUT_VARIABLE symbols RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "nm failed on ${LIB}")
+endif()
+foreach(fn stitch_malloc stitch_free stitch_configure stitch_record_stream stitch_empty_cache
+           stitch_set_memory_fraction stitch_stat stitch_reset_peak_stats stitch_last_error)
+  if(NOT symbols MATCHES " T ${fn}\n")
+    message(FATAL_ERROR "${LIB} does not export ${fn}")
+  endif()
+endforeach()
+# Internal C++ symbols stay hidden: only the stitch:: API classes may be visible.
+string(REGEX MATCHALL "[^\n]* T _ZN6stitch6detail[^\n]*" leaked "${symbols}")
+if(leaked)
+  message(FATAL_ERROR "internal symbols are exported: ${leaked}")
+endif()
+message(STATUS "libstitch exports the whole C API")
