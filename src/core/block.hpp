@@ -7,13 +7,36 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <set>
 #include <vector>
 
+#include "core/object_pool.hpp"
 #include "stitch/backend.hpp"
 
 namespace stitch::detail {
 
 struct Segment;
+struct Block;
+
+/// Ordering of free blocks: (stream, size, address). A FreeKey searches without a Block.
+struct FreeKey {
+  stream_t stream;
+  std::size_t size;
+  const char* ptr;
+};
+struct FreeOrder {
+  using is_transparent = void;
+  static bool less(stream_t s1, std::size_t z1, const char* p1, stream_t s2, std::size_t z2,
+                   const char* p2) noexcept {
+    if (s1 != s2) return s1 < s2;
+    if (z1 != z2) return z1 < z2;
+    return p1 < p2;
+  }
+  inline bool operator()(const Block* a, const Block* b) const noexcept;
+  inline bool operator()(const Block* a, const FreeKey& k) const noexcept;
+  inline bool operator()(const FreeKey& k, const Block* b) const noexcept;
+};
+using FreeSet = std::set<Block*, FreeOrder, PoolAllocator<Block*>>;
 
 struct Block {
   char* ptr = nullptr;
@@ -30,6 +53,7 @@ struct Block {
   int event_count = 0;         ///< outstanding events before a pending block becomes free
   std::uint64_t gc_stamp = 0;  ///< pool call counter when it was last freed (GC age)
   std::vector<stream_t> stream_uses;  ///< other streams that used it (record_stream)
+  FreeSet::iterator pos{};     ///< position in the FreeIndex while in_index
 
   Block(char* p, std::size_t s, stream_t st, Segment* seg, bool is_small) noexcept
       : ptr(p), size(s), stream(st), segment(seg), small(is_small) {}
@@ -37,6 +61,16 @@ struct Block {
   [[nodiscard]] bool is_split() const noexcept { return prev != nullptr || next != nullptr; }
   [[nodiscard]] bool is_free() const noexcept { return !allocated && event_count == 0; }
 };
+
+bool FreeOrder::operator()(const Block* a, const Block* b) const noexcept {
+  return less(a->stream, a->size, a->ptr, b->stream, b->size, b->ptr);
+}
+bool FreeOrder::operator()(const Block* a, const FreeKey& k) const noexcept {
+  return less(a->stream, a->size, a->ptr, k.stream, k.size, k.ptr);
+}
+bool FreeOrder::operator()(const FreeKey& k, const Block* b) const noexcept {
+  return less(k.stream, k.size, k.ptr, b->stream, b->size, b->ptr);
+}
 
 struct Segment {
   char* base = nullptr;

@@ -101,8 +101,7 @@ DeviceAllocator::Block* DeviceAllocator::get_free_block(Pool& pool, stream_t str
   if (rounded < max_split && block->size >= max_split) return nullptr;
   if (rounded >= max_split && block->size >= rounded + config_.max_non_split_rounding)
     return nullptr;
-  pool.index.erase(block);
-  return block;
+  return block;  // still in the index: alloc_found_block takes it out
 }
 
 bool DeviceAllocator::should_split(const Block* block, std::size_t rounded) const noexcept {
@@ -111,43 +110,41 @@ bool DeviceAllocator::should_split(const Block* block, std::size_t rounded) cons
   return rounded < config_.max_split_size && remaining > kSmallSize;
 }
 
-void DeviceAllocator::account_inactive(const Block* block, int sign) noexcept {
-  if (!block->is_free() || !block->is_split()) return;
-  if (sign > 0) {
-    add(stats_.inactive_split, block->small, 1);
-    add(stats_.inactive_split_bytes, block->small, static_cast<std::int64_t>(block->size));
-  } else {
-    sub(stats_.inactive_split, block->small, 1);
-    sub(stats_.inactive_split_bytes, block->small, static_cast<std::int64_t>(block->size));
-  }
-}
-
 DeviceAllocator::Block* DeviceAllocator::alloc_found_block(Pool& pool, Block* block,
                                                            std::size_t rounded,
                                                            std::size_t requested) {
+  // `block` is free and in the index.
   account_inactive(block, -1);
   if (should_split(block, rounded)) {
-    // The front becomes the allocation; the tail stays free in the pool.
-    Block* rest = blocks_.create(block->ptr + rounded, block->size - rounded, block->stream,
-                                 block->segment, block->small);
-    rest->prev = block;
-    rest->next = block->next;
-    if (rest->next != nullptr) rest->next->prev = rest;
-    block->next = rest;
-    block->size = rounded;
-    rest->gc_stamp = pool.calls;
-    pool.index.insert(rest);
-    account_inactive(rest, +1);
+    // A new block takes the front; `block` keeps the tail and stays in the index, re-keyed in
+    // place (no tree rebalancing when its order is unchanged).
+    Block* front = blocks_.create(block->ptr, rounded, block->stream, block->segment, block->small);
+    front->prev = block->prev;
+    front->next = block;
+    if (front->prev != nullptr) {
+      front->prev->next = front;
+    } else {
+      block->segment->head = front;
+    }
+    block->prev = front;
+    pool.index.shrink(block, block->ptr + rounded, block->size - rounded);
+    account_inactive(block, +1);
+    block = front;
+  } else {
+    pool.index.erase(block);
   }
   block->allocated = true;
   block->requested = requested;
   block->oversize = block->size >= config_.max_split_size;
   const auto bytes = static_cast<std::int64_t>(block->size);
-  add(stats_.allocation, block->small, 1);
-  add(stats_.allocated_bytes, block->small, bytes);
-  add(stats_.active, block->small, 1);
-  add(stats_.active_bytes, block->small, bytes);
-  add(stats_.requested_bytes, block->small, static_cast<std::int64_t>(requested));
+  const int p = block->small ? kSmallPool : kLargePool;
+  for (int i : {int{kAll}, p}) {
+    stats_.allocation[i].increase(1);
+    stats_.allocated_bytes[i].increase(bytes);
+    stats_.active[i].increase(1);
+    stats_.active_bytes[i].increase(bytes);
+    stats_.requested_bytes[i].increase(static_cast<std::int64_t>(requested));
+  }
   if (block->oversize) stats_.oversize_allocations.increase(1);
   return block;
 }
@@ -178,42 +175,53 @@ FreeStatus DeviceAllocator::free(void* ptr, std::optional<std::size_t> expected_
   return FreeStatus::freed;
 }
 
-DeviceAllocator::Block* DeviceAllocator::merge(Block* dst, Block* src) {
-  // `src` is a free neighbour of `dst`; dst absorbs it.
-  Pool& pool = pool_for(src->small);
-  account_inactive(src, -1);
-  pool.index.erase(src);
-  if (src == dst->prev) {
-    dst->ptr = src->ptr;
-    dst->prev = src->prev;
-    if (dst->prev != nullptr) {
-      dst->prev->next = dst;
-    } else {
-      dst->segment->head = dst;
-    }
-  } else {
-    dst->next = src->next;
-    if (dst->next != nullptr) dst->next->prev = dst;
-  }
-  dst->size += src->size;
-  blocks_.destroy(src);
-  return dst;
-}
-
 void DeviceAllocator::free_block(Block* block) {
-  // The block is neither allocated nor waiting for events: it leaves the active set.
+  // The block is neither allocated nor waiting for events: it leaves the active set and is
+  // coalesced with its free neighbours. A free neighbour survives (re-keyed in place) and the
+  // freed block object is recycled, so the common case needs no tree insert.
   const auto bytes = static_cast<std::int64_t>(block->size);
   sub(stats_.active, block->small, 1);
   sub(stats_.active_bytes, block->small, bytes);
   sub(stats_.requested_bytes, block->small, static_cast<std::int64_t>(block->requested));
-  block->requested = 0;
-  block->stream_uses.clear();
-  if (block->prev != nullptr && block->prev->in_index) merge(block, block->prev);
-  if (block->next != nullptr && block->next->in_index) merge(block, block->next);
   Pool& pool = pool_for(block->small);
-  block->gc_stamp = pool.calls;
-  pool.index.insert(block);
-  account_inactive(block, +1);
+  Block* prev = block->prev != nullptr && block->prev->in_index ? block->prev : nullptr;
+  Block* next = block->next != nullptr && block->next->in_index ? block->next : nullptr;
+  Block* survivor = block;
+  if (prev != nullptr) {
+    account_inactive(prev, -1);
+    std::size_t size = prev->size + block->size;
+    if (next != nullptr) {
+      account_inactive(next, -1);
+      size += next->size;
+      pool.index.erase(next);
+    }
+    Block* after = next != nullptr ? next->next : block->next;
+    prev->next = after;
+    if (after != nullptr) after->prev = prev;
+    if (next != nullptr) blocks_.destroy(next);
+    blocks_.destroy(block);
+    pool.index.grow(prev, prev->ptr, size);
+    survivor = prev;
+  } else if (next != nullptr) {
+    account_inactive(next, -1);
+    next->prev = block->prev;
+    if (block->prev != nullptr) {
+      block->prev->next = next;
+    } else {
+      next->segment->head = next;
+    }
+    char* ptr = block->ptr;
+    const std::size_t size = block->size + next->size;
+    blocks_.destroy(block);
+    pool.index.grow(next, ptr, size);
+    survivor = next;
+  } else {
+    block->requested = 0;
+    block->stream_uses.clear();
+    pool.index.insert(block);
+  }
+  survivor->gc_stamp = pool.calls;
+  account_inactive(survivor, +1);
 }
 
 bool DeviceAllocator::record_stream(void* ptr, stream_t stream) {

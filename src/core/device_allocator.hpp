@@ -19,6 +19,7 @@
 #include "core/free_index.hpp"
 #include "core/object_pool.hpp"
 #include "core/ptr_map.hpp"
+#include "core/spin_lock.hpp"
 #include "stitch/allocator.hpp"
 #include "stitch/backend.hpp"
 #include "stitch/config.hpp"
@@ -79,8 +80,21 @@ class DeviceAllocator {
   Block* alloc_found_block(Pool& pool, Block* block, std::size_t rounded, std::size_t requested);
   [[nodiscard]] bool should_split(const Block* block, std::size_t rounded) const noexcept;
   void free_block(Block* block);
-  Block* merge(Block* dst, Block* src);
-  void account_inactive(const Block* block, int sign) noexcept;
+  /// Adds (sign > 0) or removes a free block's share of the inactive_split statistics.
+  void account_inactive(const Block* block, int sign) noexcept {
+    if (!block->is_free() || !block->is_split()) return;
+    const auto bytes = static_cast<std::int64_t>(block->size);
+    const int pool = block->small ? kSmallPool : kLargePool;
+    for (int i : {int{kAll}, pool}) {
+      if (sign > 0) {
+        stats_.inactive_split[i].increase(1);
+        stats_.inactive_split_bytes[i].increase(bytes);
+      } else {
+        stats_.inactive_split[i].decrease(1);
+        stats_.inactive_split_bytes[i].decrease(bytes);
+      }
+    }
+  }
 
   // slow path (device_allocator_slow.cpp)
   Block* allocate_slow(Pool& pool, stream_t stream, std::size_t rounded, std::size_t requested);
@@ -107,7 +121,7 @@ class DeviceAllocator {
   Config config_;
   std::optional<std::size_t> allowed_;  ///< memory-fraction cap on reserved bytes
 
-  mutable std::mutex mutex_;
+  mutable detail::SpinLock mutex_;
   NodeStorage index_nodes_;
   detail::ObjectPool<Block> blocks_;
   Pool small_{&index_nodes_, true};

@@ -62,7 +62,7 @@ DeviceAllocator::Block* DeviceAllocator::alloc_segment(Pool& pool, stream_t stre
   add(stats_.segment, pool.small, 1);
   add(stats_.reserved_bytes, pool.small, static_cast<std::int64_t>(bytes));
   if (segment->oversize) stats_.oversize_segments.increase(1);
-  // The new block counts as active-to-be: alloc_found_block adds it; free blocks are not active.
+  pool.index.insert(block);  // free until alloc_found_block takes it
   return block;
 }
 

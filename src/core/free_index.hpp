@@ -1,58 +1,48 @@
 // core/free_index.hpp — a pool's free blocks, ordered by (stream, size, address).
 //
 // lower_bound on (stream, size, 0) yields the best fit: the smallest free block of at least
-// `size` on that stream, lowest address among equals, in O(log n). Tree nodes come from a
-// RawPool, so inserts and erases do not touch the heap once the pool is warm.
+// `size` on that stream, lowest address among equals, in O(log n). Each block remembers its
+// tree position, so removal needs no search, and shrink()/grow() change a block's size or address in
+// place when its order among its neighbours is unchanged (the common case when a split or a
+// merge moves a boundary), touching no other node. Tree nodes come from a RawPool, so nothing
+// here touches the heap once the pool is warm.
 #pragma once
 
 #include <cstddef>
-#include <set>
+#include <iterator>
 
 #include "core/block.hpp"
 #include "core/object_pool.hpp"
 
 namespace stitch::detail {
 
-struct FreeKey {
-  stream_t stream;
-  std::size_t size;
-  const char* ptr;
-};
-
-struct FreeOrder {
-  using is_transparent = void;
-  static bool less(stream_t s1, std::size_t z1, const char* p1, stream_t s2, std::size_t z2,
-                   const char* p2) noexcept {
-    if (s1 != s2) return s1 < s2;
-    if (z1 != z2) return z1 < z2;
-    return p1 < p2;
-  }
-  bool operator()(const Block* a, const Block* b) const noexcept {
-    return less(a->stream, a->size, a->ptr, b->stream, b->size, b->ptr);
-  }
-  bool operator()(const Block* a, const FreeKey& k) const noexcept {
-    return less(a->stream, a->size, a->ptr, k.stream, k.size, k.ptr);
-  }
-  bool operator()(const FreeKey& k, const Block* b) const noexcept {
-    return less(k.stream, k.size, k.ptr, b->stream, b->size, b->ptr);
-  }
-};
-
 class FreeIndex {
  public:
-  using Set = std::set<Block*, FreeOrder, PoolAllocator<Block*>>;
-  using iterator = Set::iterator;
+  using iterator = FreeSet::iterator;
 
   explicit FreeIndex(PoolAllocator<Block*>::Storage* nodes)
       : set_(FreeOrder{}, PoolAllocator<Block*>(nodes)) {}
 
   void insert(Block* b) {
-    set_.insert(b);
+    b->pos = set_.insert(b).first;
     b->in_index = true;
   }
   void erase(Block* b) noexcept {
-    set_.erase(b);
+    set_.erase(b->pos);
     b->in_index = false;
+  }
+  /// Gives an indexed block a new address and a smaller size (a split took its front).
+  void shrink(Block* b, char* ptr, std::size_t size) {
+    // The new key is smaller than the old one: only the predecessor can be out of order.
+    const bool in_order = b->pos == set_.begin() || FreeOrder{}(*std::prev(b->pos), FreeKey{b->stream, size, ptr});
+    reposition(b, ptr, size, in_order);
+  }
+  /// Gives an indexed block a new address and a larger size (it absorbed a neighbour).
+  void grow(Block* b, char* ptr, std::size_t size) {
+    // The new key is larger than the old one: only the successor can be out of order.
+    const auto next = std::next(b->pos);
+    const bool in_order = next == set_.end() || FreeOrder{}(FreeKey{b->stream, size, ptr}, *next);
+    reposition(b, ptr, size, in_order);
   }
   /// Smallest block of at least `size` on `stream` (lowest address first), or end().
   [[nodiscard]] iterator best_fit(stream_t stream, std::size_t size) const {
@@ -67,7 +57,19 @@ class FreeIndex {
   [[nodiscard]] bool contains(Block* b) const { return set_.find(b) != set_.end(); }
 
  private:
-  Set set_;
+  void reposition(Block* b, char* ptr, std::size_t size, bool in_order) {
+    if (in_order) {  // same place in the order: change the key in place, no rebalancing
+      b->ptr = ptr;
+      b->size = size;
+      return;
+    }
+    auto node = set_.extract(b->pos);
+    b->ptr = ptr;
+    b->size = size;
+    b->pos = set_.insert(std::move(node)).position;
+  }
+
+  FreeSet set_;
 };
 
 }  // namespace stitch::detail

@@ -1,0 +1,152 @@
+// benchmarks/alloc_bench.cpp — CPU cost of stitch's allocator paths, with glibc malloc/free of the
+// same sizes in the same binary as the reference:
+//   *_pair       a warm cache-hit allocate + free of one size;
+//   *_random     RMM random_allocations-style mixed workload (random sizes, random frees);
+//   *_threads    the cache-hit pair from several threads at once (each on its own stream).
+// stitch runs on the simulated device, so no device call is ever timed: this is the allocator.
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "stitch/allocator.hpp"
+#include "stitch/sim_backend.hpp"
+#include "stitch/stitch.h"
+
+namespace {
+
+stitch::Allocator& shared_allocator() {
+  static stitch::Allocator allocator(stitch::Config::parse("backend:sim,sim_capacity_mb:65536"));
+  return allocator;
+}
+
+void size_args(benchmark::internal::Benchmark* b) {
+  for (long s : {512L, 4096L, 65536L, 1L << 20, 8L << 20, 64L << 20}) b->Arg(s);
+}
+
+// ---- cache-hit pair -----------------------------------------------------------------------------
+
+void BM_glibc_pair(benchmark::State& state) {
+  const auto size = static_cast<std::size_t>(state.range(0));
+  free(malloc(size));  // let glibc settle its mmap threshold for this size
+  for (auto _ : state) {
+    void* p = malloc(size);
+    benchmark::DoNotOptimize(p);
+    free(p);
+  }
+}
+BENCHMARK(BM_glibc_pair)->Apply(size_args);
+
+void BM_stitch_pair(benchmark::State& state) {
+  const auto size = static_cast<std::size_t>(state.range(0));
+  stitch::Allocator& a = shared_allocator();
+  a.deallocate(a.allocate(size));  // warm: the segment is cached
+  for (auto _ : state) {
+    void* p = a.allocate(size);
+    benchmark::DoNotOptimize(p);
+    a.deallocate(p);
+  }
+}
+BENCHMARK(BM_stitch_pair)->Apply(size_args);
+
+void BM_stitch_capi_pair(benchmark::State& state) {
+  const auto size = static_cast<std::size_t>(state.range(0));
+  if (stitch_configure("backend:sim,sim_capacity_mb:65536") != 0 &&
+      std::string(stitch_last_error()).find("fixed") == std::string::npos) {
+    state.SkipWithError(stitch_last_error());
+    return;
+  }
+  stitch_free(stitch_malloc(size, 0, nullptr), size, 0, nullptr);
+  for (auto _ : state) {
+    void* p = stitch_malloc(size, 0, nullptr);
+    benchmark::DoNotOptimize(p);
+    stitch_free(p, size, 0, nullptr);
+  }
+}
+BENCHMARK(BM_stitch_capi_pair)->Arg(512)->Arg(1 << 20);
+
+// ---- random mixed workload ----------------------------------------------------------------------
+
+struct Op {
+  bool alloc;
+  std::size_t size;  // for allocations
+  std::size_t slot;
+};
+
+// A fixed sequence: up to `live` blocks, sizes log-uniform in [512 B, max], frees at random.
+std::vector<Op> make_ops(std::size_t count, std::size_t live, std::size_t max_size) {
+  std::mt19937_64 rng(42);
+  std::vector<Op> ops;
+  std::vector<bool> used(live, false);
+  std::uniform_real_distribution<double> log_size(9.0, std::log2(static_cast<double>(max_size)));
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::size_t slot = rng() % live;
+    if (!used[slot]) {
+      ops.push_back({true, static_cast<std::size_t>(std::exp2(log_size(rng))), slot});
+    } else {
+      ops.push_back({false, 0, slot});
+    }
+    used[slot] = !used[slot];
+  }
+  for (std::size_t s = 0; s < live; ++s)
+    if (used[s]) ops.push_back({false, 0, s});
+  return ops;
+}
+
+template <typename Alloc, typename Free>
+void run_ops(benchmark::State& state, const std::vector<Op>& ops, std::size_t live, Alloc alloc,
+             Free release) {
+  std::vector<void*> slots(live, nullptr);
+  for (auto _ : state) {
+    for (const Op& op : ops) {
+      if (op.alloc) {
+        slots[op.slot] = alloc(op.size);
+      } else {
+        release(slots[op.slot]);
+      }
+    }
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * ops.size()));
+}
+
+constexpr std::size_t kLive = 1000;
+
+void BM_glibc_random(benchmark::State& state) {
+  static const auto ops = make_ops(100000, kLive, static_cast<std::size_t>(state.range(0)));
+  run_ops(state, ops, kLive, [](std::size_t s) { return malloc(s); }, [](void* p) { free(p); });
+}
+BENCHMARK(BM_glibc_random)->Arg(1 << 20);
+
+void BM_stitch_random(benchmark::State& state) {
+  static const auto ops = make_ops(100000, kLive, static_cast<std::size_t>(state.range(0)));
+  stitch::Allocator& a = shared_allocator();
+  run_ops(state, ops, kLive, [&](std::size_t s) { return a.allocate(s); },
+          [&](void* p) { a.deallocate(p); });
+}
+BENCHMARK(BM_stitch_random)->Arg(1 << 20);
+
+// ---- several threads ----------------------------------------------------------------------------
+
+void BM_glibc_pair_threads(benchmark::State& state) {
+  for (auto _ : state) {
+    void* p = malloc(4096);
+    benchmark::DoNotOptimize(p);
+    free(p);
+  }
+}
+BENCHMARK(BM_glibc_pair_threads)->Threads(1)->Threads(2)->Threads(4);
+
+void BM_stitch_pair_threads(benchmark::State& state) {
+  stitch::Allocator& a = shared_allocator();
+  auto* stream = reinterpret_cast<stitch::stream_t>(static_cast<std::uintptr_t>(state.thread_index() + 1));
+  for (auto _ : state) {
+    void* p = a.allocate(4096, stream);
+    benchmark::DoNotOptimize(p);
+    a.deallocate(p);
+  }
+}
+BENCHMARK(BM_stitch_pair_threads)->Threads(1)->Threads(2)->Threads(4);
+
+}  // namespace
