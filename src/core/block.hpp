@@ -1,8 +1,10 @@
 // core/block.hpp — Segment (memory obtained from the device) and Block (a piece of a segment).
 //
 // A segment's blocks tile it exactly, linked in address order through prev/next. A block is in
-// one of three states: allocated (handed to a caller), pending (freed by the caller but waiting
-// for events on other streams) or free (in its pool's FreeIndex, available for reuse).
+// one of four states: allocated (handed to a caller), pending (freed by the caller but waiting
+// for events on other streams), free (in its pool's FreeIndex, available for reuse) or, in an
+// expandable segment only, unmapped (address space with no physical memory behind it, in its
+// pool's unmapped set).
 #pragma once
 
 #include <cstddef>
@@ -38,6 +40,12 @@ struct FreeOrder {
 };
 using FreeSet = std::set<Block*, FreeOrder, PoolAllocator<Block*>>;
 
+/// Ordering of unmapped blocks: (stream, address).
+struct AddressOrder {
+  inline bool operator()(const Block* a, const Block* b) const noexcept;
+};
+using UnmappedSet = std::set<Block*, AddressOrder>;
+
 struct Block {
   char* ptr = nullptr;
   std::size_t size = 0;        ///< bytes of the block
@@ -50,6 +58,7 @@ struct Block {
   bool small = false;          ///< small pool (<= 1 MiB) or large pool
   bool in_index = false;       ///< currently in its pool's FreeIndex
   bool oversize = false;       ///< counted in oversize_allocations while allocated
+  bool mapped = true;          ///< false: unmapped range of an expandable segment
   int event_count = 0;         ///< outstanding events before a pending block becomes free
   std::uint64_t gc_stamp = 0;  ///< pool call counter when it was last freed (GC age)
   std::vector<stream_t> stream_uses;  ///< other streams that used it (record_stream)
@@ -59,7 +68,7 @@ struct Block {
       : ptr(p), size(s), stream(st), segment(seg), small(is_small) {}
 
   [[nodiscard]] bool is_split() const noexcept { return prev != nullptr || next != nullptr; }
-  [[nodiscard]] bool is_free() const noexcept { return !allocated && event_count == 0; }
+  [[nodiscard]] bool is_free() const noexcept { return !allocated && event_count == 0 && mapped; }
 };
 
 bool FreeOrder::operator()(const Block* a, const Block* b) const noexcept {
@@ -71,6 +80,9 @@ bool FreeOrder::operator()(const Block* a, const FreeKey& k) const noexcept {
 bool FreeOrder::operator()(const FreeKey& k, const Block* b) const noexcept {
   return less(k.stream, k.size, k.ptr, b->stream, b->size, b->ptr);
 }
+bool AddressOrder::operator()(const Block* a, const Block* b) const noexcept {
+  return a->stream != b->stream ? a->stream < b->stream : a->ptr < b->ptr;
+}
 
 struct Segment {
   char* base = nullptr;
@@ -78,6 +90,9 @@ struct Segment {
   stream_t stream = nullptr;
   bool small = false;
   bool oversize = false;       ///< counted in oversize_segments
+  bool expandable = false;     ///< a reserved range whose pages are mapped on demand
+  std::size_t page = 0;        ///< expandable: bytes per page (one physical handle each)
+  std::vector<phys_handle_t> pages;  ///< expandable: handle of each page, 0 when unmapped
   Block* head = nullptr;       ///< lowest-address block
   Segment* prev = nullptr;     ///< device-wide list of segments
   Segment* next = nullptr;

@@ -2,6 +2,8 @@
 // coalescing, record_stream, and the public entry points of DeviceAllocator.
 #include "core/device_allocator.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "core/constants.hpp"
@@ -51,6 +53,10 @@ DeviceAllocator::~DeviceAllocator() {
 }
 
 void DeviceAllocator::set_config(const Config& config) {
+  if (config.expandable_segments && !backend_.supports_virtual_memory(device_))
+    throw config_error(fmt::format(
+        "expandable_segments:True needs the virtual-memory API, which backend:{} does not "
+        "support on device {}", backend_.name(), device_));
   {
     std::lock_guard lock(mutex_);
     config_ = config;
@@ -106,7 +112,7 @@ DeviceAllocator::Block* DeviceAllocator::get_free_block(Pool& pool, stream_t str
 
 bool DeviceAllocator::should_split(const Block* block, std::size_t rounded) const noexcept {
   const std::size_t remaining = block->size - rounded;
-  if (block->small) return remaining >= kMinBlockSize;
+  if (block->small || block->segment->expandable) return remaining >= kMinBlockSize;
   return rounded < config_.max_split_size && remaining > kSmallSize;
 }
 
@@ -176,14 +182,19 @@ FreeStatus DeviceAllocator::free(void* ptr, std::optional<std::size_t> expected_
 }
 
 void DeviceAllocator::free_block(Block* block) {
-  // The block is neither allocated nor waiting for events: it leaves the active set and is
-  // coalesced with its free neighbours. A free neighbour survives (re-keyed in place) and the
-  // freed block object is recycled, so the common case needs no tree insert.
+  // The block is neither allocated nor waiting for events: it leaves the active set.
   const auto bytes = static_cast<std::int64_t>(block->size);
   sub(stats_.active, block->small, 1);
   sub(stats_.active_bytes, block->small, bytes);
   sub(stats_.requested_bytes, block->small, static_cast<std::int64_t>(block->requested));
-  Pool& pool = pool_for(block->small);
+  block->requested = 0;
+  block->stream_uses.clear();
+  insert_free(pool_for(block->small), block);
+}
+
+DeviceAllocator::Block* DeviceAllocator::insert_free(Pool& pool, Block* block) {
+  // Files a free (mapped) block, coalescing it with free neighbours. A free neighbour survives,
+  // re-keyed in place, and `block` is recycled, so the common case needs no tree insert.
   Block* prev = block->prev != nullptr && block->prev->in_index ? block->prev : nullptr;
   Block* next = block->next != nullptr && block->next->in_index ? block->next : nullptr;
   Block* survivor = block;
@@ -216,12 +227,11 @@ void DeviceAllocator::free_block(Block* block) {
     pool.index.grow(next, ptr, size);
     survivor = next;
   } else {
-    block->requested = 0;
-    block->stream_uses.clear();
     pool.index.insert(block);
   }
   survivor->gc_stamp = pool.calls;
   account_inactive(survivor, +1);
+  return survivor;
 }
 
 bool DeviceAllocator::record_stream(void* ptr, stream_t stream) {

@@ -71,6 +71,7 @@ class DeviceAllocator {
   struct Pool {
     Pool(NodeStorage* nodes, bool is_small) : index(nodes), small(is_small) {}
     detail::FreeIndex index;
+    detail::UnmappedSet unmapped;  ///< expandable segments' unmapped ranges
     bool small;
     std::uint64_t calls = 0;  ///< get_free_block calls: the GC clock
   };
@@ -80,9 +81,11 @@ class DeviceAllocator {
   Block* alloc_found_block(Pool& pool, Block* block, std::size_t rounded, std::size_t requested);
   [[nodiscard]] bool should_split(const Block* block, std::size_t rounded) const noexcept;
   void free_block(Block* block);
+  Block* insert_free(Pool& pool, Block* block);
   /// Adds (sign > 0) or removes a free block's share of the inactive_split statistics.
   void account_inactive(const Block* block, int sign) noexcept {
-    if (!block->is_free() || !block->is_split()) return;
+    // Expandable segments are never "inactive split": their free pages can always be unmapped.
+    if (!block->is_free() || !block->is_split() || block->segment->expandable) return;
     const auto bytes = static_cast<std::int64_t>(block->size);
     const int pool = block->small ? kSmallPool : kLargePool;
     for (int i : {int{kAll}, pool}) {
@@ -103,6 +106,15 @@ class DeviceAllocator {
   bool release_cached_blocks();
   bool release_available_cached_blocks(stream_t stream, std::size_t rounded);
   void garbage_collect();
+
+  // expandable segments (expandable.cpp)
+  Block* grow_expandable(Pool& pool, stream_t stream, std::size_t rounded);
+  Segment* create_expandable(Pool& pool, stream_t stream, std::size_t min_bytes);
+  bool map_pages(Segment* segment, std::size_t first, std::size_t count);
+  void release_expandable_pages();
+  void unmap_free_pages(Block* block);
+  Block* insert_unmapped(Block* block);
+  [[nodiscard]] std::size_t page_size(bool small);
   void insert_events(Block* block);
   void process_events();
   void synchronize_and_free_events();

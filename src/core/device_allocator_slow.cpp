@@ -25,17 +25,24 @@ inline void sub(StatArray& stat, bool small, std::int64_t amount) noexcept {
 DeviceAllocator::Block* DeviceAllocator::allocate_slow(Pool& pool, stream_t stream,
                                                        std::size_t rounded,
                                                        std::size_t requested) {
-  const std::size_t alloc_size = detail::segment_size(rounded);
+  // New memory comes from a new segment or, with expandable segments, from mapping more pages.
+  const bool expandable = config_.expandable_segments;
+  const std::size_t page = expandable ? page_size(pool.small) : 0;
+  const std::size_t alloc_size =
+      expandable ? (rounded + page - 1) / page * page : detail::segment_size(rounded);
+  auto grow = [&] {
+    return expandable ? grow_expandable(pool, stream, rounded)
+                      : alloc_segment(pool, stream, alloc_size);
+  };
   if (allowed_ && config_.garbage_collection_threshold > 0.0) garbage_collect();
-  Block* block = alloc_segment(pool, stream, alloc_size);
-  if (block == nullptr && release_available_cached_blocks(stream, rounded))
-    block = alloc_segment(pool, stream, alloc_size);
+  Block* block = grow();
+  if (block == nullptr && release_available_cached_blocks(stream, rounded)) block = grow();
   if (block == nullptr) {
-    // Last resort: wait for every outstanding event, return every free segment, and retry.
+    // Last resort: wait for every outstanding event, return every free segment and page, retry.
     release_cached_blocks();
     ++stats_.num_alloc_retries;
     block = get_free_block(pool, stream, rounded);  // a pending block may have become free
-    if (block == nullptr) block = alloc_segment(pool, stream, alloc_size);
+    if (block == nullptr) block = grow();
   }
   if (block == nullptr) raise_oom(requested, alloc_size);
   return block;
@@ -87,8 +94,9 @@ bool DeviceAllocator::release_cached_blocks() {
   std::vector<Block*> whole;
   for (Pool* pool : {&small_, &large_})
     for (Block* b : pool->index)
-      if (!b->is_split()) whole.push_back(b);
+      if (!b->is_split() && !b->segment->expandable) whole.push_back(b);
   for (Block* b : whole) release_segment(b);
+  release_expandable_pages();
   return true;
 }
 
@@ -100,7 +108,8 @@ bool DeviceAllocator::release_available_cached_blocks(stream_t stream, std::size
   const std::size_t want = std::max(rounded, max_split);
   auto& index = large_.index;
   auto it = index.lower_bound(detail::FreeKey{stream, want, nullptr});
-  if (it != index.end() && (*it)->stream == stream && !(*it)->is_split()) {
+  if (it != index.end() && (*it)->stream == stream && !(*it)->is_split() &&
+      !(*it)->segment->expandable) {
     release_segment(*it);
     return true;
   }
@@ -110,7 +119,7 @@ bool DeviceAllocator::release_available_cached_blocks(stream_t stream, std::size
     --it;
     Block* b = *it;
     if (b->stream != stream || b->size < max_split) break;
-    if (b->is_split()) continue;
+    if (b->is_split() || b->segment->expandable) continue;
     victims.push_back(b);
     total += b->size;
   }
@@ -129,7 +138,7 @@ void DeviceAllocator::garbage_collect() {
   double reclaimed = 0;
   std::vector<Block*> candidates;
   for (Block* b : large_.index)
-    if (!b->is_split()) candidates.push_back(b);
+    if (!b->is_split() && !b->segment->expandable) candidates.push_back(b);
   while (reclaimed < target && !candidates.empty()) {
     double total_age = 0;
     for (Block* b : candidates) total_age += static_cast<double>(large_.calls - b->gc_stamp);

@@ -32,12 +32,20 @@ void DeviceAllocator::validate_locked() const {
     arr[small ? 1 : 2] += v;
   };
   std::size_t free_blocks[2] = {};  // small, large
+  std::size_t unmapped_blocks[2] = {};
   std::size_t live_blocks = 0;
   std::size_t pending_events = 0;
 
   for (const Segment* s = segments_; s != nullptr; s = s->next) {
-    count(segment, s->small, 1);
-    count(reserved, s->small, static_cast<std::int64_t>(s->size));
+    if (s->expandable) {
+      if (s->page == 0 || s->size % s->page != 0 || s->pages.size() != s->size / s->page)
+        broken(device_, "expandable segment page table is wrong");
+      for (phys_handle_t h : s->pages)
+        if (h != 0) count(reserved, s->small, static_cast<std::int64_t>(s->page));
+    } else {
+      count(segment, s->small, 1);
+      count(reserved, s->small, static_cast<std::int64_t>(s->size));
+    }
     if (s->head == nullptr || s->head->prev != nullptr) broken(device_, "segment head is wrong");
     const char* expect = s->base;
     const Block* prev = nullptr;
@@ -53,6 +61,28 @@ void DeviceAllocator::validate_locked() const {
         broken(device_, "block pool or stream differs from its segment");
       expect = b->ptr + b->size;
       const auto size = static_cast<std::int64_t>(b->size);
+      if (s->expandable) {
+        const auto offset = static_cast<std::size_t>(b->ptr - s->base);
+        const std::size_t first = offset / s->page;
+        const std::size_t last = (offset + b->size - 1) / s->page;
+        for (std::size_t i = first; i <= last; ++i) {
+          if (b->mapped && s->pages[i] == 0) broken(device_, "a mapped block lies on an unmapped page");
+          if (!b->mapped && s->pages[i] != 0) broken(device_, "an unmapped block lies on a mapped page");
+        }
+      } else if (!b->mapped) {
+        broken(device_, "unmapped block in a plain segment");
+      }
+      if (!b->mapped) {
+        if (b->allocated || b->event_count != 0 || b->in_index)
+          broken(device_, "unmapped block is allocated, pending or in the free index");
+        if ((b->ptr - s->base) % static_cast<std::ptrdiff_t>(s->page) != 0 || b->size % s->page != 0)
+          broken(device_, "unmapped block is not page aligned");
+        if (prev != nullptr && !prev->mapped) broken(device_, "two adjacent unmapped blocks");
+        if (pool_for_const(b->small).unmapped.count(const_cast<Block*>(b)) != 1)
+          broken(device_, "unmapped block missing from the unmapped set");
+        ++unmapped_blocks[b->small ? 0 : 1];
+        continue;
+      }
       if (b->allocated) {
         ++live_blocks;
         if (live_.find(b->ptr) != b) broken(device_, "allocated block missing from the live table");
@@ -75,7 +105,7 @@ void DeviceAllocator::validate_locked() const {
         ++free_blocks[b->small ? 0 : 1];
         if (prev != nullptr && prev->in_index)
           broken(device_, "two adjacent free blocks were not coalesced");
-        if (b->is_split()) {
+        if (b->is_split() && !s->expandable) {
           count(inactive, b->small, 1);
           count(inactive_bytes, b->small, size);
         }
@@ -85,6 +115,8 @@ void DeviceAllocator::validate_locked() const {
   }
   if (free_blocks[0] != small_.index.size() || free_blocks[1] != large_.index.size())
     broken(device_, "the free index holds blocks that are not free in any segment");
+  if (unmapped_blocks[0] != small_.unmapped.size() || unmapped_blocks[1] != large_.unmapped.size())
+    broken(device_, "the unmapped set holds blocks that are not unmapped in any segment");
   if (live_blocks != live_.size()) broken(device_, "the live table holds unknown pointers");
   if (pending_events != outstanding_events_) broken(device_, "pending event count is wrong");
 

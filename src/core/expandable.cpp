@@ -1,0 +1,256 @@
+// core/expandable.cpp — expandable segments: per stream and pool, one large reserved virtual
+// range whose pages are mapped on demand (at its end or into holes) instead of allocating new
+// segments, and unmapped again when entirely free, under memory pressure or on empty_cache.
+//
+// An expandable segment's blocks tile its whole reservation; ranges with no physical memory are
+// `unmapped` blocks kept in the pool's unmapped set (by stream, then address). Each page is one
+// physical handle, so pages can later be unmapped individually.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <exception>
+
+#include "core/constants.hpp"
+#include "core/device_allocator.hpp"
+#include "stitch/errors.hpp"
+
+namespace stitch {
+
+namespace {
+inline void add(StatArray& stat, bool small, std::int64_t amount) noexcept {
+  stat[kAll].increase(amount);
+  stat[small ? kSmallPool : kLargePool].increase(amount);
+}
+inline void sub(StatArray& stat, bool small, std::int64_t amount) noexcept {
+  stat[kAll].decrease(amount);
+  stat[small ? kSmallPool : kLargePool].decrease(amount);
+}
+std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
+}  // namespace
+
+std::size_t DeviceAllocator::page_size(bool small) {
+  // PyTorch's page sizes (2 MiB small pool, 20 MiB large pool), in granularity multiples:
+  // bigger large-pool pages mean fewer map calls, whose cost grows with the number of pages.
+  const std::size_t granularity = backend_.granularity(device_);
+  return round_up(small ? detail::kSmallBuffer : detail::kLargeBuffer, granularity);
+}
+
+DeviceAllocator::Segment* DeviceAllocator::create_expandable(Pool& pool, stream_t stream,
+                                                             std::size_t min_bytes) {
+  // Reserve 1 1/8 of the device (as PyTorch does), so holes can be refilled at the end.
+  const std::size_t page = page_size(pool.small);
+  const std::size_t total = backend_.memory_info(device_).total;
+  const std::size_t bytes =
+      std::max(round_up(total + total / 8, page), round_up(min_bytes, page));
+  void* va = backend_.reserve(device_, bytes, backend_.granularity(device_));
+  if (va == nullptr) return nullptr;
+  auto* segment = new Segment;
+  segment->base = static_cast<char*>(va);
+  segment->size = bytes;
+  segment->stream = stream;
+  segment->small = pool.small;
+  segment->expandable = true;
+  segment->page = page;
+  segment->pages.assign(bytes / page, 0);
+  segment->next = segments_;
+  if (segments_ != nullptr) segments_->prev = segment;
+  segments_ = segment;
+  Block* block = blocks_.create(segment->base, bytes, stream, segment, pool.small);
+  block->mapped = false;
+  segment->head = block;
+  pool.unmapped.insert(block);
+  return segment;
+}
+
+bool DeviceAllocator::map_pages(Segment* segment, std::size_t first, std::size_t count) {
+  // All or nothing: on out-of-memory or an error every page mapped here is undone.
+  std::size_t done = 0;
+  auto undo = [&] {
+    for (std::size_t i = first; i < first + done; ++i) {
+      try {
+        backend_.unmap(device_, segment->base + i * segment->page, segment->page);
+        backend_.release_physical(device_, segment->pages[i]);
+      } catch (...) {  // keep undoing; the first error is what the caller sees
+      }
+      segment->pages[i] = 0;
+    }
+  };
+  try {
+    for (; done < count; ++done) {
+      const std::size_t i = first + done;
+      const phys_handle_t handle = backend_.create_physical(device_, segment->page);
+      if (handle == 0) {
+        undo();
+        return false;
+      }
+      try {
+        backend_.map(device_, segment->base + i * segment->page, segment->page, handle);
+      } catch (...) {
+        backend_.release_physical(device_, handle);
+        throw;
+      }
+      segment->pages[i] = handle;
+    }
+  } catch (...) {
+    undo();
+    throw;
+  }
+  return true;
+}
+
+DeviceAllocator::Block* DeviceAllocator::grow_expandable(Pool& pool, stream_t stream,
+                                                         std::size_t rounded) {
+  // The lowest-address unmapped range that, with the free block just before it, covers the
+  // request: this fills holes before growing at the end, keeping the segment in one piece.
+  Block probe(nullptr, 0, stream, nullptr, pool.small);
+  Block* target = nullptr;
+  for (auto it = pool.unmapped.lower_bound(&probe);
+       it != pool.unmapped.end() && (*it)->stream == stream; ++it) {
+    Block* u = *it;
+    const std::size_t before = u->prev != nullptr && u->prev->in_index ? u->prev->size : 0;
+    if (u->size + before >= rounded) {
+      target = u;
+      break;
+    }
+  }
+  if (target == nullptr) {
+    Segment* segment = create_expandable(pool, stream, rounded);
+    if (segment == nullptr) return nullptr;
+    target = segment->head;
+  }
+  Segment* segment = target->segment;
+  const std::size_t before =
+      target->prev != nullptr && target->prev->in_index ? target->prev->size : 0;
+  const std::size_t need = before < rounded ? rounded - before : segment->page;
+  const std::size_t bytes = round_up(need, segment->page);
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
+  if (allowed_ && reserved + bytes > *allowed_) return nullptr;
+  const std::size_t first = static_cast<std::size_t>(target->ptr - segment->base) / segment->page;
+  if (!map_pages(segment, first, bytes / segment->page)) return nullptr;
+
+  // The mapped front of `target` becomes a free block; the rest stays unmapped.
+  pool.unmapped.erase(target);
+  if (bytes < target->size) {
+    Block* rest = blocks_.create(target->ptr + bytes, target->size - bytes, stream, segment,
+                                 pool.small);
+    rest->mapped = false;
+    rest->prev = target;
+    rest->next = target->next;
+    if (rest->next != nullptr) rest->next->prev = rest;
+    target->next = rest;
+    target->size = bytes;
+    pool.unmapped.insert(rest);
+  }
+  target->mapped = true;
+  ++stats_.num_device_alloc;
+  add(stats_.reserved_bytes, pool.small, static_cast<std::int64_t>(bytes));
+  return insert_free(pool, target);
+}
+
+DeviceAllocator::Block* DeviceAllocator::insert_unmapped(Block* block) {
+  // Coalesces an unmapped block with unmapped neighbours and files it in the unmapped set.
+  Pool& pool = pool_for(block->small);
+  for (Block* n : {block->prev, block->next}) {
+    if (n == nullptr || n->mapped) continue;
+    pool.unmapped.erase(n);
+    if (n == block->prev) {
+      block->ptr = n->ptr;
+      block->prev = n->prev;
+      if (block->prev != nullptr) {
+        block->prev->next = block;
+      } else {
+        block->segment->head = block;
+      }
+    } else {
+      block->next = n->next;
+      if (block->next != nullptr) block->next->prev = block;
+    }
+    block->size += n->size;
+    blocks_.destroy(n);
+  }
+  pool.unmapped.insert(block);
+  return block;
+}
+
+void DeviceAllocator::unmap_free_pages(Block* block) {
+  // Unmaps the pages lying entirely inside a free block; its partial pages stay mapped as free
+  // blocks of their own on either side.
+  Segment* segment = block->segment;
+  const std::size_t page = segment->page;
+  const auto offset = static_cast<std::size_t>(block->ptr - segment->base);
+  const std::size_t start = round_up(offset, page);
+  const std::size_t end = (offset + block->size) / page * page;
+  if (end <= start) return;
+  backend_.unmap(device_, segment->base + start, end - start);  // throws: nothing changed
+  std::exception_ptr release_error;
+  for (std::size_t i = start / page; i < end / page; ++i) {
+    try {
+      backend_.release_physical(device_, segment->pages[i]);
+    } catch (...) {
+      if (!release_error) release_error = std::current_exception();
+    }
+    segment->pages[i] = 0;
+  }
+
+  Pool& pool = pool_for(block->small);
+  pool.index.erase(block);
+  if (start > offset) {  // mapped head stays free
+    Block* head = blocks_.create(block->ptr, start - offset, block->stream, segment, block->small);
+    head->prev = block->prev;
+    head->next = block;
+    if (head->prev != nullptr) {
+      head->prev->next = head;
+    } else {
+      segment->head = head;
+    }
+    block->prev = head;
+    head->gc_stamp = block->gc_stamp;
+    pool.index.insert(head);
+  }
+  if (end < offset + block->size) {  // mapped tail stays free
+    Block* tail = blocks_.create(segment->base + end, offset + block->size - end, block->stream,
+                                 segment, block->small);
+    tail->prev = block;
+    tail->next = block->next;
+    if (tail->next != nullptr) tail->next->prev = tail;
+    block->next = tail;
+    tail->gc_stamp = block->gc_stamp;
+    pool.index.insert(tail);
+  }
+  block->ptr = segment->base + start;
+  block->size = end - start;
+  block->mapped = false;
+  insert_unmapped(block);
+  ++stats_.num_device_free;
+  sub(stats_.reserved_bytes, segment->small, static_cast<std::int64_t>(end - start));
+  if (release_error) std::rethrow_exception(release_error);
+}
+
+void DeviceAllocator::release_expandable_pages() {
+  for (Segment* segment = segments_; segment != nullptr;) {
+    Segment* next_segment = segment->next;
+    if (segment->expandable) {
+      std::vector<Block*> candidates;
+      for (Block* b = segment->head; b != nullptr; b = b->next)
+        if (b->in_index && b->size >= segment->page) candidates.push_back(b);
+      if (!candidates.empty()) {
+        // Kernels queued on the segment's stream may still use these pages: wait for them.
+        backend_.synchronize_stream(device_, segment->stream);
+        for (Block* b : candidates) unmap_free_pages(b);
+      }
+      Block* head = segment->head;
+      if (!head->mapped && head->next == nullptr) {  // wholly unmapped: give the range back
+        backend_.release_reservation(device_, segment->base, segment->size);
+        pool_for(segment->small).unmapped.erase(head);
+        blocks_.destroy(head);
+        if (segment->prev != nullptr) segment->prev->next = segment->next;
+        if (segment->next != nullptr) segment->next->prev = segment->prev;
+        if (segments_ == segment) segments_ = segment->next;
+        delete segment;
+      }
+    }
+    segment = next_segment;
+  }
+}
+
+}  // namespace stitch
