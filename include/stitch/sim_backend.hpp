@@ -62,7 +62,7 @@ struct SimUsage {
 };
 
 /// The simulated device. Thread-safe.
-class STITCH_EXPORT SimBackend final : public Backend {
+class STITCH_EXPORT SimBackend : public Backend {
  public:
   struct Options {
     int devices = 1;                                     ///< sim_devices
