@@ -16,6 +16,7 @@
 #include "stitch/backend.hpp"
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
+#include "stitch/snapshot.hpp"
 #include "stitch/stats.hpp"
 
 namespace stitch {
@@ -84,6 +85,10 @@ class STITCH_EXPORT Allocator {
   };
   /// The live allocation starting at `ptr` (interior pointers are not found).
   [[nodiscard]] std::optional<BlockInfo> find(const void* ptr) const;
+
+  /// The segments, blocks and recorded history of every device (PyTorch's snapshot model).
+  /// Records a `snapshot` trace entry when recording is on.
+  [[nodiscard]] Snapshot snapshot() const;
 
   /// Checks every internal invariant of every device (block chains tile their segments, no two
   /// blocks overlap, the free index holds exactly the free blocks, statistics equal a recount).

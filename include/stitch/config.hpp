@@ -37,6 +37,12 @@ struct STITCH_EXPORT Config {
   double per_process_memory_fraction = 1.0;         ///< (0,1]; 1 = no limit
   InvalidFreePolicy on_invalid_free = InvalidFreePolicy::error;  ///< on_invalid_free:error|abort
 
+  // ---- diagnostics (may change at run time) ----
+  bool record_history = false;                      ///< record_history:True|False
+  std::size_t max_entries = 100000;                 ///< max_entries: trace ring-buffer size
+  bool record_stacks = false;                       ///< record_stacks: native stack per entry
+  std::string oom_snapshot;                         ///< oom_snapshot:PATH — dump on OOM
+
   /// The last configuration string applied (as given), for reports.
   std::string source;
 

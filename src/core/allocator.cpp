@@ -140,6 +140,19 @@ void Allocator::reset_accumulated_stats(int device) {
   checked_device(device).reset_accumulated_stats();
 }
 
+Snapshot Allocator::snapshot() const {
+  Snapshot snap;
+  for (int d = 0; d < device_count_; ++d)
+    snap.device_traces.push_back(devices_[static_cast<std::size_t>(d)]->snapshot(snap.segments));
+  snap.settings = config_.source;
+  snap.max_split_size = config_.max_split_size;
+  snap.garbage_collection_threshold = config_.garbage_collection_threshold;
+  snap.expandable_segments = config_.expandable_segments;
+  snap.roundup_power2_divisions.assign(config_.roundup_power2_divisions.begin(),
+                                       config_.roundup_power2_divisions.end());
+  return snap;
+}
+
 void Allocator::validate() const {
   for (int d = 0; d < device_count_; ++d) devices_[static_cast<std::size_t>(d)]->validate();
 }

@@ -19,7 +19,8 @@ namespace {
 constexpr const char* kKeys =
     "backend, sim_capacity_mb, sim_devices, max_split_size_mb, max_non_split_rounding_mb, "
     "roundup_power2_divisions, garbage_collection_threshold, expandable_segments, "
-    "per_process_memory_fraction, on_invalid_free";
+    "per_process_memory_fraction, on_invalid_free, record_history, max_entries, record_stacks, "
+    "oom_snapshot";
 
 [[noreturn]] void bad_value(std::string_view key, std::string_view value, std::string_view accepted) {
   throw config_error(fmt::format("stitch config: bad value '{}' for {} (accepted: {})", value, key,
@@ -176,6 +177,16 @@ Config Config::parse(std::string_view conf, const Config& base) {
         const double f = parse_double(key, v, "a number in [0, 1]");
         if (!(f >= 0.0 && f <= 1.0)) bad_value(key, v, "a number in [0, 1]");
         c.per_process_memory_fraction = f;
+      } else if (key == "record_history") {
+        c.record_history = parse_bool(key, v);
+      } else if (key == "record_stacks") {
+        c.record_stacks = parse_bool(key, v);
+      } else if (key == "max_entries") {
+        const auto n = parse_uint(key, v, "an integer from 1 to 2^32");
+        if (n < 1 || n > (std::uint64_t{1} << 32)) bad_value(key, v, "an integer from 1 to 2^32");
+        c.max_entries = n;
+      } else if (key == "oom_snapshot") {
+        c.oom_snapshot = v;
       } else if (key == "on_invalid_free") {
         if (v == "error") c.on_invalid_free = InvalidFreePolicy::error;
         else if (v == "abort") c.on_invalid_free = InvalidFreePolicy::abort;
@@ -215,6 +226,9 @@ std::string Config::to_string() const {
   out += fmt::format(",expandable_segments:{}", expandable_segments ? "True" : "False");
   out += fmt::format(",per_process_memory_fraction:{}", per_process_memory_fraction);
   out += fmt::format(",on_invalid_free:{}", on_invalid_free == InvalidFreePolicy::abort ? "abort" : "error");
+  out += fmt::format(",record_history:{},max_entries:{},record_stacks:{}",
+                     record_history ? "True" : "False", max_entries, record_stacks ? "True" : "False");
+  if (!oom_snapshot.empty()) out += ",oom_snapshot:" + oom_snapshot;
   return out;
 }
 

@@ -60,6 +60,7 @@ void DeviceAllocator::set_config(const Config& config) {
   {
     std::lock_guard lock(mutex_);
     config_ = config;
+    recorder_.configure(config.record_history, config.max_entries, config.record_stacks);
     stats_.max_split_size =
         config.max_split_size == Config::kUnlimited ? -1
                                                     : static_cast<std::int64_t>(config.max_split_size);
@@ -84,7 +85,7 @@ void DeviceAllocator::set_memory_fraction(double fraction) {
 void* DeviceAllocator::malloc(std::size_t size, stream_t stream) {
   if (size == 0) return nullptr;
   std::unique_lock lock(mutex_);
-  if (size >= detail::kMaxRequest) raise_oom(size, size);
+  if (size >= detail::kMaxRequest) raise_oom(size, size, size, false, stream);
   if (outstanding_events_ != 0) process_events();
   const std::size_t rounded = detail::round_size(size, config_.roundup_power2_divisions);
   Pool& pool = pool_for(detail::is_small(rounded));
@@ -92,6 +93,7 @@ void* DeviceAllocator::malloc(std::size_t size, stream_t stream) {
   if (block == nullptr) block = allocate_slow(pool, stream, rounded, size);
   block = alloc_found_block(pool, block, rounded, size);
   live_.insert(block->ptr, block);
+  trace(TraceAction::alloc, block->ptr, size, stream);
   return block->ptr;
 }
 
@@ -171,6 +173,7 @@ FreeStatus DeviceAllocator::free(void* ptr, std::optional<std::size_t> expected_
   }
   if (!block->stream_uses.empty()) insert_events(block);  // may throw; nothing changed then
   live_.erase(ptr);
+  trace(TraceAction::free_requested, block->ptr, block->requested, block->stream);
   block->allocated = false;
   const auto bytes = static_cast<std::int64_t>(block->size);
   sub(stats_.allocation, block->small, 1);
@@ -183,6 +186,7 @@ FreeStatus DeviceAllocator::free(void* ptr, std::optional<std::size_t> expected_
 
 void DeviceAllocator::free_block(Block* block) {
   // The block is neither allocated nor waiting for events: it leaves the active set.
+  trace(TraceAction::free_completed, block->ptr, block->requested, block->stream);
   const auto bytes = static_cast<std::int64_t>(block->size);
   sub(stats_.active, block->small, 1);
   sub(stats_.active_bytes, block->small, bytes);

@@ -20,9 +20,11 @@
 #include "core/object_pool.hpp"
 #include "core/ptr_map.hpp"
 #include "core/spin_lock.hpp"
+#include "diagnostics/recorder.hpp"
 #include "stitch/allocator.hpp"
 #include "stitch/backend.hpp"
 #include "stitch/config.hpp"
+#include "stitch/snapshot.hpp"
 #include "stitch/stats.hpp"
 
 namespace stitch {
@@ -53,6 +55,8 @@ class DeviceAllocator {
   void set_config(const Config& config);
 
   [[nodiscard]] DeviceStats stats() const;
+  /// Appends this device's segments to `out` and returns its trace (records a `snapshot`).
+  std::vector<TraceEntry> snapshot(std::vector<SegmentSnapshot>& out);
   void reset_peak_stats();
   void reset_accumulated_stats();
   void count_invalid_free();
@@ -119,11 +123,16 @@ class DeviceAllocator {
   void process_events();
   void synchronize_and_free_events();
   event_t get_event();
-  [[noreturn]] void raise_oom(std::size_t requested, std::size_t alloc_size);
+  [[noreturn]] void raise_oom(std::size_t requested, std::size_t rounded, std::size_t alloc_size,
+                              bool small, stream_t stream);
   [[nodiscard]] std::size_t largest_free_block() const;
 
   // validation (device_allocator_validate.cpp)
   void validate_locked() const;
+
+  void trace(TraceAction action, const void* addr, std::size_t size, stream_t stream) {
+    if (recorder_.enabled()) recorder_.record(action, addr, size, stream);
+  }
 
   Pool& pool_for(bool small) noexcept { return small ? small_ : large_; }
   const Pool& pool_for_const(bool small) const noexcept { return small ? small_ : large_; }
@@ -141,6 +150,7 @@ class DeviceAllocator {
   detail::PtrMap<Block> live_;
   Segment* segments_ = nullptr;  ///< intrusive list of every segment
   DeviceStats stats_;
+  detail::Recorder recorder_;
 
   // cross-stream events (slow path only)
   std::unordered_map<stream_t, std::deque<std::pair<event_t, Block*>>> pending_;

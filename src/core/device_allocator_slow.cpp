@@ -44,7 +44,7 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(Pool& pool, stream_t stre
     block = get_free_block(pool, stream, rounded);  // a pending block may have become free
     if (block == nullptr) block = grow();
   }
-  if (block == nullptr) raise_oom(requested, alloc_size);
+  if (block == nullptr) raise_oom(requested, rounded, alloc_size, pool.small, stream);
   return block;
 }
 
@@ -70,6 +70,7 @@ DeviceAllocator::Block* DeviceAllocator::alloc_segment(Pool& pool, stream_t stre
   add(stats_.reserved_bytes, pool.small, static_cast<std::int64_t>(bytes));
   if (segment->oversize) stats_.oversize_segments.increase(1);
   pool.index.insert(block);  // free until alloc_found_block takes it
+  trace(TraceAction::segment_alloc, ptr, bytes, stream);
   return block;
 }
 
@@ -77,6 +78,7 @@ void DeviceAllocator::release_segment(Block* block) {
   // `block` is free, in its index, and spans its whole segment.
   Segment* segment = block->segment;
   backend_.deallocate(device_, segment->base, segment->size);  // throws: nothing changed
+  trace(TraceAction::segment_free, segment->base, segment->size, segment->stream);
   pool_for(block->small).index.erase(block);
   ++stats_.num_device_free;
   sub(stats_.segment, segment->small, 1);
@@ -236,25 +238,56 @@ std::size_t DeviceAllocator::largest_free_block() const {
   return largest;
 }
 
-void DeviceAllocator::raise_oom(std::size_t requested, std::size_t alloc_size) {
+void DeviceAllocator::raise_oom(std::size_t requested, std::size_t rounded, std::size_t alloc_size,
+                                bool small, stream_t stream) {
   ++stats_.num_ooms;
-  detail::OomFacts facts;
-  facts.device = device_;
-  facts.requested = requested;
-  facts.alloc_size = alloc_size;
+  detail::OomFacts f;
+  f.device = device_;
+  f.requested = requested;
+  f.rounded = rounded;
+  f.alloc_size = alloc_size;
   try {
     const MemoryInfo info = backend_.memory_info(device_);
-    facts.device_total = info.total;
-    facts.device_free = info.free;
+    f.device_total = info.total;
+    f.device_free = info.free;
   } catch (...) {
-    facts.device_info_known = false;
+    f.device_info_known = false;
   }
-  facts.allowed = allowed_;
-  facts.reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
-  facts.allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAll].current);
-  facts.largest_free_block = largest_free_block();
-  facts.expandable = config_.expandable_segments;
-  throw out_of_memory(detail::format_oom(facts));
+  f.allowed = allowed_;
+  f.reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
+  f.allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAll].current);
+  f.largest_free_block = largest_free_block();
+  f.expandable = config_.expandable_segments;
+  for (const Pool* pool : {&small_, &large_}) {
+    for (const Block* b : pool->index) {
+      if (pool->small != small) {
+        f.free_other_pool += b->size;
+      } else if (b->stream != stream) {
+        f.free_other_streams += b->size;
+      } else {
+        f.free_same += b->size;
+        ++f.free_blocks_same;
+        f.largest_free_same = std::max(f.largest_free_same, b->size);
+        const int bucket = b->size < (1u << 20) ? 0 : b->size < (10u << 20) ? 1
+                         : b->size < (100u << 20) ? 2 : 3;
+        ++f.scatter[static_cast<std::size_t>(bucket)].first;
+        f.scatter[static_cast<std::size_t>(bucket)].second += b->size;
+      }
+    }
+  }
+  // The five largest live blocks, with their allocation stacks when they were recorded.
+  std::vector<const Block*> live;
+  live_.for_each([&](const void*, const Block* b) { live.push_back(b); });
+  const std::size_t top = std::min<std::size_t>(5, live.size());
+  std::partial_sort(live.begin(), live.begin() + static_cast<std::ptrdiff_t>(top), live.end(),
+                    [](const Block* x, const Block* y) { return x->size > y->size; });
+  for (std::size_t i = 0; i < top; ++i) {
+    const auto address = reinterpret_cast<std::uintptr_t>(live[i]->ptr);
+    f.largest_live.push_back({address, live[i]->size, live[i]->requested,
+                              recorder_.alloc_frames(address)});
+  }
+  trace(TraceAction::oom, reinterpret_cast<const void*>(f.device_free), alloc_size, stream);
+  throw out_of_memory(detail::format_oom(f));
 }
 
 }  // namespace stitch

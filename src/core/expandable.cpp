@@ -142,6 +142,7 @@ DeviceAllocator::Block* DeviceAllocator::grow_expandable(Pool& pool, stream_t st
     pool.unmapped.insert(rest);
   }
   target->mapped = true;
+  trace(TraceAction::segment_map, target->ptr, bytes, stream);
   ++stats_.num_device_alloc;
   add(stats_.reserved_bytes, pool.small, static_cast<std::int64_t>(bytes));
   return insert_free(pool, target);
@@ -182,6 +183,7 @@ void DeviceAllocator::unmap_free_pages(Block* block) {
   const std::size_t end = (offset + block->size) / page * page;
   if (end <= start) return;
   backend_.unmap(device_, segment->base + start, end - start);  // throws: nothing changed
+  trace(TraceAction::segment_unmap, segment->base + start, end - start, segment->stream);
   std::exception_ptr release_error;
   for (std::size_t i = start / page; i < end / page; ++i) {
     try {

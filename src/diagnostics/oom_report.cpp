@@ -1,9 +1,21 @@
-// diagnostics/oom_report.cpp — builds the out-of-memory message.
+// diagnostics/oom_report.cpp — classifies an out-of-memory failure and writes its report.
 #include "diagnostics/oom_report.hpp"
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace stitch::detail {
+
+const char* to_string(OomVerdict verdict) noexcept {
+  switch (verdict) {
+    case OomVerdict::too_much_live_data: return "live data exceeds the device";
+    case OomVerdict::fragmentation: return "fragmentation";
+    case OomVerdict::held_elsewhere: return "memory held elsewhere";
+    case OomVerdict::device_full: return "device full";
+  }
+  return "unknown";
+}
 
 std::string format_size(std::size_t bytes) {
   if (bytes <= 1024) return fmt::format("{} bytes", bytes);
@@ -13,14 +25,52 @@ std::string format_size(std::size_t bytes) {
   return fmt::format("{:.2f} GiB", b / 1073741824.0);
 }
 
+namespace {
+
+// What this allocator may hold in total: the cap, or the device minus what others use.
+std::size_t usable(const OomFacts& f, std::size_t* others) {
+  const std::size_t used_by_device = f.device_total > f.device_free ? f.device_total - f.device_free : 0;
+  *others = used_by_device > f.reserved ? used_by_device - f.reserved : 0;
+  std::size_t limit = f.device_total - *others;
+  if (f.allowed) limit = std::min(limit, *f.allowed);
+  return limit;
+}
+
+// Room the device (within the cap) still gives this allocator.
+std::size_t headroom(const OomFacts& f) {
+  std::size_t others = 0;
+  const std::size_t limit = usable(f, &others);
+  return limit > f.reserved ? limit - f.reserved : 0;
+}
+
+}  // namespace
+
+OomVerdict classify_oom(const OomFacts& f) {
+  if (!f.device_info_known) return OomVerdict::device_full;
+  std::size_t others = 0;
+  const std::size_t limit = usable(f, &others);
+  if (f.allocated + f.rounded > limit) {
+    // Even a perfect allocator could not fit it here; but if other processes hold the memory
+    // that would make the difference, say so instead.
+    if (others > 0 && f.allocated + f.rounded <= f.device_total &&
+        (!f.allowed || f.allocated + f.rounded <= *f.allowed))
+      return OomVerdict::held_elsewhere;
+    return OomVerdict::too_much_live_data;
+  }
+  const std::size_t room = headroom(f);
+  if (f.free_same + room >= f.rounded) return OomVerdict::fragmentation;
+  if (f.free_same + room + f.free_other_streams + f.free_other_pool >= f.rounded)
+    return OomVerdict::held_elsewhere;
+  return OomVerdict::device_full;
+}
+
 std::string format_oom(const OomFacts& f) {
-  std::string out;
   if (f.requested >= (std::size_t{1} << 60)) {
     return fmt::format("CUDA out of memory. Tried to allocate more than 1EB memory (asked for {} "
                        "bytes on device {}).",
                        f.requested, f.device);
   }
-  out = fmt::format("CUDA out of memory. Tried to allocate {}", format_size(f.alloc_size));
+  std::string out = fmt::format("CUDA out of memory. Tried to allocate {}", format_size(f.alloc_size));
   if (f.alloc_size != f.requested) out += fmt::format(" (request of {})", format_size(f.requested));
   out += ". ";
   if (f.device_info_known) {
@@ -35,10 +85,61 @@ std::string format_oom(const OomFacts& f) {
       "Of the allocated memory {} is allocated by stitch, and {} is reserved by stitch but "
       "unallocated. The largest free cached block is {}.",
       format_size(f.allocated), format_size(unallocated), format_size(f.largest_free_block));
-  if (unallocated > 0 && unallocated >= f.requested && f.largest_free_block < f.requested &&
-      !f.expandable) {
-    out += " Enough memory is reserved but not in one piece (fragmentation): try setting "
-           "STITCH_ALLOC_CONF=expandable_segments:True.";
+
+  const OomVerdict verdict = classify_oom(f);
+  std::size_t others = 0;
+  const std::size_t limit = f.device_info_known ? usable(f, &others) : 0;
+  out += fmt::format("\nVerdict: {}. ", to_string(verdict));
+  switch (verdict) {
+    case OomVerdict::too_much_live_data:
+      out += fmt::format(
+          "Live allocations ({}) plus this request ({}) exceed the {} this allocator can use: no "
+          "allocator setting can fit it; reduce what is live (batch size, activation "
+          "checkpointing, offloading).",
+          format_size(f.allocated), format_size(f.rounded), format_size(limit));
+      break;
+    case OomVerdict::fragmentation: {
+      out += fmt::format(
+          "{} is free in {} cached block{} on this stream (plus {} the device can still give), "
+          "enough for the request, but the largest free block is {}. Free blocks by size:",
+          format_size(f.free_same), f.free_blocks_same, f.free_blocks_same == 1 ? "" : "s",
+          format_size(headroom(f)), format_size(f.largest_free_same));
+      static const char* kBuckets[4] = {"< 1 MiB", "1-10 MiB", "10-100 MiB", ">= 100 MiB"};
+      const char* sep = " ";
+      for (std::size_t i = 0; i < 4; ++i) {
+        if (f.scatter[i].first == 0) continue;
+        out += fmt::format("{}{} of {} ({})", sep, f.scatter[i].first, kBuckets[i],
+                           format_size(f.scatter[i].second));
+        sep = ", ";
+      }
+      out += ".";
+      out += f.expandable
+                 ? " Expandable segments are on: the free pieces are pinned between live blocks."
+                 : " Try STITCH_ALLOC_CONF=expandable_segments:True, which grows one range per "
+                   "stream so freed neighbours merge and free pages can be unmapped and reused.";
+      break;
+    }
+    case OomVerdict::held_elsewhere:
+      if (others > 0) out += fmt::format("Other users of the device hold {}. ", format_size(others));
+      if (f.free_other_streams > 0)
+        out += fmt::format("{} is cached free on other streams; it is reused only by those "
+                           "streams (allocate on one stream, or free and empty_cache). ",
+                           format_size(f.free_other_streams));
+      if (f.free_other_pool > 0)
+        out += fmt::format("{} is cached free in the {} pool. ", format_size(f.free_other_pool),
+                           f.rounded <= (std::size_t{1} << 20) ? "large" : "small");
+      break;
+    case OomVerdict::device_full:
+      out += "The device has no room left for this request.";
+      break;
+  }
+  if (!f.largest_live.empty()) {
+    out += "\nLargest live blocks:";
+    for (const LiveBlockFact& b : f.largest_live) {
+      out += fmt::format("\n  {:#x}: {} (requested {})", b.address, format_size(b.size),
+                         format_size(b.requested));
+      for (const std::string& frame : b.frames) out += "\n      " + frame;
+    }
   }
   return out;
 }

@@ -1,16 +1,29 @@
-// diagnostics/oom_report.hpp — the out-of-memory message, in PyTorch's shape plus stitch's facts.
+// diagnostics/oom_report.hpp — the out-of-memory message: PyTorch's first line, then stitch's
+// verdict on why the request failed and what would help.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace stitch::detail {
 
-/// What the allocator knew when a request failed.
+/// A live allocation named in the report.
+struct LiveBlockFact {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  std::size_t requested = 0;
+  std::vector<std::string> frames;  ///< from the recorder, when stacks were recorded
+};
+
+/// What the allocator knew when a request failed (after its whole retry ladder).
 struct OomFacts {
   int device = 0;
   std::size_t requested = 0;       ///< bytes the caller asked for
+  std::size_t rounded = 0;         ///< after rounding: what a free block would need to hold
   std::size_t alloc_size = 0;      ///< bytes the allocator tried to get from the device
   bool device_info_known = true;
   std::size_t device_total = 0;
@@ -18,14 +31,38 @@ struct OomFacts {
   std::optional<std::size_t> allowed;  ///< memory-fraction cap, if any
   std::size_t reserved = 0;        ///< held by this allocator
   std::size_t allocated = 0;       ///< handed out by this allocator
-  std::size_t largest_free_block = 0;
+  std::size_t largest_free_block = 0;  ///< over every stream and pool
   bool expandable = false;         ///< expandable segments already on
+
+  // Free cached memory, where it is.
+  std::size_t free_same = 0;           ///< on the request's stream and pool
+  std::size_t free_blocks_same = 0;    ///< how many blocks that is
+  std::size_t largest_free_same = 0;
+  std::size_t free_other_streams = 0;  ///< same pool, other streams
+  std::size_t free_other_pool = 0;     ///< the other pool (small vs large), any stream
+  /// Free blocks on the request's stream and pool by size: < 1 MiB, 1-10 MiB, 10-100 MiB,
+  /// >= 100 MiB; each (count, bytes).
+  std::array<std::pair<std::size_t, std::size_t>, 4> scatter{};
+  std::vector<LiveBlockFact> largest_live;  ///< the biggest live blocks, largest first
 };
+
+/// Why a request failed.
+enum class OomVerdict {
+  too_much_live_data,  ///< (a) live data plus the request exceed what the device allows
+  fragmentation,       ///< (b) enough is free on this stream and pool, but not in one piece
+  held_elsewhere,      ///< (c) the memory is cached on other streams/pools or used by others
+  device_full          ///< none of the above: the device simply has no room left
+};
+
+const char* to_string(OomVerdict verdict) noexcept;
 
 /// "1.50 GiB", "512 bytes": PyTorch's format_size.
 std::string format_size(std::size_t bytes);
 
-/// The full report: PyTorch's first line, then stitch's largest free block and advice.
+/// Decides which case a failure is.
+OomVerdict classify_oom(const OomFacts& facts);
+
+/// The full report: PyTorch's first line, then the verdict with its evidence and advice.
 std::string format_oom(const OomFacts& facts);
 
 }  // namespace stitch::detail

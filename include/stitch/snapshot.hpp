@@ -1,0 +1,74 @@
+// stitch/snapshot.hpp — the allocator's state and history in PyTorch's memory-snapshot model
+// (torch.cuda.memory._snapshot()): segments with their blocks, per-device traces, settings.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "stitch/export.hpp"
+
+namespace stitch {
+
+/// One block of a segment, as memory_viz shows it.
+struct BlockSnapshot {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  std::size_t requested_size = 0;  ///< 0 for free blocks
+  /// "active_allocated", "active_pending_free", "inactive", or (stitch only, expandable
+  /// segments) "unmapped" — unmapped ranges are not reported as blocks in the PyTorch view.
+  std::string state;
+};
+
+/// One segment: a device allocation, or one contiguous mapped range of an expandable segment
+/// (PyTorch reports expandable segments that way).
+struct SegmentSnapshot {
+  int device = 0;
+  std::uintptr_t address = 0;
+  std::size_t total_size = 0;
+  std::size_t allocated_size = 0;
+  std::size_t active_size = 0;
+  std::size_t requested_size = 0;
+  std::uintptr_t stream = 0;
+  std::string segment_type;  ///< "small" or "large"
+  bool is_expandable = false;
+  std::vector<BlockSnapshot> blocks;
+};
+
+/// The recorder's actions, with PyTorch's names.
+enum class TraceAction : int {
+  alloc,
+  free_requested,
+  free_completed,
+  segment_alloc,
+  segment_free,
+  segment_map,
+  segment_unmap,
+  oom,
+  snapshot
+};
+STITCH_EXPORT const char* to_string(TraceAction action) noexcept;
+
+/// One recorded event.
+struct TraceEntry {
+  TraceAction action = TraceAction::alloc;
+  std::uintptr_t addr = 0;     ///< for oom: the device's free bytes (PyTorch's device_free)
+  std::size_t size = 0;
+  std::uintptr_t stream = 0;
+  std::int64_t time_us = 0;    ///< microseconds since the epoch
+  std::vector<std::string> frames;  ///< "function (file:line)" or raw addresses, innermost first
+};
+
+/// The whole picture for every device.
+struct Snapshot {
+  std::vector<SegmentSnapshot> segments;
+  std::vector<std::vector<TraceEntry>> device_traces;  ///< one list per device, oldest first
+  std::string settings;        ///< the configuration as a `key:value,...` string
+  std::size_t max_split_size = 0;   ///< SIZE_MAX when unlimited
+  double garbage_collection_threshold = 0.0;
+  bool expandable_segments = false;
+  std::vector<std::uint32_t> roundup_power2_divisions;  ///< 16 intervals (1 MiB, 2 MiB, ...)
+};
+
+}  // namespace stitch

@@ -1,0 +1,110 @@
+// diagnostics/recorder.cpp — the trace ring buffer and its stack symbolization.
+#include "diagnostics/recorder.hpp"
+
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+namespace stitch {
+
+const char* to_string(TraceAction action) noexcept {
+  switch (action) {
+    case TraceAction::alloc: return "alloc";
+    case TraceAction::free_requested: return "free_requested";
+    case TraceAction::free_completed: return "free_completed";
+    case TraceAction::segment_alloc: return "segment_alloc";
+    case TraceAction::segment_free: return "segment_free";
+    case TraceAction::segment_map: return "segment_map";
+    case TraceAction::segment_unmap: return "segment_unmap";
+    case TraceAction::oom: return "oom";
+    case TraceAction::snapshot: return "snapshot";
+  }
+  return "unknown";
+}
+
+namespace detail {
+
+void Recorder::configure(bool enabled, std::size_t max_entries, bool stacks) {
+  const std::size_t capacity = enabled ? (max_entries == 0 ? 1 : max_entries) : 0;
+  stacks_ = stacks;
+  if (capacity == capacity_) return;
+  // Keep the newest entries that still fit.
+  std::vector<Raw> kept;
+  if (capacity != 0) {
+    const std::size_t keep = count_ < capacity ? count_ : capacity;
+    kept.reserve(capacity);
+    for (std::size_t i = count_ - keep; i < count_; ++i)
+      kept.push_back(ring_[(next_ + capacity_ - count_ + i) % capacity_]);
+    count_ = keep;
+    kept.resize(capacity);
+    next_ = keep % capacity;
+  } else {
+    count_ = next_ = 0;
+  }
+  ring_ = std::move(kept);
+  capacity_ = capacity;
+}
+
+void Recorder::record(TraceAction action, const void* addr, std::size_t size, stream_t stream) {
+  Raw& r = ring_[next_];
+  r.action = action;
+  r.addr = reinterpret_cast<std::uintptr_t>(addr);
+  r.size = size;
+  r.stream = reinterpret_cast<std::uintptr_t>(stream);
+  r.time_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                  std::chrono::system_clock::now().time_since_epoch())
+                  .count();
+  r.frames = stacks_ ? backtrace(r.stack, kMaxFrames) : 0;
+  next_ = (next_ + 1) % capacity_;
+  if (count_ < capacity_) ++count_;
+}
+
+namespace {
+std::string symbolize(void* pc) {
+  Dl_info info{};
+  if (dladdr(pc, &info) == 0 || info.dli_sname == nullptr)
+    return fmt::format("{} ({})", pc, info.dli_fname != nullptr ? info.dli_fname : "?");
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
+  std::string name = status == 0 && demangled != nullptr ? demangled : info.dli_sname;
+  std::free(demangled);
+  return fmt::format("{} ({})", name, info.dli_fname != nullptr ? info.dli_fname : "?");
+}
+}  // namespace
+
+std::vector<std::string> Recorder::alloc_frames(std::uintptr_t addr) const {
+  std::vector<std::string> frames;
+  for (std::size_t i = count_; i > 0; --i) {
+    const Raw& r = ring_[(next_ + capacity_ - count_ + i - 1) % capacity_];
+    if (r.action == TraceAction::alloc && r.addr == addr) {
+      for (int f = 0; f < r.frames; ++f) frames.push_back(symbolize(r.stack[f]));
+      break;
+    }
+  }
+  return frames;
+}
+
+std::vector<TraceEntry> Recorder::entries() const {
+  std::vector<TraceEntry> out;
+  out.reserve(count_);
+  for (std::size_t i = 0; i < count_; ++i) {
+    const Raw& r = ring_[(next_ + capacity_ - count_ + i) % capacity_];
+    TraceEntry e;
+    e.action = r.action;
+    e.addr = r.addr;
+    e.size = r.size;
+    e.stream = r.stream;
+    e.time_us = r.time_us;
+    for (int f = 0; f < r.frames; ++f) e.frames.push_back(symbolize(r.stack[f]));
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+}  // namespace detail
+}  // namespace stitch

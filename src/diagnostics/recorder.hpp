@@ -1,0 +1,49 @@
+// diagnostics/recorder.hpp — the allocation history: a bounded ring buffer of trace entries
+// (PyTorch's action names), off by default. When off, the allocator pays one predictable branch
+// per operation; when on, an entry costs a clock read and, with stacks, one backtrace() call.
+// Not thread-safe: each device's recorder lives under its device lock.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "stitch/backend.hpp"
+#include "stitch/snapshot.hpp"
+
+namespace stitch::detail {
+
+class Recorder {
+ public:
+  static constexpr int kMaxFrames = 24;
+
+  [[nodiscard]] bool enabled() const noexcept { return capacity_ != 0; }
+  /// Turns recording on with room for `max_entries` (0 turns it off and clears the history).
+  void configure(bool enabled, std::size_t max_entries, bool stacks);
+  /// Appends one entry, overwriting the oldest when full.
+  void record(TraceAction action, const void* addr, std::size_t size, stream_t stream);
+  /// The history, oldest first, with stacks symbolized.
+  [[nodiscard]] std::vector<TraceEntry> entries() const;
+  [[nodiscard]] std::size_t size() const noexcept { return count_; }
+  /// The symbolized stack of the newest `alloc` entry at `addr` (empty if none was recorded).
+  [[nodiscard]] std::vector<std::string> alloc_frames(std::uintptr_t addr) const;
+
+ private:
+  struct Raw {
+    TraceAction action;
+    std::uintptr_t addr;
+    std::size_t size;
+    std::uintptr_t stream;
+    std::int64_t time_us;
+    int frames;
+    void* stack[kMaxFrames];
+  };
+  std::vector<Raw> ring_;
+  std::size_t capacity_ = 0;
+  std::size_t next_ = 0;
+  std::size_t count_ = 0;
+  bool stacks_ = false;
+};
+
+}  // namespace stitch::detail
