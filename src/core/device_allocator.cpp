@@ -57,15 +57,21 @@ void DeviceAllocator::set_config(const Config& config) {
     throw config_error(fmt::format(
         "expandable_segments:True needs the virtual-memory API, which backend:{} does not "
         "support on device {}", backend_.name(), device_));
+  bool fraction_changed = false;
   {
     std::lock_guard lock(mutex_);
+    // per_process_memory_fraction applies when it is set or changed, so a configure() of other
+    // keys keeps a fraction set at run time with set_memory_fraction().
+    fraction_changed = !configured_ ||
+                       config.per_process_memory_fraction != config_.per_process_memory_fraction;
+    configured_ = true;
     config_ = config;
     recorder_.configure(config.record_history, config.max_entries, config.record_stacks);
     stats_.max_split_size =
         config.max_split_size == Config::kUnlimited ? -1
                                                     : static_cast<std::int64_t>(config.max_split_size);
   }
-  set_memory_fraction(config.per_process_memory_fraction);
+  if (fraction_changed) set_memory_fraction(config.per_process_memory_fraction);
 }
 
 void DeviceAllocator::set_memory_fraction(double fraction) {

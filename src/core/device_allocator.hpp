@@ -141,6 +141,7 @@ class DeviceAllocator {
   Backend& backend_;
   Config config_;
   std::optional<std::size_t> allowed_;  ///< memory-fraction cap on reserved bytes
+  bool configured_ = false;             ///< set_config() ran once
 
   mutable detail::SpinLock mutex_;
   NodeStorage index_nodes_;
