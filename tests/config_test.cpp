@@ -40,6 +40,10 @@ void expect_same_settings(const Config& a, const Config& b) {
   EXPECT_EQ(a.expandable_segments, b.expandable_segments);
   EXPECT_EQ(a.per_process_memory_fraction, b.per_process_memory_fraction);
   EXPECT_EQ(a.on_invalid_free, b.on_invalid_free);
+  EXPECT_EQ(a.record_history, b.record_history);
+  EXPECT_EQ(a.max_entries, b.max_entries);
+  EXPECT_EQ(a.record_stacks, b.record_stacks);
+  EXPECT_EQ(a.oom_snapshot, b.oom_snapshot);
 }
 
 // ---- defaults -----------------------------------------------------------------------------------
@@ -153,6 +157,18 @@ TEST(ConfigKeys, OnInvalidFree) {
   EXPECT_EQ(Config::parse("on_invalid_free:error").on_invalid_free, InvalidFreePolicy::error);
 }
 
+TEST(ConfigKeys, DiagnosticsKeys) {
+  const Config c = Config::parse(
+      "record_history:True,max_entries:5000,record_stacks:True,oom_snapshot:/tmp/stitch_oom.pickle");
+  EXPECT_TRUE(c.record_history);
+  EXPECT_EQ(c.max_entries, 5000u);
+  EXPECT_TRUE(c.record_stacks);
+  EXPECT_EQ(c.oom_snapshot, "/tmp/stitch_oom.pickle");
+  const Config off = Config::parse("record_history:False,record_stacks:False", c);
+  EXPECT_FALSE(off.record_history);
+  EXPECT_FALSE(off.record_stacks);
+}
+
 TEST(ConfigKeys, SeveralKeysAtOnceLaterWins) {
   const Config c = Config::parse("backend:sim,sim_devices:2,max_split_size_mb:40,sim_devices:3");
   EXPECT_EQ(c.backend, BackendKind::sim);
@@ -264,7 +280,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"per_process_memory_fraction:1.1", "per_process_memory_fraction", "[0, 1]"},
         BadValue{"per_process_memory_fraction:-0.1", "per_process_memory_fraction", "[0, 1]"},
         BadValue{"per_process_memory_fraction:inf", "per_process_memory_fraction", "[0, 1]"},
-        BadValue{"on_invalid_free:ignore", "on_invalid_free", "error or abort"}));
+        BadValue{"on_invalid_free:ignore", "on_invalid_free", "error or abort"},
+        BadValue{"record_history:yes", "record_history", "True or False"},
+        BadValue{"record_stacks:1", "record_stacks", "True or False"},
+        BadValue{"max_entries:0", "max_entries", "1 to 2^32"},
+        BadValue{"max_entries:many", "max_entries", "1 to 2^32"}));
 
 TEST(ConfigErrors, BadValueMessageQuotesTheValue) {
   const std::string msg = error_of("sim_devices:99");
@@ -292,7 +312,8 @@ TEST(ConfigToString, EverySettingRoundTrips) {
       "backend:sim,sim_capacity_mb:4096,sim_devices:3,max_split_size_mb:200,"
       "max_non_split_rounding_mb:64,roundup_power2_divisions:[1:2,64:4,1024:16,>:0],"
       "garbage_collection_threshold:0.65,expandable_segments:True,"
-      "per_process_memory_fraction:0.123456789,on_invalid_free:abort");
+      "per_process_memory_fraction:0.123456789,on_invalid_free:abort,record_history:True,"
+      "max_entries:777,record_stacks:True,oom_snapshot:/tmp/oom.pickle");
   const std::string text = c.to_string();
   const Config back = Config::parse(text);
   expect_same_settings(back, c);
@@ -307,11 +328,14 @@ TEST(ConfigToString, UnlimitedMaxSplitSizeRoundTrips) {
 }
 
 TEST(ConfigToString, NamesEveryKey) {
-  const std::string text = Config::parse("max_split_size_mb:20,garbage_collection_threshold:0.5").to_string();
+  const std::string text =
+      Config::parse("max_split_size_mb:20,garbage_collection_threshold:0.5,oom_snapshot:/tmp/x")
+          .to_string();
   for (const char* key :
        {"backend:", "sim_capacity_mb:", "sim_devices:", "max_split_size_mb:",
         "max_non_split_rounding_mb:", "roundup_power2_divisions:", "garbage_collection_threshold:",
-        "expandable_segments:", "per_process_memory_fraction:", "on_invalid_free:"}) {
+        "expandable_segments:", "per_process_memory_fraction:", "on_invalid_free:",
+        "record_history:", "max_entries:", "record_stacks:", "oom_snapshot:"}) {
     EXPECT_TRUE(contains(text, key)) << key << " missing from " << text;
   }
 }

@@ -1,0 +1,482 @@
+// Tests of the C API (stitch/stitch.h) from C++.
+//
+// The C API drives one process-wide allocator. Under ctest every TEST runs in a process of its
+// own, but run directly the tests share it, so each one starts with use_sim() (the simulated
+// device, 1 GiB, no memory cap), frees what it allocates, and looks at statistics as deltas.
+// Tests that need a fresh process (the default CUDA backend, STITCH_ALLOC_CONF, two devices) run
+// their body in a death-test child, which re-executes this binary ("threadsafe" style).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "stitch/stitch.h"
+
+namespace {
+
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t GiB = std::size_t{1} << 30;
+
+void* stream(int n) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(n) * 0x10); }
+
+std::string last_error() { return stitch_last_error(); }
+
+bool contains(const std::string& haystack, const char* needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+std::int64_t stat(const char* key, int device = 0) {
+  const std::int64_t v = stitch_stat(device, key);
+  EXPECT_GE(v, 0) << key << ": " << last_error();
+  return v;
+}
+
+/// Every test starts here: the simulated 1 GiB device, no memory cap.
+void use_sim() {
+  ASSERT_EQ(stitch_configure("backend:sim,sim_capacity_mb:1024"), 0) << last_error();
+  ASSERT_EQ(stitch_set_memory_fraction(1.0, 0), 0) << last_error();
+}
+
+void fill(void* p, std::size_t n, unsigned char seed) {
+  auto* b = static_cast<unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>(seed + i * 31);
+}
+
+bool intact(const void* p, std::size_t n, unsigned char seed) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i)
+    if (b[i] != static_cast<unsigned char>(seed + i * 31)) return false;
+  return true;
+}
+
+/// A few live blocks with data, to check that a rejected call leaves everything else alone.
+struct Bystanders {
+  static constexpr std::size_t kSizes[3] = {1000, 64 * KiB, 3 * MiB};
+  void* ptr[3] = {};
+  Bystanders() {
+    for (int i = 0; i < 3; ++i) {
+      ptr[i] = stitch_malloc(kSizes[i], 0, stream(1));
+      if (ptr[i] != nullptr) fill(ptr[i], kSizes[i], static_cast<unsigned char>(i + 1));
+    }
+  }
+  bool all_intact() const {
+    for (int i = 0; i < 3; ++i)
+      if (ptr[i] == nullptr || !intact(ptr[i], kSizes[i], static_cast<unsigned char>(i + 1)))
+        return false;
+    return true;
+  }
+  ~Bystanders() {
+    for (int i = 0; i < 3; ++i)
+      if (ptr[i] != nullptr) stitch_free(ptr[i], kSizes[i], 0, stream(1));
+  }
+};
+
+// ---- malloc / free ---------------------------------------------------------------------------------
+
+TEST(CApi, MallocFreeRoundTrip) {
+  use_sim();
+  const std::int64_t live = stat("allocation.all.current");
+  void* p = stitch_malloc(1000, 0, nullptr);
+  ASSERT_NE(p, nullptr) << last_error();
+  EXPECT_EQ(last_error(), "");
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 512, 0u);
+  std::memset(p, 0x7E, 1000);
+  EXPECT_EQ(stat("allocation.all.current"), live + 1);
+  stitch_free(p, 1000, 0, nullptr);
+  EXPECT_EQ(last_error(), "");
+  EXPECT_EQ(stat("allocation.all.current"), live);
+}
+
+TEST(CApi, MallocOnAStreamReusesItsBlock) {
+  use_sim();
+  void* p = stitch_malloc(5 * MiB, 0, stream(3));
+  ASSERT_NE(p, nullptr) << last_error();
+  stitch_free(p, 5 * MiB, 0, stream(3));
+  void* q = stitch_malloc(5 * MiB, 0, stream(3));
+  EXPECT_EQ(q, p);
+  stitch_free(q, 5 * MiB, 0, stream(3));
+}
+
+TEST(CApi, MallocZeroReturnsNullWithoutAnError) {
+  use_sim();
+  (void)stitch_stat(0, "no_such_key");  // leaves an error behind
+  ASSERT_NE(last_error(), "");
+  EXPECT_EQ(stitch_malloc(0, 0, nullptr), nullptr);
+  EXPECT_EQ(last_error(), "");
+}
+
+TEST(CApi, FreeOfNullIsANoOp) {
+  use_sim();
+  const std::int64_t invalid = stat("num_invalid_frees");
+  stitch_free(nullptr, 0, 0, nullptr);
+  stitch_free(nullptr, 100, 0, stream(1));
+  EXPECT_EQ(last_error(), "");
+  EXPECT_EQ(stat("num_invalid_frees"), invalid);
+}
+
+TEST(CApi, MallocOnABadDeviceReturnsNull) {
+  use_sim();
+  EXPECT_EQ(stitch_malloc(1000, 3, nullptr), nullptr);
+  EXPECT_TRUE(contains(last_error(), "device 3")) << last_error();
+  EXPECT_EQ(stitch_malloc(1000, -1, nullptr), nullptr);
+  EXPECT_NE(last_error(), "");
+}
+
+TEST(CApi, OutOfMemoryReturnsNullAndCounts) {
+  use_sim();
+  Bystanders others;
+  const std::int64_t ooms = stat("num_ooms");
+  EXPECT_EQ(stitch_malloc(2 * GiB, 0, nullptr), nullptr);
+  EXPECT_TRUE(contains(last_error(), "out of memory")) << last_error();
+  EXPECT_TRUE(contains(last_error(), "Tried to allocate")) << last_error();
+  EXPECT_EQ(stat("num_ooms"), ooms + 1);
+  EXPECT_TRUE(others.all_intact());
+  // The next call clears the error.
+  void* p = stitch_malloc(1000, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(last_error(), "");
+  stitch_free(p, 1000, 0, nullptr);
+}
+
+// ---- invalid frees ---------------------------------------------------------------------------------
+
+TEST(CApi, FreeOfAnUnknownPointerSetsTheErrorAndChangesNothing) {
+  use_sim();
+  Bystanders others;
+  const std::int64_t invalid = stat("num_invalid_frees");
+  const std::int64_t live = stat("allocation.all.current");
+  int host = 0;
+  stitch_free(&host, sizeof host, 0, nullptr);
+  EXPECT_TRUE(contains(last_error(), "not a live allocation")) << last_error();
+  EXPECT_EQ(stat("num_invalid_frees"), invalid + 1);
+  EXPECT_EQ(stat("allocation.all.current"), live);
+  EXPECT_TRUE(others.all_intact());
+}
+
+TEST(CApi, InteriorPointerFreeIsRejected) {
+  use_sim();
+  Bystanders others;
+  const std::int64_t invalid = stat("num_invalid_frees");
+  stitch_free(static_cast<char*>(others.ptr[1]) + 512, 1000, 0, stream(1));
+  EXPECT_NE(last_error(), "");
+  EXPECT_EQ(stat("num_invalid_frees"), invalid + 1);
+  EXPECT_TRUE(others.all_intact());
+}
+
+TEST(CApi, DoubleFreeSetsTheErrorAndChangesNothing) {
+  use_sim();
+  Bystanders others;
+  void* p = stitch_malloc(4000, 0, stream(1));
+  ASSERT_NE(p, nullptr);
+  stitch_free(p, 4000, 0, stream(1));
+  ASSERT_EQ(last_error(), "");
+  const std::int64_t invalid = stat("num_invalid_frees");
+  const std::int64_t live = stat("allocation.all.current");
+  stitch_free(p, 4000, 0, stream(1));
+  EXPECT_TRUE(contains(last_error(), "double free")) << last_error();
+  EXPECT_EQ(stat("num_invalid_frees"), invalid + 1);
+  EXPECT_EQ(stat("allocation.all.current"), live);
+  EXPECT_TRUE(others.all_intact());
+}
+
+TEST(CApi, FreeWithTheWrongSizeSetsTheErrorAndKeepsTheBlock) {
+  use_sim();
+  Bystanders others;
+  void* p = stitch_malloc(1000, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  fill(p, 1000, 9);
+  const std::int64_t invalid = stat("num_invalid_frees");
+  stitch_free(p, 999, 0, nullptr);
+  EXPECT_TRUE(contains(last_error(), "999")) << last_error();
+  EXPECT_TRUE(contains(last_error(), "1000")) << last_error();
+  EXPECT_EQ(stat("num_invalid_frees"), invalid + 1);
+  EXPECT_TRUE(intact(p, 1000, 9));
+  EXPECT_TRUE(others.all_intact());
+  stitch_free(p, 1000, 0, nullptr);  // the right size still frees it
+  EXPECT_EQ(last_error(), "");
+}
+
+TEST(CApi, FreeOnANonexistentDeviceSetsTheErrorAndKeepsTheBlock) {
+  use_sim();
+  void* p = stitch_malloc(1000, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  fill(p, 1000, 4);
+  stitch_free(p, 1000, 5, nullptr);
+  EXPECT_TRUE(contains(last_error(), "device 5")) << last_error();
+  EXPECT_TRUE(intact(p, 1000, 4));
+  stitch_free(p, 1000, 0, nullptr);
+  EXPECT_EQ(last_error(), "");
+}
+
+TEST(CApi, FreeOnTheWrongDeviceSetsTheErrorAndKeepsTheBlock) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        // A fresh process with two simulated devices.
+        if (stitch_configure("backend:sim,sim_capacity_mb:256,sim_devices:2") != 0) std::_Exit(10);
+        void* p = stitch_malloc(1000, 1, nullptr);
+        if (p == nullptr) std::_Exit(11);
+        fill(p, 1000, 3);
+        stitch_free(p, 1000, 0, nullptr);
+        if (!contains(last_error(), "device 1")) std::_Exit(12);
+        if (stitch_stat(1, "num_invalid_frees") + stitch_stat(0, "num_invalid_frees") != 1)
+          std::_Exit(13);
+        if (stitch_stat(1, "allocation.all.current") != 1 || !intact(p, 1000, 3)) std::_Exit(14);
+        stitch_free(p, 1000, 1, nullptr);
+        if (last_error() != "" || stitch_stat(1, "allocation.all.current") != 0) std::_Exit(15);
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// ---- configure -------------------------------------------------------------------------------------
+
+TEST(CApi, ConfigureWithAnUnknownKeyFailsAndNamesIt) {
+  use_sim();
+  EXPECT_NE(stitch_configure("max_split_size_mb:64,no_such_option:1"), 0);
+  EXPECT_TRUE(contains(last_error(), "no_such_option")) << last_error();
+  EXPECT_TRUE(contains(last_error(), "max_split_size_mb")) << last_error();  // accepted keys
+  EXPECT_EQ(stitch_stat(0, "max_split_size"), -1);  // nothing was applied (still unlimited)
+}
+
+TEST(CApi, ConfigureWithABadValueFailsAndNamesTheKey) {
+  use_sim();
+  EXPECT_NE(stitch_configure("garbage_collection_threshold:2"), 0);
+  EXPECT_TRUE(contains(last_error(), "garbage_collection_threshold")) << last_error();
+}
+
+TEST(CApi, ConfigureWithNullFails) {
+  use_sim();
+  EXPECT_NE(stitch_configure(nullptr), 0);
+  EXPECT_NE(last_error(), "");
+}
+
+TEST(CApi, ConfigureBackendCudaAfterTheFirstAllocationFails) {
+  use_sim();
+  void* p = stitch_malloc(1000, 0, nullptr);  // the allocator exists now
+  ASSERT_NE(p, nullptr);
+  EXPECT_NE(stitch_configure("backend:cuda"), 0);
+  EXPECT_TRUE(contains(last_error(), "backend")) << last_error();
+  EXPECT_TRUE(contains(last_error(), "fixed")) << last_error();
+  EXPECT_NE(stitch_configure("sim_capacity_mb:2048"), 0);
+  EXPECT_NE(stitch_configure("sim_devices:2"), 0);
+  // Still the simulated device, still working.
+  stitch_free(p, 1000, 0, nullptr);
+  EXPECT_EQ(last_error(), "");
+  void* q = stitch_malloc(1000, 0, nullptr);
+  EXPECT_NE(q, nullptr);
+  stitch_free(q, 1000, 0, nullptr);
+}
+
+TEST(CApi, ConfigureCanRepeatTheCurrentBackend) {
+  use_sim();
+  EXPECT_EQ(stitch_configure("backend:sim,sim_capacity_mb:1024"), 0) << last_error();
+  EXPECT_EQ(last_error(), "");
+}
+
+// ---- statistics ------------------------------------------------------------------------------------
+
+TEST(CApi, StatOfAnUnknownKeyIsMinusOne) {
+  use_sim();
+  EXPECT_EQ(stitch_stat(0, "allocation.all.latest"), -1);
+  EXPECT_TRUE(contains(last_error(), "allocation.all.latest")) << last_error();
+  EXPECT_EQ(stitch_stat(0, nullptr), -1);
+  EXPECT_NE(last_error(), "");
+}
+
+TEST(CApi, StatOfAnUnknownDeviceIsMinusOne) {
+  use_sim();
+  EXPECT_EQ(stitch_stat(4, "num_ooms"), -1);
+  EXPECT_NE(last_error(), "");
+  EXPECT_EQ(stitch_stat(-1, "num_ooms"), -1);
+}
+
+TEST(CApi, StatKnownKeysClearTheError) {
+  use_sim();
+  (void)stitch_stat(0, "bogus");
+  EXPECT_GE(stitch_stat(0, "reserved_bytes.all.peak"), 0);
+  EXPECT_EQ(last_error(), "");
+  EXPECT_GE(stitch_stat(0, "requested_bytes.large_pool.freed"), 0);
+  EXPECT_GE(stitch_stat(0, "num_alloc_retries"), 0);
+}
+
+TEST(CApi, ResetPeakStats) {
+  use_sim();
+  void* p[3];
+  for (auto& q : p) {
+    q = stitch_malloc(12 * MiB, 0, nullptr);
+    ASSERT_NE(q, nullptr);
+  }
+  stitch_free(p[0], 12 * MiB, 0, nullptr);
+  stitch_free(p[1], 12 * MiB, 0, nullptr);
+  const std::int64_t current = stat("allocated_bytes.all.current");
+  EXPECT_GE(stat("allocated_bytes.all.peak"), current + static_cast<std::int64_t>(24 * MiB));
+  EXPECT_EQ(stitch_reset_peak_stats(0), 0) << last_error();
+  EXPECT_EQ(stat("allocated_bytes.all.peak"), current);
+  EXPECT_EQ(stat("allocation.all.peak"), stat("allocation.all.current"));
+  EXPECT_EQ(stitch_reset_peak_stats(-1), 0) << last_error();
+  EXPECT_NE(stitch_reset_peak_stats(7), 0);
+  EXPECT_NE(last_error(), "");
+  stitch_free(p[2], 12 * MiB, 0, nullptr);
+}
+
+// ---- empty_cache, memory fraction, record_stream -------------------------------------------------
+
+TEST(CApi, EmptyCacheReturnsCachedSegments) {
+  use_sim();
+  void* p = stitch_malloc(40 * MiB, 0, stream(2));
+  ASSERT_NE(p, nullptr);
+  stitch_free(p, 40 * MiB, 0, stream(2));
+  const std::int64_t reserved = stat("reserved_bytes.all.current");
+  const std::int64_t frees = stat("num_device_free");
+  EXPECT_EQ(stitch_empty_cache(0), 0) << last_error();
+  EXPECT_LE(stat("reserved_bytes.all.current"), reserved - static_cast<std::int64_t>(40 * MiB));
+  EXPECT_GT(stat("num_device_free"), frees);
+  EXPECT_EQ(stitch_empty_cache(-1), 0) << last_error();
+  EXPECT_NE(stitch_empty_cache(9), 0);
+  EXPECT_NE(last_error(), "");
+}
+
+TEST(CApi, SetMemoryFractionCapsAllocations) {
+  use_sim();
+  ASSERT_EQ(stitch_empty_cache(-1), 0);
+  ASSERT_EQ(stitch_set_memory_fraction(0.25, 0), 0) << last_error();
+  EXPECT_EQ(stitch_malloc(300 * MiB, 0, nullptr), nullptr);
+  EXPECT_TRUE(contains(last_error(), "allowed")) << last_error();
+  ASSERT_EQ(stitch_set_memory_fraction(1.0, 0), 0) << last_error();
+  void* p = stitch_malloc(300 * MiB, 0, nullptr);
+  EXPECT_NE(p, nullptr) << last_error();
+  stitch_free(p, 300 * MiB, 0, nullptr);
+}
+
+TEST(CApi, SetMemoryFractionRejectsBadArguments) {
+  use_sim();
+  EXPECT_NE(stitch_set_memory_fraction(1.5, 0), 0);
+  EXPECT_NE(last_error(), "");
+  EXPECT_NE(stitch_set_memory_fraction(-1.0, 0), 0);
+  EXPECT_NE(stitch_set_memory_fraction(0.5, 3), 0);
+  EXPECT_EQ(stitch_set_memory_fraction(1.0, 0), 0);
+}
+
+TEST(CApi, RecordStream) {
+  use_sim();
+  void* p = stitch_malloc(2 * MiB, 0, stream(7));
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(stitch_record_stream(p, stream(8)), 0) << last_error();
+  EXPECT_EQ(last_error(), "");
+  stitch_free(p, 2 * MiB, 0, stream(7));
+  EXPECT_EQ(last_error(), "");
+  // The freed block waits for stream 2's event; the next malloc sees it completed and reuses it.
+  void* q = stitch_malloc(2 * MiB, 0, stream(7));
+  EXPECT_EQ(q, p);
+  stitch_free(q, 2 * MiB, 0, stream(7));
+}
+
+TEST(CApi, RecordStreamOfAnUnknownPointerFails) {
+  use_sim();
+  int host = 0;
+  EXPECT_NE(stitch_record_stream(&host, stream(2)), 0);
+  EXPECT_TRUE(contains(last_error(), "record_stream")) << last_error();
+}
+
+TEST(CApi, LastErrorIsPerThread) {
+  use_sim();
+  (void)stitch_stat(0, "bogus");
+  ASSERT_NE(last_error(), "");
+  std::string other = "unset";
+  std::thread([&] { other = stitch_last_error(); }).join();
+  EXPECT_EQ(other, "");
+  EXPECT_NE(last_error(), "");  // this thread's error is untouched
+}
+
+// ---- fresh processes -------------------------------------------------------------------------------
+
+TEST(CApiFreshProcess, DefaultCudaBackendWithoutAGpuFailsWithAClearError) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        unsetenv("STITCH_ALLOC_CONF");
+        void* p = stitch_malloc(1000, 0, nullptr);
+        if (p != nullptr) {
+          // This machine has a GPU: the default backend works, which is right too.
+          stitch_free(p, 1000, 0, nullptr);
+          std::_Exit(last_error().empty() ? 0 : 20);
+        }
+        const std::string e = last_error();
+        std::fprintf(stderr, "error: %s\n", e.c_str());
+        if (!contains(e, "CUDA")) std::_Exit(21);
+        if (!contains(e, "backend:sim")) std::_Exit(22);  // says what to use instead
+        // Failing does not poison the process: a second call fails the same way...
+        if (stitch_malloc(1000, 0, nullptr) != nullptr || !contains(last_error(), "CUDA"))
+          std::_Exit(23);
+        // ... and the simulated device can still be chosen.
+        if (stitch_configure("backend:sim,sim_capacity_mb:64") != 0) std::_Exit(24);
+        void* q = stitch_malloc(1000, 0, nullptr);
+        if (q == nullptr) std::_Exit(25);
+        stitch_free(q, 1000, 0, nullptr);
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+TEST(CApiFreshProcess, AllocConfEnvironmentVariableIsRead) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("STITCH_ALLOC_CONF", "backend:sim,sim_capacity_mb:64", 1);
+        void* p = stitch_malloc(1000, 0, nullptr);
+        if (p == nullptr) std::_Exit(30);
+        stitch_free(p, 1000, 0, nullptr);
+        // 64 MiB device: 100 MiB cannot fit.
+        if (stitch_malloc(100 * MiB, 0, nullptr) != nullptr) std::_Exit(31);
+        if (!contains(last_error(), "out of memory")) std::_Exit(32);
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+TEST(CApiFreshProcess, ConfigureOverridesTheEnvironmentBeforeFirstUse) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("STITCH_ALLOC_CONF", "backend:sim,sim_capacity_mb:64", 1);
+        if (stitch_configure("sim_capacity_mb:512") != 0) std::_Exit(40);
+        void* p = stitch_malloc(100 * MiB, 0, nullptr);
+        if (p == nullptr) std::_Exit(41);
+        stitch_free(p, 100 * MiB, 0, nullptr);
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+TEST(CApiFreshProcess, BadAllocConfIsReportedByTheFirstCall) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("STITCH_ALLOC_CONF", "backend:sim,bogus_key:1", 1);
+        if (stitch_malloc(1000, 0, nullptr) != nullptr) std::_Exit(50);
+        const std::string e = last_error();
+        if (!contains(e, "STITCH_ALLOC_CONF") || !contains(e, "bogus_key")) std::_Exit(51);
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+TEST(CApiFreshProcess, AbortPolicyAbortsOnAnInvalidFree) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        if (stitch_configure("backend:sim,sim_capacity_mb:64,on_invalid_free:abort") != 0)
+          std::_Exit(60);
+        int host = 0;
+        stitch_free(&host, sizeof host, 0, nullptr);
+      },
+      "on_invalid_free:abort");
+}
+
+}  // namespace
