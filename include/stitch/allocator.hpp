@@ -89,6 +89,18 @@ class STITCH_EXPORT Allocator {
   /// The segments, blocks and recorded history of every device (PyTorch's snapshot model).
   /// Records a `snapshot` trace entry when recording is on.
   [[nodiscard]] Snapshot snapshot() const;
+  /// Writes snapshot() to `path` in PyTorch's format: a pickle that pytorch.org/memory_viz and
+  /// `python -m torch.cuda._memory_viz` open, or the same structure as JSON when `path` ends in
+  /// ".json". Throws stitch::error if the file cannot be written.
+  void dump_snapshot(const std::string& path) const;
+  /// torch.cuda.memory_summary() for `device` (75-column table of stats(device)), followed by
+  /// stitch's lines on free cached memory: reserved-but-unallocated, largest free block, free
+  /// bytes per stream, blocks waiting for other streams.
+  [[nodiscard]] std::string memory_summary(int device) const;
+  /// Turns the allocation history on or off on every device (as configure("record_history:...,
+  /// max_entries:N") would), keeping up to `max_entries` events per device (0: keep the current
+  /// max_entries). Turning it off discards the history.
+  void record_history(bool enabled, std::size_t max_entries = 0);
 
   /// Checks every internal invariant of every device (block chains tile their segments, no two
   /// blocks overlap, the free index holds exactly the free blocks, statistics equal a recount).

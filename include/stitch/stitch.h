@@ -43,6 +43,18 @@ STITCH_API int stitch_set_memory_fraction(double fraction, int device);
 STITCH_API int64_t stitch_stat(int device, const char* key);
 /** Resets every peak statistic of `device` (-1: every device) to its current value. */
 STITCH_API int stitch_reset_peak_stats(int device);
+/** Turns the allocation history on (enabled != 0) or off on every device, keeping up to
+ *  `max_entries` events per device (0: keep the current limit). Off discards the history.
+ *  0 on success. */
+STITCH_API int stitch_record_history(int enabled, size_t max_entries);
+/** Writes a memory snapshot to `path`: a pickle in PyTorch's format (open it at
+ *  https://pytorch.org/memory_viz or with python -m torch.cuda._memory_viz), or the same
+ *  structure as JSON when `path` ends in ".json". 0 on success. */
+STITCH_API int stitch_dump_snapshot(const char* path);
+/** Writes torch.cuda.memory_summary()'s table for `device` (plus stitch's fragmentation lines)
+ *  into `buf`, snprintf-style: at most cap-1 characters and a NUL (nothing if buf is NULL or cap
+ *  is 0). Returns the summary's full length, without the NUL; 0 on error. */
+STITCH_API size_t stitch_memory_summary(int device, char* buf, size_t cap);
 /** This thread's last error message; "" if the last call succeeded. Valid until the next call. */
 STITCH_API const char* stitch_last_error(void);
 

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -137,6 +138,40 @@ int stitch_reset_peak_stats(int device) {
     }
     return 0;
   }, 1);
+}
+
+int stitch_record_history(int enabled, size_t max_entries) {
+  return guarded([&] {
+    if (stitch::Allocator* a = g_allocator.load(std::memory_order_acquire)) {
+      a->record_history(enabled != 0, max_entries);
+      return 0;
+    }
+    // Before the allocator exists: a configuration like any other (the backend stays open).
+    std::string conf = enabled != 0 ? "record_history:True" : "record_history:False";
+    if (max_entries != 0) conf += ",max_entries:" + std::to_string(max_entries);
+    return stitch_configure(conf.c_str());  // sets the error itself
+  }, 1);
+}
+
+int stitch_dump_snapshot(const char* path) {
+  return guarded([&] {
+    if (path == nullptr) throw stitch::invalid_argument("stitch_dump_snapshot: path is NULL");
+    allocator().dump_snapshot(path);
+    return 0;
+  }, 1);
+}
+
+size_t stitch_memory_summary(int device, char* buf, size_t cap) {
+  if (buf != nullptr && cap > 0) buf[0] = '\0';
+  return guarded([&]() -> size_t {
+    const std::string summary = allocator().memory_summary(device);
+    if (buf != nullptr && cap > 0) {
+      const size_t n = summary.size() < cap - 1 ? summary.size() : cap - 1;
+      std::memcpy(buf, summary.data(), n);
+      buf[n] = '\0';
+    }
+    return summary.size();
+  }, size_t{0});
 }
 
 const char* stitch_last_error(void) { return t_error.c_str(); }

@@ -1,0 +1,167 @@
+// diagnostics/memory_summary.cpp — the memory_summary() table (see memory_summary.hpp).
+#include "diagnostics/memory_summary.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+
+#include "diagnostics/oom_report.hpp"
+
+namespace stitch::detail {
+
+namespace {
+
+// Python's // on ints (floor division).
+std::int64_t floordiv(std::int64_t a, std::int64_t b) {
+  std::int64_t q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+  return q;
+}
+
+constexpr int kWidth = 75;
+
+std::string rule(char c) { return std::string(kWidth, c); }
+
+std::string blocks_text(std::size_t n) { return fmt::format("{} block{}", n, n == 1 ? "" : "s"); }
+
+}  // namespace
+
+std::string summary_size(std::int64_t sz, std::int64_t pref_sz) {
+  static constexpr const char* kPrefixes[] = {"B  ", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  const char* prefix = kPrefixes[0];
+  auto pref = static_cast<double>(pref_sz);
+  for (std::size_t i = 1; i < std::size(kPrefixes); ++i) {
+    if (pref < 768 * 1024) break;
+    prefix = kPrefixes[i];
+    sz = floordiv(sz, 1024);
+    pref /= 1024;
+  }
+  return fmt::format("{:6d} {}", sz, prefix);
+}
+
+std::string summary_count(std::int64_t cnt, std::int64_t pref_cnt) {
+  static constexpr const char* kPrefixes[] = {" ", "K", "M"};
+  const char* prefix = kPrefixes[0];
+  auto pref = static_cast<double>(pref_cnt);
+  for (std::size_t i = 1; i < std::size(kPrefixes); ++i) {
+    if (pref < 750 * 1000) break;
+    prefix = kPrefixes[i];
+    cnt = floordiv(cnt, 1000);
+    pref /= 1000;
+  }
+  return fmt::format("{:7d} {} ", cnt, prefix);
+}
+
+SummaryExtras summary_extras(const std::vector<SegmentSnapshot>& segments, int device) {
+  SummaryExtras x;
+  std::map<std::uintptr_t, StreamFree> streams;
+  for (const SegmentSnapshot& s : segments) {
+    if (s.device != device) continue;
+    ++x.segments;
+    for (const BlockSnapshot& b : s.blocks) {
+      if (b.state == "inactive") {
+        x.free_bytes += b.size;
+        ++x.free_blocks;
+        x.largest_free_block = std::max(x.largest_free_block, b.size);
+        StreamFree& f = streams[s.stream];
+        f.stream = s.stream;
+        f.bytes += b.size;
+        ++f.blocks;
+        f.largest = std::max(f.largest, b.size);
+      } else if (b.state == "active_pending_free") {
+        x.pending_free_bytes += b.size;
+        ++x.pending_free_blocks;
+      }
+    }
+  }
+  for (auto& [stream, f] : streams) x.per_stream.push_back(f);
+  return x;
+}
+
+std::string memory_summary(const DeviceStats& stats, int device, const SummaryExtras& extras) {
+  using Formatter = std::string (*)(std::int64_t, std::int64_t);
+  struct Metric {
+    const StatArray DeviceStats::*array;
+    const char* name;
+    Formatter format;
+  };
+  static constexpr Metric kMetrics[] = {
+      {&DeviceStats::allocated_bytes, "Allocated memory", summary_size},
+      {&DeviceStats::active_bytes, "Active memory", summary_size},
+      {&DeviceStats::requested_bytes, "Requested memory", summary_size},
+      {&DeviceStats::reserved_bytes, "GPU reserved memory", summary_size},
+      {&DeviceStats::inactive_split_bytes, "Non-releasable memory", summary_size},
+      {&DeviceStats::allocation, "Allocations", summary_count},
+      {&DeviceStats::active, "Active allocs", summary_count},
+      {&DeviceStats::segment, "GPU reserved segments", summary_count},
+      {&DeviceStats::inactive_split, "Non-releasable allocs", summary_count},
+  };
+
+  std::vector<std::string> lines;
+  lines.push_back(rule('='));
+  // PyTorch: " {_:16} PyTorch CUDA memory summary, device ID {device:<17d} "; "stitch" is one
+  // character shorter than "PyTorch", so the device field is one wider to keep 75 columns.
+  lines.push_back(fmt::format(" {:16} stitch CUDA memory summary, device ID {:<18d} ", "", device));
+  lines.push_back(rule('-'));
+  lines.push_back(fmt::format("  {:9} CUDA OOMs: {:<12d} | {:6} cudaMalloc retries: {:<8d}  ", "",
+                              stats.num_ooms, "", stats.num_alloc_retries));
+  lines.push_back(rule('='));
+  lines.push_back("        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ");
+
+  auto row = [&](const char* name, const Stat& s, const Stat& pref, Formatter f) {
+    lines.push_back(fmt::format(" {:<21} | {} | {} | {} | {} ", name, f(s.current, pref.current),
+                                f(s.peak, pref.peak), f(s.allocated, pref.allocated),
+                                f(s.freed, pref.freed)));
+  };
+  for (const Metric& m : kMetrics) {
+    lines.push_back(rule('-'));
+    const StatArray& a = stats.*(m.array);
+    row(m.name, a[kAll], a[kAll], m.format);
+    row("      from large pool", a[kLargePool], a[kAll], m.format);
+    row("      from small pool", a[kSmallPool], a[kAll], m.format);
+  }
+  lines.push_back(rule('-'));
+  row("Oversize allocations", stats.oversize_allocations, stats.oversize_allocations, summary_count);
+  lines.push_back(rule('-'));
+  row("Oversize GPU segments", stats.oversize_segments, stats.oversize_segments, summary_count);
+  lines.push_back(rule('='));
+
+  // ---- stitch: where the free cached memory is ----
+  auto line = [&](std::string_view label, const std::string& value) {
+    lines.push_back(fmt::format(" {:<25} | {:<45} ", label, value));
+  };
+  const std::int64_t reserved = stats.reserved_bytes[kAll].current;
+  const std::int64_t unallocated = reserved - stats.allocated_bytes[kAll].current;
+  lines.push_back(fmt::format(" {:<73} ", "stitch: free cached memory and fragmentation"));
+  lines.push_back(rule('-'));
+  line("Reserved but unallocated",
+       reserved > 0 ? fmt::format("{} ({:.1f}% of reserved)", format_size(static_cast<std::size_t>(std::max<std::int64_t>(unallocated, 0))),
+                                  100.0 * static_cast<double>(unallocated) / static_cast<double>(reserved))
+                    : format_size(0));
+  line("Free cached blocks", fmt::format("{}, {}", blocks_text(extras.free_blocks), format_size(extras.free_bytes)));
+  line("Largest free block", format_size(extras.largest_free_block));
+  if (extras.free_bytes > 0)
+    line("Fragmentation", fmt::format("{:.1f}% of free bytes outside the largest block",
+                                      100.0 * static_cast<double>(extras.free_bytes - extras.largest_free_block) /
+                                          static_cast<double>(extras.free_bytes)));
+  line("Waiting for other streams",
+       fmt::format("{}, {}", blocks_text(extras.pending_free_blocks), format_size(extras.pending_free_bytes)));
+  for (const StreamFree& f : extras.per_stream) {
+    const std::string label = f.stream == 0 ? std::string("Free on default stream")
+                                            : fmt::format("Free on stream {:#x}", f.stream);
+    line(label, fmt::format("{}, {} (largest {})", blocks_text(f.blocks), format_size(f.bytes),
+                            format_size(f.largest)));
+  }
+  lines.push_back(rule('='));
+
+  std::string out;
+  for (const std::string& l : lines) {
+    out += '|';
+    out += l;
+    out += "|\n";
+  }
+  return out;
+}
+
+}  // namespace stitch::detail
