@@ -3,7 +3,7 @@
 # The CUDA toolkit is optional (it is used when found); nothing else is downloaded.
 set -euo pipefail
 
-packages=(cmake g++ make libgtest-dev libgmock-dev libbenchmark-dev libfmt-dev python3)
+packages=(cmake g++ make libgtest-dev libgmock-dev libbenchmark-dev libfmt-dev python3 python3-pytest)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,233 @@
+"""stitch as PyTorch's CUDA allocator.
+
+Two routes:
+
+* :func:`enable` makes stitch serve **every** CUDA allocation of the process through
+  ``torch.cuda.memory.CUDAPluggableAllocator`` + ``change_current_allocator``. It must run before
+  CUDA is initialized (before the first CUDA tensor or ``torch.cuda`` call that initializes CUDA);
+  ``python -m stitch.torch train.py ...`` does that for an unmodified script.
+* :func:`mempool` returns a ``torch.cuda.MemPool`` whose segments come from stitch; allocations
+  made inside ``with torch.cuda.use_mem_pool(pool):`` (on that thread) use it, everything else
+  keeps PyTorch's allocator. Works after CUDA is initialized.
+
+Under :func:`enable`, ``torch.cuda.memory_stats()``/``memory_summary()``/``_snapshot()`` raise
+(PyTorch's pluggable allocator does not implement them): use ``stitch.memory_stats()``,
+``stitch.memory_summary()``, ``stitch.dump_snapshot()`` instead. See docs/python.md.
+
+This module imports torch only when a function is called.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+from typing import Any, Callable, Optional, TypeVar
+
+from .. import _lib
+from .._lib import StitchError
+
+__all__ = [
+    "enable",
+    "is_enabled",
+    "allocator",
+    "mempool",
+    "raise_torch_oom",
+    "is_stitch_oom",
+    "ALLOC_HOOK",
+    "FREE_HOOK",
+    "POOL_ALLOC_HOOK",
+]
+
+#: Alloc hook of the global route: throws stitch's OOM report (PyTorch ignores a NULL here).
+ALLOC_HOOK = "stitch_torch_malloc"
+#: Free hook of both routes (never throws).
+FREE_HOOK = "stitch_free"
+#: Alloc hook of the MemPool route: returns NULL on failure, which a MemPool turns into its own
+#: out-of-memory path (free cached blocks, retry, then torch.OutOfMemoryError).
+POOL_ALLOC_HOOK = "stitch_malloc"
+
+_lock = threading.Lock()
+_allocator: Any = None  # the CUDAPluggableAllocator installed by enable()
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _import_torch():
+    try:
+        import torch  # noqa: F401  (the real torch: absolute import)
+    except ImportError as e:
+        raise StitchError("stitch.torch: PyTorch is not installed") from e
+    memory = getattr(getattr(torch, "cuda", None), "memory", None)
+    if memory is None or not hasattr(memory, "CUDAPluggableAllocator"):
+        raise StitchError(
+            "stitch.torch: this PyTorch has no torch.cuda.memory.CUDAPluggableAllocator "
+            "(PyTorch >= 2.0 built with CUDA is needed)"
+        )
+    return torch
+
+
+def is_enabled() -> bool:
+    """Whether :func:`enable` installed stitch as this process's CUDA allocator."""
+    return _allocator is not None
+
+
+def allocator() -> Any:
+    """The ``CUDAPluggableAllocator`` installed by :func:`enable`, or None."""
+    return _allocator
+
+
+def enable(conf: Optional[str] = None) -> Any:
+    """Makes stitch the CUDA allocator of this process; returns the CUDAPluggableAllocator.
+
+    ``conf`` is applied with ``stitch.configure()`` on top of ``STITCH_ALLOC_CONF`` (both are
+    validated here: a bad key raises StitchError now rather than at the first allocation).
+    Calling it again is a no-op apart from applying ``conf`` (then only tunables may change).
+
+    Raises StitchError if CUDA is already initialized in this process: PyTorch cannot swap an
+    initialized allocator ("Can't swap an already initialized allocator"). Call it first thing,
+    use ``python -m stitch.torch script.py``, or use :func:`mempool`.
+    """
+    global _allocator
+    import stitch
+
+    torch = _import_torch()
+    with _lock:
+        if _allocator is not None:
+            if conf:
+                stitch.configure(conf)
+            return _allocator
+        if torch.cuda.is_initialized():
+            raise StitchError(
+                "stitch.torch.enable(): CUDA is already initialized in this process, and PyTorch "
+                "cannot swap an initialized allocator. Call enable() before anything touches "
+                "CUDA (first CUDA tensor, torch.cuda.set_device, ...), run the script with "
+                "`python -m stitch.torch script.py`, or use stitch.torch.mempool() instead."
+            )
+        path = _lib.library_path()
+        # Validates STITCH_ALLOC_CONF (and conf) now; nothing is allocated yet.
+        stitch.configure(conf or "")
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(path, ALLOC_HOOK, FREE_HOOK)
+        raw = alloc.allocator()
+        # Optional hooks: each PyTorch call maps to the stitch one. set_init_fn is not used:
+        # stitch creates its allocator at the first call, and PyTorch calls init once while
+        # creating the pluggable allocator, before any hook can be set.
+        for setter, hook in (
+            ("set_reset_fn", "stitch_torch_empty_cache"),
+            ("set_memory_fraction_fn", "stitch_torch_set_memory_fraction"),
+            ("set_record_stream_fn", "stitch_torch_record_stream"),
+        ):
+            fn = getattr(raw, setter, None)
+            if fn is not None:  # older PyTorch lacks some setters
+                fn(_lib.hook_address(hook))
+        try:
+            torch.cuda.memory.change_current_allocator(alloc)
+        except RuntimeError as e:
+            raise StitchError(
+                f"stitch.torch.enable(): PyTorch refused the allocator swap ({e}). Something "
+                "initialized CUDA's allocator before enable(); call it earlier or use "
+                "`python -m stitch.torch script.py`."
+            ) from e
+        _allocator = alloc
+        return alloc
+
+
+def mempool(conf: Optional[str] = None, **kwargs: Any) -> Any:
+    """A ``torch.cuda.MemPool`` whose memory comes from stitch.
+
+    Use it as ``with torch.cuda.use_mem_pool(pool): ...``: allocations of that thread inside the
+    block are served by PyTorch's caching allocator from segments that stitch provides (the pool
+    asks stitch for 2 MiB / 20 MiB / larger segments and returns them when the pool is emptied or
+    destroyed). Other keyword arguments go to MemPool (e.g. ``use_on_oom=True``) when this
+    PyTorch accepts them. Works after CUDA is initialized; needs a PyTorch whose MemPool takes an
+    allocator (2.6+). Not combinable with :func:`enable` (which already serves everything).
+    """
+    import stitch
+
+    torch = _import_torch()
+    if is_enabled():
+        raise StitchError(
+            "stitch.torch.mempool(): stitch already serves every allocation (enable() was called)"
+        )
+    pool_cls = getattr(torch.cuda, "MemPool", None)
+    if pool_cls is None:
+        raise StitchError("stitch.torch.mempool(): this PyTorch has no torch.cuda.MemPool")
+    if conf:
+        stitch.configure(conf)
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(
+        _lib.library_path(), POOL_ALLOC_HOOK, FREE_HOOK
+    )
+    try:
+        params = inspect.signature(pool_cls).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtin without a signature
+        params = {}
+    unknown = [k for k in kwargs if params and k not in params]
+    if unknown:
+        raise StitchError(
+            f"stitch.torch.mempool(): this PyTorch's MemPool does not take {', '.join(unknown)}"
+        )
+    try:
+        return pool_cls(alloc.allocator(), **kwargs)
+    except TypeError as e:
+        raise StitchError(
+            f"stitch.torch.mempool(): this PyTorch's MemPool does not take an allocator ({e}); "
+            "PyTorch 2.6 or newer is needed"
+        ) from e
+
+
+def is_stitch_oom(exc: BaseException) -> bool:
+    """Whether ``exc`` is stitch's out-of-memory report arriving from the alloc hook.
+
+    PyTorch turns the C++ exception thrown by stitch_torch_malloc into RuntimeError (from its own
+    bindings) or MemoryError (from plain pybind11 bindings), with stitch's report as message.
+    """
+    if not isinstance(exc, (RuntimeError, MemoryError)):
+        return False
+    torch_oom = _torch_oom_class()
+    if torch_oom is not None and isinstance(exc, torch_oom):
+        return False
+    return str(exc).lstrip().startswith(_lib.OOM_PREFIX)
+
+
+def _torch_oom_class() -> Optional[type]:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    return getattr(torch, "OutOfMemoryError", None) or getattr(
+        getattr(torch, "cuda", None), "OutOfMemoryError", None
+    )
+
+
+class _RaiseTorchOom(contextlib.ContextDecorator):
+    def __enter__(self) -> "_RaiseTorchOom":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None or not is_stitch_oom(exc):
+            return False
+        torch_oom = _torch_oom_class()
+        if torch_oom is None:
+            return False
+        raise torch_oom(str(exc)) from exc
+
+
+def raise_torch_oom(fn: Optional[F] = None):
+    """Re-raises stitch's out-of-memory errors as ``torch.OutOfMemoryError``.
+
+    A context manager (``with stitch.torch.raise_torch_oom(): step()``) or a decorator. Code that
+    catches ``torch.OutOfMemoryError`` (batch-size finders, OOM skippers) works when the
+    allocation happens inside it; other exceptions pass through unchanged. The launcher wraps the
+    whole script in it.
+    """
+    if fn is None:
+        return _RaiseTorchOom()
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any):
+        with _RaiseTorchOom():
+            return fn(*args, **kwargs)
+
+    return wrapper

@@ -1,0 +1,101 @@
+"""python -m stitch.torch [options] SCRIPT [ARGS...] | -m MODULE [ARGS...]
+
+Runs an unmodified PyTorch program with stitch as its CUDA allocator: stitch.torch.enable() first,
+then the script as __main__ (sys.argv and sys.path[0] set as `python SCRIPT ARGS` would).
+
+Options (before SCRIPT):
+  --conf CONF             stitch configuration applied on top of STITCH_ALLOC_CONF
+                          (e.g. expandable_segments:True,max_split_size_mb:256)
+  --no-oom-translation    leave stitch's out-of-memory errors as PyTorch raised them
+                          (RuntimeError/MemoryError) instead of torch.OutOfMemoryError
+  -m MODULE               run a module (as python -m MODULE) instead of a script
+  -h, --help              this text
+
+Environment: STITCH_ALLOC_CONF (stitch's configuration), STITCH_LIBRARY (which libstitch.so).
+Under torchrun each rank runs the launcher and enables its own allocator:
+  torchrun --nproc-per-node 8 -m stitch.torch train.py --steps 100
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from typing import List, Optional
+
+from .._lib import LibraryNotFoundError, StitchError
+
+_USAGE = __doc__ or ""
+
+
+def _parse(argv: List[str]):
+    conf: Optional[str] = None
+    translate = True
+    module: Optional[str] = None
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("-h", "--help"):
+            return None
+        if a == "--":
+            i += 1
+            break
+        if a == "--conf" or a.startswith("--conf="):
+            if a == "--conf":
+                if i + 1 >= len(argv):
+                    raise SystemExit("stitch.torch: --conf needs a value")
+                conf, i = argv[i + 1], i + 2
+            else:
+                conf, i = a.split("=", 1)[1], i + 1
+            continue
+        if a == "--no-oom-translation":
+            translate, i = False, i + 1
+            continue
+        if a == "-m":
+            if i + 1 >= len(argv):
+                raise SystemExit("stitch.torch: -m needs a module name")
+            module = argv[i + 1]
+            return conf, translate, module, None, argv[i + 2:]
+        if a.startswith("-") and a != "-":
+            raise SystemExit(f"stitch.torch: unknown option {a} (see --help)")
+        break
+    if i >= len(argv):
+        raise SystemExit("stitch.torch: no script given (see --help)")
+    return conf, translate, None, argv[i], argv[i + 1:]
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    parsed = _parse(args)
+    if parsed is None:
+        sys.stdout.write(_USAGE)
+        return
+    conf, translate, module, script, rest = parsed
+
+    from . import enable, raise_torch_oom
+
+    try:
+        enable(conf)
+    except (StitchError, LibraryNotFoundError) as e:
+        raise SystemExit(str(e)) from None
+
+    if module is not None:
+        sys.argv = [module, *rest]  # run_module(alter_sys=True) replaces argv[0] with the path
+        target = lambda: runpy.run_module(module, run_name="__main__", alter_sys=True)  # noqa: E731
+    else:
+        assert script is not None
+        if not os.path.exists(script):
+            raise SystemExit(f"stitch.torch: can't open file {script!r}")
+        sys.argv = [script, *rest]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        target = lambda: runpy.run_path(script, run_name="__main__")  # noqa: E731
+
+    if translate:
+        with raise_torch_oom():
+            target()
+    else:
+        target()
+
+
+if __name__ == "__main__":
+    main()

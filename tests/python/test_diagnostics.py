@@ -1,0 +1,89 @@
+"""memory_summary(), dump_snapshot() and record_history() (newer C API entry points: skipped
+with a reason when the library predates them)."""
+
+import json
+import pickle
+
+import pytest
+
+import stitch
+from stitch import _lib
+
+
+def _require(name):
+    if not _lib.has(name):
+        pytest.skip(f"{stitch.library_path()} does not export {name}")
+
+
+def test_missing_entry_points_raise_not_implemented(monkeypatch):
+    real = _lib.lib()
+
+    class Without:  # the loaded library minus stitch_dump_snapshot
+        def __getattr__(self, name):
+            if name == "stitch_dump_snapshot":
+                raise AttributeError(name)
+            return getattr(real, name)
+
+    monkeypatch.setattr(_lib, "_lib", Without())
+    with pytest.raises(NotImplementedError, match="does not export stitch_dump_snapshot"):
+        stitch.dump_snapshot("/nonexistent/x.pickle")
+
+
+def test_memory_summary_is_pytorchs_table(no_leaks):
+    _require("stitch_memory_summary")
+    ptr = stitch.malloc(3 << 20)
+    try:
+        text = stitch.memory_summary(0)
+    finally:
+        stitch.free(ptr, 3 << 20)
+    assert "memory summary, device ID 0" in text
+    for row in ("Allocated memory", "GPU reserved memory", "Allocations", "Oversize allocations"):
+        assert row in text, row
+    assert "CUDA OOMs:" in text
+    assert stitch.memory_summary(1) != text  # device 1's own table
+    with pytest.raises(stitch.StitchError, match="invalid device"):
+        stitch.memory_summary(9)
+
+
+def test_snapshot_pickle_and_json_with_history(tmp_path, no_leaks):
+    _require("stitch_dump_snapshot")
+    _require("stitch_record_history")
+    stitch.record_history(True, max_entries=1000)
+    try:
+        ptr = stitch.malloc(3 << 20)
+        stitch.free(ptr, 3 << 20)
+        stitch.dump_snapshot(tmp_path / "s.pickle")
+        stitch.dump_snapshot(str(tmp_path / "s.json"))
+    finally:
+        stitch.record_history(False)
+    with open(tmp_path / "s.pickle", "rb") as f:
+        snap = pickle.load(f)  # plain builtins only: loads without torch
+    assert {"segments", "device_traces"} <= set(snap)
+    assert len(snap["device_traces"]) == 2
+    actions = [e["action"] for e in snap["device_traces"][0]]
+    assert "alloc" in actions
+    assert "free_requested" in actions or "free_completed" in actions
+    with open(tmp_path / "s.json") as f:
+        as_json = json.load(f)
+    assert set(as_json) == set(snap)
+
+
+def test_record_history_off_discards_the_trace(tmp_path, no_leaks):
+    _require("stitch_dump_snapshot")
+    _require("stitch_record_history")
+    stitch.record_history(True)
+    ptr = stitch.malloc(4096)
+    stitch.free(ptr, 4096)
+    stitch.record_history(False)
+    stitch.dump_snapshot(tmp_path / "off.pickle")
+    with open(tmp_path / "off.pickle", "rb") as f:
+        snap = pickle.load(f)
+    assert all(not trace for trace in snap["device_traces"])
+    with pytest.raises(ValueError):
+        stitch.record_history(True, max_entries=-1)
+
+
+def test_dump_snapshot_error_names_the_path(tmp_path):
+    _require("stitch_dump_snapshot")
+    with pytest.raises(stitch.StitchError, match="no_such_dir"):
+        stitch.dump_snapshot(tmp_path / "no_such_dir" / "s.pickle")

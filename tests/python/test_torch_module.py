@@ -1,0 +1,298 @@
+"""stitch.torch: the allocator swap, the MemPool route, OOM translation and the launcher.
+
+Without PyTorch these run against fake_torch.py (the same calls PyTorch's CUDAPluggableAllocator
+makes: ctypes symbol lookup, integer hook addresses, the "already initialized" refusal). The last
+test runs real PyTorch on a GPU and skips without them.
+"""
+
+import importlib.util
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import stitch
+import stitch.torch as st
+from stitch import _lib
+from conftest import run_python
+
+HERE = Path(__file__).resolve().parent
+
+
+def _load_fake():
+    spec = importlib.util.spec_from_file_location("torch", HERE / "fake_torch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    mod = _load_fake()
+    monkeypatch.setitem(sys.modules, "torch", mod)
+    monkeypatch.setattr(st, "_allocator", None)
+    return mod
+
+
+@pytest.fixture
+def fake_torch_dir(tmp_path):
+    """A directory holding the fake as package `torch`, for subprocesses."""
+    d = tmp_path / "fake"
+    (d / "torch").mkdir(parents=True)
+    (d / "torch" / "__init__.py").write_text((HERE / "fake_torch.py").read_text())
+    return d
+
+
+def test_import_does_not_import_torch():
+    r = run_python(["-c", "import sys, stitch, stitch.torch; print('torch' in sys.modules)"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+def test_enable_installs_the_throwing_hooks(fake_torch):
+    alloc = st.enable()
+    assert fake_torch.state.current is alloc and fake_torch.state.swaps == 1
+    assert st.is_enabled() and st.allocator() is alloc
+    handle = alloc.allocator()
+    assert alloc.names == ("stitch_torch_malloc", "stitch_free")
+    assert handle.path == stitch.library_path()
+    assert handle.alloc_fn == _lib.hook_address("stitch_torch_malloc")
+    assert handle.free_fn == _lib.hook_address("stitch_free")
+    assert handle.hooks == {
+        "reset": _lib.hook_address("stitch_torch_empty_cache"),
+        "memory_fraction": _lib.hook_address("stitch_torch_set_memory_fraction"),
+        "record_stream": _lib.hook_address("stitch_torch_record_stream"),
+    }
+
+
+def test_enable_twice_is_a_no_op(fake_torch):
+    first = st.enable()
+    assert st.enable("garbage_collection_threshold:0.8") is first
+    assert fake_torch.state.swaps == 1
+
+
+def test_enable_after_cuda_init_is_refused(fake_torch):
+    fake_torch.state.cuda_initialized = True
+    with pytest.raises(stitch.StitchError, match="CUDA is already initialized"):
+        st.enable()
+    assert fake_torch.state.current is None and not st.is_enabled()
+
+
+def test_enable_reports_pytorchs_refusal(fake_torch):
+    fake_torch.state.allocator_initialized = True  # e.g. C++ code initialized the allocator
+    with pytest.raises(stitch.StitchError, match="Can't swap an already initialized allocator"):
+        st.enable()
+    assert not st.is_enabled()
+
+
+def test_enable_validates_the_configuration_first(fake_torch):
+    with pytest.raises(stitch.StitchError, match="unknown key 'bogus'"):
+        st.enable("bogus:1")
+    assert fake_torch.state.current is None and not st.is_enabled()
+
+
+def test_enable_without_torch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
+    monkeypatch.setattr(st, "_allocator", None)
+    with pytest.raises(stitch.StitchError, match="PyTorch is not installed"):
+        st.enable()
+
+
+def test_mempool_uses_the_null_returning_hook(fake_torch):
+    pool = st.mempool(use_on_oom=True)
+    assert pool.use_on_oom is True
+    assert pool.allocator.alloc_fn == _lib.hook_address("stitch_malloc")
+    assert pool.allocator.free_fn == _lib.hook_address("stitch_free")
+    assert fake_torch.state.current is None  # the process allocator is untouched
+    with pytest.raises(stitch.StitchError, match="does not take no_split_please"):
+        st.mempool(no_split_please=True)
+
+
+def test_mempool_after_enable_is_refused(fake_torch):
+    st.enable()
+    with pytest.raises(stitch.StitchError, match="already serves every allocation"):
+        st.mempool()
+
+
+OOM_TEXT = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of ..."
+
+
+@pytest.mark.parametrize("kind", [RuntimeError, MemoryError])
+def test_raise_torch_oom_translates_stitch_reports(fake_torch, kind):
+    with pytest.raises(fake_torch.OutOfMemoryError) as info:
+        with st.raise_torch_oom():
+            raise kind(OOM_TEXT)
+    assert str(info.value) == OOM_TEXT
+    assert isinstance(info.value.__cause__, kind)
+
+
+def test_raise_torch_oom_translates_stitch_malloc(fake_torch, no_leaks):
+    @st.raise_torch_oom
+    def grab():
+        return stitch.malloc(1 << 40)
+
+    with pytest.raises(fake_torch.OutOfMemoryError, match="^CUDA out of memory"):
+        grab()
+
+
+def test_raise_torch_oom_leaves_other_errors_alone(fake_torch):
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        with st.raise_torch_oom():
+            raise RuntimeError("shape mismatch")
+    native = fake_torch.OutOfMemoryError("CUDA out of memory. (native)")
+    with pytest.raises(fake_torch.OutOfMemoryError) as info:
+        with st.raise_torch_oom():
+            raise native
+    assert info.value is native
+    with pytest.raises(ValueError):
+        with st.raise_torch_oom():
+            raise ValueError(OOM_TEXT)
+
+
+def test_raise_torch_oom_without_torch_keeps_the_error(monkeypatch):
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert st.is_stitch_oom(RuntimeError(OOM_TEXT))
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+        with st.raise_torch_oom():
+            raise RuntimeError(OOM_TEXT)
+
+
+# ---- the launcher -------------------------------------------------------------------------------
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    import torch, stitch, stitch.torch
+    print("NAME", __name__)
+    print("ARGV", sys.argv[1:])
+    print("PATH0", sys.path[0] == os.path.dirname(os.path.abspath(__file__)))
+    print("ENABLED", stitch.torch.is_enabled(), torch.state.current is stitch.torch.allocator())
+    p = stitch.malloc(1000, device=int(os.environ.get("DEV", "0")))
+    stitch.free(p, 1000, device=int(os.environ.get("DEV", "0")))
+    if "--oom" in sys.argv:
+        stitch.malloc(1 << 40)
+    sys.exit(int(os.environ.get("EXIT", "0")))
+    """
+)
+
+
+def _launch(tmp_path, fake_torch_dir, *args, env=None, cwd=None):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    argv = [a if a != "SCRIPT" else str(script) for a in args]
+    return run_python(["-m", "stitch.torch", *argv], env=env, path=[fake_torch_dir], cwd=cwd)
+
+
+def test_launcher_runs_the_script_as_main(tmp_path, fake_torch_dir):
+    r = _launch(tmp_path, fake_torch_dir, "SCRIPT", "--lr", "3", "--", "x", env={"EXIT": "3"})
+    assert r.returncode == 3, r.stderr
+    assert "NAME __main__" in r.stdout
+    assert "ARGV ['--lr', '3', '--', 'x']" in r.stdout
+    assert "PATH0 True" in r.stdout
+    assert "ENABLED True True" in r.stdout
+
+
+def test_launcher_runs_a_module(tmp_path, fake_torch_dir):
+    (tmp_path / "trainmod.py").write_text(SCRIPT.replace("os.path.dirname(os.path.abspath(__file__))", "sys.path[0]"))
+    r = run_python(["-m", "stitch.torch", "-m", "trainmod", "a", "b"], path=[fake_torch_dir],
+                   cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "NAME __main__" in r.stdout and "ARGV ['a', 'b']" in r.stdout
+    assert "ENABLED True True" in r.stdout
+
+
+def test_launcher_honours_stitch_alloc_conf(tmp_path, fake_torch_dir):
+    env = {"STITCH_ALLOC_CONF": "backend:sim,sim_capacity_mb:64,sim_devices:2", "DEV": "1"}
+    r = _launch(tmp_path, fake_torch_dir, "SCRIPT", env=env)
+    assert r.returncode == 0, r.stderr
+    r = _launch(tmp_path, fake_torch_dir, "SCRIPT", env={"STITCH_ALLOC_CONF": "backend:sim,x:1"})
+    assert r.returncode == 1
+    assert "STITCH_ALLOC_CONF: stitch config: unknown key 'x'" in r.stderr
+
+
+def test_launcher_conf_option(tmp_path, fake_torch_dir):
+    r = _launch(tmp_path, fake_torch_dir, "--conf", "sim_devices:2", "SCRIPT", env={"DEV": "1"})
+    assert r.returncode == 0, r.stderr
+    r = _launch(tmp_path, fake_torch_dir, "--conf=nope:1", "SCRIPT")
+    assert r.returncode == 1 and "unknown key 'nope'" in r.stderr
+
+
+def test_launcher_translates_oom(tmp_path, fake_torch_dir):
+    r = _launch(tmp_path, fake_torch_dir, "SCRIPT", "--oom")
+    assert r.returncode == 1
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate" in r.stderr
+    r = _launch(tmp_path, fake_torch_dir, "--no-oom-translation", "SCRIPT", "--oom")
+    assert r.returncode == 1
+    assert "stitch.OutOfMemoryError: CUDA out of memory" in r.stderr
+    assert "torch.OutOfMemoryError" not in r.stderr
+
+
+def test_launcher_usage_errors(tmp_path, fake_torch_dir):
+    r = run_python(["-m", "stitch.torch", "--help"])
+    assert r.returncode == 0 and "torchrun" in r.stdout
+    r = run_python(["-m", "stitch.torch"], path=[fake_torch_dir])
+    assert r.returncode == 1 and "no script given" in r.stderr
+    r = run_python(["-m", "stitch.torch", "--bogus", "x.py"], path=[fake_torch_dir])
+    assert r.returncode == 1 and "unknown option --bogus" in r.stderr
+    r = run_python(["-m", "stitch.torch", str(tmp_path / "missing.py")], path=[fake_torch_dir])
+    assert r.returncode == 1 and "can't open file" in r.stderr
+
+
+def test_launcher_without_torch_fails_clearly(tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "torch.py").write_text("raise ImportError('no torch here')\n")
+    r = run_python(["-m", "stitch.torch", str(tmp_path / "x.py")], path=[blocker])
+    assert r.returncode == 1 and "PyTorch is not installed" in r.stderr
+
+
+# ---- real PyTorch (GPU machines only) -----------------------------------------------------------
+
+REAL = textwrap.dedent(
+    """
+    import torch, stitch, stitch.torch
+    assert stitch.torch.is_enabled()
+    x = torch.randn(1024, 1024, device="cuda")
+    y = x @ x
+    torch.cuda.synchronize()
+    assert stitch.memory_allocated() >= 8 << 20, stitch.memory_allocated()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        z = y * 2
+    y.record_stream(s)
+    del x, y, z
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    try:
+        with stitch.torch.raise_torch_oom():
+            torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError as e:
+        assert str(e).startswith("CUDA out of memory"), e
+        print("TRANSLATED")
+    try:
+        torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+    except (RuntimeError, MemoryError) as e:
+        print("RAISED", type(e).__name__, str(e).splitlines()[0][:40])
+    print("OOMS", stitch.memory_stats()["num_ooms"])
+    """
+)
+
+
+def _real_torch_with_cuda():
+    if importlib.util.find_spec("torch") is None:
+        return False
+    r = run_python(["-c", "import torch; print(torch.cuda.is_available())"], env={})
+    return r.returncode == 0 and r.stdout.strip() == "True"
+
+
+@pytest.mark.skipif(not _real_torch_with_cuda(), reason="needs PyTorch with a CUDA device")
+def test_real_pytorch_on_a_gpu(tmp_path):
+    script = tmp_path / "real.py"
+    script.write_text(REAL)
+    r = run_python(["-m", "stitch.torch", str(script)], env={"STITCH_ALLOC_CONF": ""},
+                   timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "TRANSLATED" in r.stdout
+    assert "RAISED RuntimeError CUDA out of memory" in r.stdout or "RAISED MemoryError" in r.stdout
+    assert "OOMS 2" in r.stdout
