@@ -1,0 +1,80 @@
+// tools/replay/replayer.hpp — replays a device trace through stitch on the simulated device and
+// measures what the configuration reserved, how fragmented it got and whether it fit.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tools/replay/workload.hpp"
+
+namespace stitch::replay {
+
+struct ReplayOptions {
+  std::string config;                       ///< allocator settings (backend:sim is implied)
+  std::size_t capacity = std::size_t{1} << 40;  ///< device size
+  /// Called every `progress_every` events with (done, total), e.g. for a progress bar.
+  std::function<void(std::size_t, std::size_t)> progress;
+  std::size_t progress_every = 10000;
+  /// Record the series (requested, reserved, allocated) every `sample_every` events for plots;
+  /// 0: no series.
+  std::size_t sample_every = 0;
+  /// Start with the recording allocator's cached segments (DeviceTrace::cached_segments), to
+  /// reproduce the recorded run rather than compare configurations from an empty device.
+  bool warm_start = false;
+};
+
+struct Sample {
+  std::size_t event = 0;
+  std::size_t requested = 0;
+  std::size_t reserved = 0;
+  std::size_t allocated = 0;
+};
+
+struct ReplayResult {
+  std::string config;
+  std::size_t capacity = 0;
+  std::size_t events = 0;
+  std::size_t peak_requested = 0;         ///< peak of live requested bytes
+  std::size_t peak_reserved = 0;          ///< peak of bytes held from the device
+  std::size_t peak_unallocated = 0;       ///< peak of reserved minus allocated
+  std::size_t largest_free_at_worst = 0;  ///< largest free block when unallocated peaked
+  std::int64_t device_allocs = 0;         ///< segment allocations (cudaMalloc)
+  std::int64_t device_frees = 0;
+  std::int64_t maps = 0;                  ///< page-range maps (expandable segments)
+  std::int64_t unmaps = 0;
+  std::size_t ooms = 0;                   ///< requests that failed
+  double seconds = 0.0;
+  std::vector<std::size_t> segments;      ///< sizes of the segments/maps made, in order
+  std::vector<Sample> series;
+  [[nodiscard]] double reserved_over_requested() const {
+    return peak_requested == 0 ? 0.0
+                               : static_cast<double>(peak_reserved) / static_cast<double>(peak_requested);
+  }
+  [[nodiscard]] double events_per_second() const {
+    return seconds > 0 ? static_cast<double>(events) / seconds : 0.0;
+  }
+};
+
+/// Replays one device's trace. Deterministic: the same trace and options give the same numbers.
+ReplayResult replay(const DeviceTrace& trace, const ReplayOptions& options);
+
+/// Smallest capacity (a multiple of `step`) on which the trace replays without an OOM, found by
+/// bisection between peak requested and `upper`; nullopt if it does not fit even in `upper`.
+std::optional<std::size_t> min_capacity(const DeviceTrace& trace, const std::string& config,
+                                        std::size_t upper, std::size_t step = std::size_t{2} << 20);
+
+/// How closely a replay with PyTorch's default settings reproduces the recorded segments.
+struct Fidelity {
+  std::size_t recorded_peak_reserved = 0;
+  std::size_t replayed_peak_reserved = 0;
+  double peak_error = 0.0;         ///< |replayed - recorded| / recorded
+  double segment_agreement = 0.0;  ///< shared segment sizes / max(count recorded, replayed)
+};
+/// Replays with PyTorch's defaults from the recorded starting state (warm start) and compares.
+std::optional<Fidelity> fidelity(const DeviceTrace& trace);
+
+}  // namespace stitch::replay

@@ -1,0 +1,182 @@
+// tools/replay/report.cpp — replay output formats.
+#include "tools/replay/report.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+#include "stitch/errors.hpp"
+
+namespace stitch::replay {
+
+std::string human_size(std::size_t bytes) {
+  const auto b = static_cast<double>(bytes);
+  if (bytes >= (std::size_t{1} << 30)) return fmt::format("{:.2f} GiB", b / (1 << 30));
+  if (bytes >= (std::size_t{1} << 20)) return fmt::format("{:.1f} MiB", b / (1 << 20));
+  if (bytes >= 1024) return fmt::format("{:.1f} KiB", b / 1024);
+  return fmt::format("{} B", bytes);
+}
+
+std::size_t parse_size(const std::string& text) {
+  std::size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == 0) throw error(fmt::format("bad size '{}' (examples: 80GiB, 512MiB, 1024)", text));
+  const double value = std::stod(text.substr(0, i));
+  std::string unit = text.substr(i);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double scale = 0;
+  if (unit.empty() || unit == "m" || unit == "mb" || unit == "mib") scale = 1 << 20;
+  else if (unit == "g" || unit == "gb" || unit == "gib") scale = 1 << 30;
+  else if (unit == "t" || unit == "tb" || unit == "tib") scale = std::ldexp(1.0, 40);
+  else if (unit == "k" || unit == "kb" || unit == "kib") scale = 1024;
+  else if (unit == "b") scale = 1;
+  else throw error(fmt::format("bad size unit in '{}' (use KiB, MiB, GiB or TiB)", text));
+  return static_cast<std::size_t>(value * scale);
+}
+
+std::string format_table(const TraceReport& t) {
+  std::string out = fmt::format("{} (device {}): {} events, {} blocks live at the start{}\n",
+                                t.trace, t.device, t.events, t.initial_blocks,
+                                t.starts_empty ? ", starts empty" : "");
+  if (t.recorded_peak_reserved)
+    out += fmt::format("  recorded (PyTorch) peak reserved: {}\n", human_size(*t.recorded_peak_reserved));
+  if (t.fidelity)
+    out += fmt::format("  fidelity (PyTorch defaults from the recorded start): peak reserved {} vs recorded {} "
+                       "({:+.2f}%), segment sizes agree {:.1f}%\n",
+                       human_size(t.fidelity->replayed_peak_reserved),
+                       human_size(t.fidelity->recorded_peak_reserved),
+                       100.0 * (static_cast<double>(t.fidelity->replayed_peak_reserved) /
+                                    static_cast<double>(t.fidelity->recorded_peak_reserved) - 1.0),
+                       100.0 * t.fidelity->segment_agreement);
+  const bool min_cap = std::any_of(t.rows.begin(), t.rows.end(),
+                                   [](const Row& r) { return r.min_capacity_searched; });
+  out += fmt::format("  {:<34} {:>11} {:>11} {:>8} {:>11} {:>11} {:>7} {:>7} {:>7} {:>7} {:>5} {:>9}",
+                     "config", "peak req", "peak rsv", "rsv/req", "peak unalc", "lfree@worst",
+                     "allocs", "frees", "maps", "unmaps", "OOMs", "events/s");
+  if (min_cap) out += fmt::format(" {:>12}", "min capacity");
+  out += "\n";
+  for (const Row& row : t.rows) {
+    const ReplayResult& r = row.result;
+    std::string name = r.config.empty() ? "(defaults)" : r.config;
+    if (name.size() > 34) name = name.substr(0, 31) + "...";
+    out += fmt::format("  {:<34} {:>11} {:>11} {:>8.3f} {:>11} {:>11} {:>7} {:>7} {:>7} {:>7} {:>5} {:>9.0f}",
+                       name, human_size(r.peak_requested), human_size(r.peak_reserved),
+                       r.reserved_over_requested(), human_size(r.peak_unallocated),
+                       human_size(r.largest_free_at_worst), r.device_allocs, r.device_frees, r.maps,
+                       r.unmaps, r.ooms, r.events_per_second());
+    if (min_cap)
+      out += fmt::format(" {:>12}", !row.min_capacity_searched ? "-"
+                                    : row.min_capacity ? human_size(*row.min_capacity)
+                                                       : "does not fit");
+    out += "\n";
+  }
+  return out;
+}
+
+namespace {
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<int>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+}  // namespace
+
+std::string format_json(const std::vector<TraceReport>& reports) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < reports.size(); ++i) {
+    const TraceReport& t = reports[i];
+    out += fmt::format("{}{{\"trace\":\"{}\",\"device\":{},\"events\":{},\"initial_blocks\":{},"
+                       "\"starts_empty\":{}",
+                       i ? "," : "", json_escape(t.trace), t.device, t.events, t.initial_blocks,
+                       t.starts_empty ? "true" : "false");
+    if (t.recorded_peak_reserved) out += fmt::format(",\"recorded_peak_reserved\":{}", *t.recorded_peak_reserved);
+    if (t.fidelity)
+      out += fmt::format(",\"fidelity\":{{\"recorded_peak_reserved\":{},\"replayed_peak_reserved\":{},"
+                         "\"peak_error\":{:.6f},\"segment_agreement\":{:.6f}}}",
+                         t.fidelity->recorded_peak_reserved, t.fidelity->replayed_peak_reserved,
+                         t.fidelity->peak_error, t.fidelity->segment_agreement);
+    out += ",\"configs\":[";
+    for (std::size_t j = 0; j < t.rows.size(); ++j) {
+      const ReplayResult& r = t.rows[j].result;
+      out += fmt::format("{}{{\"config\":\"{}\",\"capacity\":{},\"peak_requested\":{},\"peak_reserved\":{},"
+                         "\"reserved_over_requested\":{:.6f},\"peak_unallocated\":{},"
+                         "\"largest_free_at_worst\":{},\"device_allocs\":{},\"device_frees\":{},"
+                         "\"maps\":{},\"unmaps\":{},\"ooms\":{},\"events_per_second\":{:.0f}",
+                         j ? "," : "", json_escape(r.config), r.capacity, r.peak_requested,
+                         r.peak_reserved, r.reserved_over_requested(), r.peak_unallocated,
+                         r.largest_free_at_worst, r.device_allocs, r.device_frees, r.maps, r.unmaps,
+                         r.ooms, r.events_per_second());
+      if (t.rows[j].min_capacity_searched) {
+        if (t.rows[j].min_capacity) {
+          out += fmt::format(",\"min_capacity\":{}", *t.rows[j].min_capacity);
+        } else {
+          out += ",\"min_capacity\":null";
+        }
+      }
+      out += "}";
+    }
+    out += "]}";
+  }
+  out += "]\n";
+  return out;
+}
+
+std::string format_svg(const TraceReport& t) {
+  // One panel: requested, reserved and reserved-but-unallocated of every config over the events.
+  constexpr int kW = 900, kH = 420, kL = 70, kR = 20, kT = 30, kB = 40;
+  std::size_t max_y = 1, max_x = 1;
+  for (const Row& row : t.rows)
+    for (const Sample& s : row.result.series) {
+      max_y = std::max({max_y, s.reserved, s.requested});
+      max_x = std::max(max_x, s.event);
+    }
+  auto x = [&](std::size_t e) { return kL + (kW - kL - kR) * static_cast<double>(e) / static_cast<double>(max_x); };
+  auto y = [&](std::size_t v) { return kH - kB - (kH - kT - kB) * static_cast<double>(v) / static_cast<double>(max_y); };
+  static const char* kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
+  std::string out = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"{}\" y=\"18\">{} (device {}): solid = reserved, dashed = reserved but unallocated, "
+      "grey = requested</text>\n",
+      kW, kH, kL, json_escape(t.trace), t.device);
+  out += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", kL, kH - kB, kW - kR, kH - kB);
+  out += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", kL, kT, kL, kH - kB);
+  for (int i = 0; i <= 4; ++i) {
+    const std::size_t v = max_y / 4 * static_cast<std::size_t>(i);
+    out += fmt::format("<text x=\"4\" y=\"{:.1f}\">{}</text>\n", y(v) + 4, human_size(v));
+  }
+  out += fmt::format("<text x=\"{}\" y=\"{}\">event</text>\n", kW / 2, kH - 8);
+  auto polyline = [&](const std::vector<Sample>& s, auto value, const char* colour, const char* extra) {
+    std::string pts;
+    for (const Sample& p : s) pts += fmt::format("{:.1f},{:.1f} ", x(p.event), y(value(p)));
+    return fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" {} points=\"{}\"/>\n",
+                       colour, extra, pts);
+  };
+  if (!t.rows.empty())
+    out += polyline(t.rows[0].result.series, [](const Sample& p) { return p.requested; }, "#888888", "");
+  for (std::size_t i = 0; i < t.rows.size(); ++i) {
+    const char* colour = kColours[i % 6];
+    const auto& s = t.rows[i].result.series;
+    out += polyline(s, [](const Sample& p) { return p.reserved; }, colour, "");
+    out += polyline(s, [](const Sample& p) { return p.reserved - p.allocated; }, colour,
+                    "stroke-dasharray=\"4 3\"");
+    const std::string name = t.rows[i].result.config.empty() ? "(defaults)" : t.rows[i].result.config;
+    out += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", kL + 10,
+                       kT + 16 * (static_cast<int>(i) + 1), colour, json_escape(name));
+  }
+  out += "</svg>\n";
+  return out;
+}
+
+}  // namespace stitch::replay

@@ -1,0 +1,158 @@
+// tools/stitch_replay.cpp — the stitch-replay command: replays recorded allocation traces
+// (PyTorch snapshot pickles, stitch snapshots, RMM CSV logs) through stitch on the simulated
+// device under several configurations and reports what each would have reserved.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "stitch/config.hpp"
+#include "stitch/errors.hpp"
+#include "tools/replay/report.hpp"
+#include "tools/replay/workload.hpp"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: stitch-replay [options] TRACE...
+
+Replays each TRACE (a PyTorch memory snapshot pickle from torch.cuda.memory._dump_snapshot, a
+stitch snapshot, or an RMM logging_resource_adaptor CSV) through stitch on a simulated device and
+prints, per trace, device and configuration: peak requested and reserved bytes, reserved /
+requested, peak of reserved-but-unallocated, the largest free block at that worst moment, device
+calls, OOMs and replay speed.
+
+options:
+  --config CONF     a configuration in STITCH_ALLOC_CONF syntax; repeat to compare several
+                    (default: PyTorch's defaults "" and "expandable_segments:True")
+  --capacity SIZE   simulated device size, e.g. 80GiB (default 1TiB: nothing runs out)
+  --min-capacity    also find, by bisection, the smallest device on which each config completes
+                    the trace without an OOM
+  --device N        replay only device N
+  --json            print JSON instead of tables
+  --plot FILE.svg   write requested/reserved/unallocated over the trace (one file per trace and
+                    device: FILE-<n>.svg when there are several)
+  --no-progress     no progress bar, even on a terminal
+  -h, --help        this text
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace stitch::replay;
+  std::vector<std::string> configs, traces;
+  std::size_t capacity = std::size_t{1} << 40;
+  bool search = false, json = false, progress = isatty(STDERR_FILENO) != 0;
+  int only_device = -1;
+  std::string plot;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto value = [&]() -> std::string {
+        if (i + 1 >= argc) throw stitch::error(a + " needs a value");
+        return argv[++i];
+      };
+      if (a == "-h" || a == "--help") {
+        std::fputs(kUsage, stdout);
+        return 0;
+      } else if (a == "--config") {
+        configs.push_back(value());
+      } else if (a == "--capacity") {
+        capacity = parse_size(value());
+      } else if (a == "--min-capacity") {
+        search = true;
+      } else if (a == "--device") {
+        only_device = std::stoi(value());
+      } else if (a == "--json") {
+        json = true;
+      } else if (a == "--plot") {
+        plot = value();
+      } else if (a == "--no-progress") {
+        progress = false;
+      } else if (!a.empty() && a[0] == '-') {
+        throw stitch::error("unknown option " + a + " (see --help)");
+      } else {
+        traces.push_back(a);
+      }
+    }
+    if (traces.empty()) throw stitch::error("no trace given (see --help)");
+    if (configs.empty()) configs = {"", "expandable_segments:True"};
+    for (const std::string& c : configs)  // fail early on a bad configuration
+      (void)stitch::Config::parse(c.empty() ? "backend:sim" : "backend:sim," + c);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "stitch-replay: %s\n", e.what());
+    return 2;
+  }
+
+  int status = 0;
+  std::vector<TraceReport> reports;
+  int plot_index = 0;
+  for (const std::string& path : traces) {
+    Workload w;
+    try {
+      w = read_workload(path);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "stitch-replay: error: %s\n", e.what());
+      status = 1;
+      continue;
+    }
+    if (w.devices.empty()) std::fprintf(stderr, "stitch-replay: %s: no allocation events\n", path.c_str());
+    for (const DeviceTrace& t : w.devices) {
+      if (only_device >= 0 && t.device != only_device) continue;
+      TraceReport report;
+      report.trace = path;
+      report.device = t.device;
+      report.events = t.events.size();
+      report.initial_blocks = t.initial.size();
+      report.starts_empty = t.starts_empty;
+      report.recorded_peak_reserved = t.recorded_peak_reserved;
+      try {
+        report.fidelity = fidelity(t);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "stitch-replay: error: %s: fidelity replay: %s\n", path.c_str(), e.what());
+        status = 1;
+      }
+      for (const std::string& c : configs) {
+        ReplayOptions o;
+        o.config = c;
+        o.capacity = capacity;
+        o.sample_every = plot.empty() ? 0 : std::max<std::size_t>(1, t.events.size() / 2000);
+        if (progress) {
+          o.progress = [&](std::size_t done, std::size_t total) {
+            std::fprintf(stderr, "\r%s [%s]: %zu/%zu events", path.c_str(),
+                         c.empty() ? "defaults" : c.c_str(), done, total);
+            if (done == total) std::fputs("\n", stderr);
+          };
+        }
+        Row row;
+        try {
+          row.result = replay(t, o);
+          if (search) {
+            row.min_capacity_searched = true;
+            row.min_capacity = min_capacity(t, c, capacity);
+          }
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "stitch-replay: error: %s [%s]: %s\n", path.c_str(), c.c_str(), e.what());
+          status = 1;
+          continue;
+        }
+        report.rows.push_back(std::move(row));
+      }
+      if (!plot.empty()) {
+        std::string file = plot;
+        if (traces.size() > 1 || w.devices.size() > 1) {
+          const auto dot = file.rfind(".svg");
+          file = (dot == std::string::npos ? file : file.substr(0, dot)) + "-" +
+                 std::to_string(plot_index++) + ".svg";
+        }
+        std::ofstream(file) << format_svg(report);
+      }
+      if (!json) std::fputs((format_table(report) + "\n").c_str(), stdout);
+      reports.push_back(std::move(report));
+    }
+  }
+  if (json) std::fputs(format_json(reports).c_str(), stdout);
+  return status;
+}
