@@ -34,7 +34,16 @@ struct STITCH_EXPORT Config {
   std::array<std::uint32_t, 16> roundup_power2_divisions{};
   double garbage_collection_threshold = 0.0;        ///< (0,1); 0 = off
   bool expandable_segments = false;                 ///< expandable_segments:True|False
-  double per_process_memory_fraction = 1.0;         ///< (0,1]; 1 = no limit
+  /// stitching:True|False — virtual-memory stitching (needs expandable_segments:True): pages
+  /// are one allocation granule, and under memory pressure free pages from anywhere are
+  /// remapped into one new contiguous range instead of failing (docs/stitching.md).
+  bool stitching = false;
+  /// stitch_before_grow_mb (stitching only; 0 = off): requests of at least this size are also
+  /// stitched from their own stream's free pages *before* the device is asked for more, instead
+  /// of only when it cannot give more. Lower reserved memory, at the price of a stream sync and
+  /// one unmap per source run for each such stitch (docs/stitching.md).
+  std::size_t stitch_before_grow = 0;
+  double per_process_memory_fraction = 1.0;         ///< [0,1]; 1 = no limit
   InvalidFreePolicy on_invalid_free = InvalidFreePolicy::error;  ///< on_invalid_free:error|abort
 
   // ---- diagnostics (may change at run time) ----

@@ -56,6 +56,9 @@ struct STITCH_EXPORT DeviceStats {
   std::int64_t num_device_alloc = 0;      ///< device allocations (segments and page maps)
   std::int64_t num_device_free = 0;       ///< device frees (segments and page unmaps)
   std::int64_t num_invalid_frees = 0;     ///< rejected frees (unknown pointer, double free, ...)
+  std::int64_t num_stitches = 0;          ///< stitched ranges made (stitching:True; each is one
+                                          ///< reserve, one unmap per source run, one map per page)
+  std::int64_t stitched_bytes = 0;        ///< bytes of the stitched ranges made, summed
   std::int64_t max_split_size = -1;       ///< the configured max_split_size (-1: unlimited)
 
   /// Looks a value up by its flat key, e.g. "reserved_bytes.all.peak" or "num_ooms".

@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "core/device_allocator.hpp"
+#include "diagnostics/snapshot_writer.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch {
@@ -39,7 +40,12 @@ DeviceAllocator& Allocator::checked_device(int device) const {
 DeviceAllocator& Allocator::device(int device) const { return checked_device(device); }
 
 void* Allocator::allocate(std::size_t bytes, stream_t stream, int device) {
-  return checked_device(device).malloc(bytes, stream);
+  try {
+    return checked_device(device).malloc(bytes, stream);
+  } catch (const out_of_memory&) {
+    detail::on_out_of_memory(*this);  // oom_snapshot: best effort, never masks the OOM
+    throw;
+  }
 }
 
 namespace {
@@ -124,7 +130,9 @@ void Allocator::configure(std::string_view conf) {
     throw config_error(
         "stitch config: backend, sim_capacity_mb and sim_devices are fixed once the allocator "
         "exists; only tunables can change");
-  for (int d = 0; d < device_count_; ++d) devices_[static_cast<std::size_t>(d)]->set_config(next);
+  const bool fraction_given = conf.find("per_process_memory_fraction") != std::string_view::npos;
+  for (int d = 0; d < device_count_; ++d)
+    devices_[static_cast<std::size_t>(d)]->set_config(next, fraction_given);
   config_ = std::move(next);
 }
 

@@ -18,8 +18,8 @@ namespace {
 
 constexpr const char* kKeys =
     "backend, sim_capacity_mb, sim_devices, max_split_size_mb, max_non_split_rounding_mb, "
-    "roundup_power2_divisions, garbage_collection_threshold, expandable_segments, "
-    "per_process_memory_fraction, on_invalid_free, record_history, max_entries, record_stacks, "
+    "roundup_power2_divisions, garbage_collection_threshold, expandable_segments, stitching, "
+    "stitch_before_grow_mb, per_process_memory_fraction, on_invalid_free, record_history, max_entries, record_stacks, "
     "oom_snapshot";
 
 [[noreturn]] void bad_value(std::string_view key, std::string_view value, std::string_view accepted) {
@@ -173,6 +173,12 @@ Config Config::parse(std::string_view conf, const Config& base) {
         c.garbage_collection_threshold = t;
       } else if (key == "expandable_segments") {
         c.expandable_segments = parse_bool(key, v);
+      } else if (key == "stitching") {
+        c.stitching = parse_bool(key, v);
+      } else if (key == "stitch_before_grow_mb") {
+        const auto mb = parse_uint(key, v, "an integer number of MiB (0: off)");
+        if (mb > (std::uint64_t{1} << 40)) bad_value(key, v, "an integer number of MiB (0: off)");
+        c.stitch_before_grow = mb << 20;
       } else if (key == "per_process_memory_fraction") {
         const double f = parse_double(key, v, "a number in [0, 1]");
         if (!(f >= 0.0 && f <= 1.0)) bad_value(key, v, "a number in [0, 1]");
@@ -201,6 +207,10 @@ Config Config::parse(std::string_view conf, const Config& base) {
         throw config_error(fmt::format("stitch config: expected ',' after the value of '{}', got '{}'", key, sep));
     }
   }
+  if (c.stitching && !c.expandable_segments)
+    throw config_error(
+        "stitch config: stitching:True requires expandable_segments:True (stitching remaps the "
+        "pages of expandable segments)");
   if (!conf.empty()) c.source = std::string(conf);
   return c;
 }
@@ -224,6 +234,8 @@ std::string Config::to_string() const {
   if (garbage_collection_threshold > 0)
     out += fmt::format(",garbage_collection_threshold:{}", garbage_collection_threshold);
   out += fmt::format(",expandable_segments:{}", expandable_segments ? "True" : "False");
+  out += fmt::format(",stitching:{}", stitching ? "True" : "False");
+  if (stitch_before_grow != 0) out += fmt::format(",stitch_before_grow_mb:{}", stitch_before_grow >> 20);
   out += fmt::format(",per_process_memory_fraction:{}", per_process_memory_fraction);
   out += fmt::format(",on_invalid_free:{}", on_invalid_free == InvalidFreePolicy::abort ? "abort" : "error");
   out += fmt::format(",record_history:{},max_entries:{},record_stacks:{}",

@@ -28,7 +28,7 @@ inline void sub(StatArray& stat, bool small, std::int64_t amount) noexcept {
 
 DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& config)
     : device_(device), backend_(backend) {
-  set_config(config);
+  set_config(config, true);
 }
 
 DeviceAllocator::~DeviceAllocator() {
@@ -45,24 +45,38 @@ DeviceAllocator::~DeviceAllocator() {
     } catch (...) {
     }
   }
+  // Physical pages whose release failed earlier get one more try.
+  for (phys_handle_t h : orphan_handles_) {
+    try {
+      backend_.release_physical(device_, h);
+    } catch (...) {
+    }
+  }
   for (Segment* s = segments_; s != nullptr;) {
     Segment* next = s->next;
+    for (Block* b = s->head; b != nullptr;) {
+      Block* following = b->next;
+      blocks_.destroy(b);
+      b = following;
+    }
     delete s;
     s = next;
   }
 }
 
-void DeviceAllocator::set_config(const Config& config) {
+void DeviceAllocator::set_config(const Config& config, bool apply_fraction) {
   if (config.expandable_segments && !backend_.supports_virtual_memory(device_))
     throw config_error(fmt::format(
         "expandable_segments:True needs the virtual-memory API, which backend:{} does not "
         "support on device {}", backend_.name(), device_));
+  if (config.stitching && !config.expandable_segments)
+    throw config_error("stitching:True requires expandable_segments:True");
   bool fraction_changed = false;
   {
     std::lock_guard lock(mutex_);
     // per_process_memory_fraction applies when it is set or changed, so a configure() of other
     // keys keeps a fraction set at run time with set_memory_fraction().
-    fraction_changed = !configured_ ||
+    fraction_changed = apply_fraction || !configured_ ||
                        config.per_process_memory_fraction != config_.per_process_memory_fraction;
     configured_ = true;
     config_ = config;

@@ -51,8 +51,10 @@ class DeviceAllocator {
   void empty_cache();
   /// Caps reserved memory at `fraction` of the device's capacity (>= 1: no cap).
   void set_memory_fraction(double fraction);
-  /// Applies new tunables (the backend keys are ignored here).
-  void set_config(const Config& config);
+  /// Applies new tunables (the backend keys are ignored here). The memory fraction is applied
+  /// when `apply_fraction` (the key was given) or when it differs from the current setting, so
+  /// a fraction set with set_memory_fraction() survives a configure() of other keys.
+  void set_config(const Config& config, bool apply_fraction);
 
   [[nodiscard]] DeviceStats stats() const;
   /// Appends this device's segments to `out` and returns its trace (records a `snapshot`).
@@ -117,8 +119,21 @@ class DeviceAllocator {
   bool map_pages(Segment* segment, std::size_t first, std::size_t count);
   void release_expandable_pages();
   void unmap_free_pages(Block* block);
+  /// Bookkeeping only: bytes [start, end) of `block`'s segment (whole pages inside the free
+  /// `block`) become an unmapped block; the rest of `block` stays free on either side.
+  void mark_unmapped(Block* block, std::size_t start, std::size_t end);
   Block* insert_unmapped(Block* block);
   [[nodiscard]] std::size_t page_size(bool small);
+
+  // virtual-memory stitching (stitching.cpp)
+  /// Stitches a range for `rounded` bytes from free pages (own stream, fresh, other streams);
+  /// with `own_only`, from the stream's own free pages alone. nullptr when they are too few.
+  Block* stitch_pages(Pool& pool, stream_t stream, std::size_t rounded, bool own_only);
+  void map_back(Segment* segment, std::size_t index, phys_handle_t handle) noexcept;
+  bool release_if_unmapped(Segment* segment);
+  void release_or_keep(Pool& pool, stream_t stream, void* va, std::size_t bytes,
+                       std::size_t page) noexcept;
+  void release_or_orphan(phys_handle_t handle) noexcept;
   void insert_events(Block* block);
   void process_events();
   void synchronize_and_free_events();
@@ -157,6 +172,7 @@ class DeviceAllocator {
   std::unordered_map<stream_t, std::deque<std::pair<event_t, Block*>>> pending_;
   std::size_t outstanding_events_ = 0;
   std::vector<event_t> event_pool_;
+  std::vector<phys_handle_t> orphan_handles_;  ///< pages whose release failed: retried later
 };
 
 }  // namespace stitch

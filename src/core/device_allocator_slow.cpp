@@ -35,8 +35,15 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(Pool& pool, stream_t stre
                       : alloc_segment(pool, stream, alloc_size);
   };
   if (allowed_ && config_.garbage_collection_threshold > 0.0) garbage_collect();
-  Block* block = grow();
+  Block* block = nullptr;
+  // stitch_before_grow_mb: large requests reuse the stream's scattered free pages first.
+  if (config_.stitching && config_.stitch_before_grow != 0 && rounded >= config_.stitch_before_grow)
+    block = stitch_pages(pool, stream, rounded, true);
+  if (block == nullptr) block = grow();
   if (block == nullptr && release_available_cached_blocks(stream, rounded)) block = grow();
+  // Stitching comes before the last resort below: it reuses the free pages that the last resort
+  // would unmap and give back, without a round trip through the device or a sync of every event.
+  if (block == nullptr && config_.stitching) block = stitch_pages(pool, stream, rounded, false);
   if (block == nullptr) {
     // Last resort: wait for every outstanding event, return every free segment and page, retry.
     release_cached_blocks();

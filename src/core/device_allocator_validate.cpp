@@ -2,7 +2,9 @@
 // segments and compares it with the free index, the live table and the statistics.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "core/device_allocator.hpp"
 #include "stitch/errors.hpp"
@@ -36,12 +38,17 @@ void DeviceAllocator::validate_locked() const {
   std::size_t live_blocks = 0;
   std::size_t pending_events = 0;
 
+  std::vector<phys_handle_t> handles;  // every mapped page's physical handle
   for (const Segment* s = segments_; s != nullptr; s = s->next) {
+    if (s->stitched && !s->expandable) broken(device_, "a stitched segment is not expandable");
     if (s->expandable) {
       if (s->page == 0 || s->size % s->page != 0 || s->pages.size() != s->size / s->page)
         broken(device_, "expandable segment page table is wrong");
-      for (phys_handle_t h : s->pages)
-        if (h != 0) count(reserved, s->small, static_cast<std::int64_t>(s->page));
+      for (phys_handle_t h : s->pages) {
+        if (h == 0) continue;
+        count(reserved, s->small, static_cast<std::int64_t>(s->page));
+        handles.push_back(h);
+      }
     } else {
       count(segment, s->small, 1);
       count(reserved, s->small, static_cast<std::int64_t>(s->size));
@@ -113,6 +120,14 @@ void DeviceAllocator::validate_locked() const {
     }
     if (expect != s->base + s->size) broken(device_, "blocks do not cover their segment");
   }
+  // Stitching moves handles between ranges: each must be mapped in exactly one page, and a handle
+  // waiting for its release (orphaned) in none.
+  std::sort(handles.begin(), handles.end());
+  if (std::adjacent_find(handles.begin(), handles.end()) != handles.end())
+    broken(device_, "a physical handle is mapped in two pages");
+  for (phys_handle_t h : orphan_handles_)
+    if (std::binary_search(handles.begin(), handles.end(), h))
+      broken(device_, "an orphaned physical handle is still mapped in a page");
   if (free_blocks[0] != small_.index.size() || free_blocks[1] != large_.index.size())
     broken(device_, "the free index holds blocks that are not free in any segment");
   if (unmapped_blocks[0] != small_.unmapped.size() || unmapped_blocks[1] != large_.unmapped.size())

@@ -31,7 +31,11 @@ std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / 
 std::size_t DeviceAllocator::page_size(bool small) {
   // PyTorch's page sizes (2 MiB small pool, 20 MiB large pool), in granularity multiples:
   // bigger large-pool pages mean fewer map calls, whose cost grows with the number of pages.
+  // With stitching, pages are one granule in both pools: a partly used page is the only memory
+  // stitching cannot move, so it bounds the waste at one granule per range edge, at the price of
+  // up to 10x more map calls when a large-pool range grows.
   const std::size_t granularity = backend_.granularity(device_);
+  if (config_.stitching) return granularity;
   return round_up(small ? detail::kSmallBuffer : detail::kLargeBuffer, granularity);
 }
 
@@ -69,8 +73,12 @@ bool DeviceAllocator::map_pages(Segment* segment, std::size_t first, std::size_t
     for (std::size_t i = first; i < first + done; ++i) {
       try {
         backend_.unmap(device_, segment->base + i * segment->page, segment->page);
-        backend_.release_physical(device_, segment->pages[i]);
       } catch (...) {  // keep undoing; the first error is what the caller sees
+      }
+      try {
+        backend_.release_physical(device_, segment->pages[i]);
+      } catch (...) {
+        orphan_handles_.push_back(segment->pages[i]);
       }
       segment->pages[i] = 0;
     }
@@ -86,7 +94,11 @@ bool DeviceAllocator::map_pages(Segment* segment, std::size_t first, std::size_t
       try {
         backend_.map(device_, segment->base + i * segment->page, segment->page, handle);
       } catch (...) {
-        backend_.release_physical(device_, handle);
+        try {
+          backend_.release_physical(device_, handle);
+        } catch (...) {
+          orphan_handles_.push_back(handle);
+        }
         throw;
       }
       segment->pages[i] = handle;
@@ -188,12 +200,22 @@ void DeviceAllocator::unmap_free_pages(Block* block) {
   for (std::size_t i = start / page; i < end / page; ++i) {
     try {
       backend_.release_physical(device_, segment->pages[i]);
-    } catch (...) {
+    } catch (...) {  // unmapped already: keep the handle and retry on the next release
+      orphan_handles_.push_back(segment->pages[i]);
       if (!release_error) release_error = std::current_exception();
     }
     segment->pages[i] = 0;
   }
 
+  mark_unmapped(block, start, end);
+  ++stats_.num_device_free;
+  sub(stats_.reserved_bytes, segment->small, static_cast<std::int64_t>(end - start));
+  if (release_error) std::rethrow_exception(release_error);
+}
+
+void DeviceAllocator::mark_unmapped(Block* block, std::size_t start, std::size_t end) {
+  Segment* segment = block->segment;
+  const auto offset = static_cast<std::size_t>(block->ptr - segment->base);
   Pool& pool = pool_for(block->small);
   pool.index.erase(block);
   if (start > offset) {  // mapped head stays free
@@ -223,12 +245,14 @@ void DeviceAllocator::unmap_free_pages(Block* block) {
   block->size = end - start;
   block->mapped = false;
   insert_unmapped(block);
-  ++stats_.num_device_free;
-  sub(stats_.reserved_bytes, segment->small, static_cast<std::int64_t>(end - start));
-  if (release_error) std::rethrow_exception(release_error);
 }
 
 void DeviceAllocator::release_expandable_pages() {
+  // First, pages whose release failed before.
+  for (auto it = orphan_handles_.begin(); it != orphan_handles_.end();) {
+    backend_.release_physical(device_, *it);  // throws: still orphaned, retried next time
+    it = orphan_handles_.erase(it);
+  }
   for (Segment* segment = segments_; segment != nullptr;) {
     Segment* next_segment = segment->next;
     if (segment->expandable) {

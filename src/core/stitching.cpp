@@ -1,0 +1,360 @@
+// core/stitching.cpp — virtual-memory stitching (stitching:True, after GMLake, ASPLOS '24).
+//
+// When no free block fits a request and the device cannot map more pages, the whole pages lying
+// inside free blocks of expandable ranges (any pool, any stream) are moved: unmapped where they
+// are, without releasing their physical handles, and mapped side by side into a fresh virtual
+// range reserved for the request. That range is a `stitched` segment (an expandable segment of
+// the requesting stream and pool whose page table holds the moved handles); it serves the request
+// through the normal alloc_found_block path, and what is left of it stays cached as a free block.
+//
+// Pages of the requesting stream are taken first, then fresh pages the device can still give,
+// then pages of other streams. Every stream whose pages move is synchronized first (the unmap is
+// not stream-ordered: kernels queued earlier may still use the old addresses).
+//
+// When: in allocate_slow, after growing failed (device or memory-fraction limit) and before the
+// last resort (which would unmap and release the very pages reused here). With
+// stitch_before_grow_mb, requests of at least that size are also stitched from their own
+// stream's free pages before growing (own_only: no fresh pages, no other stream).
+//
+// All or nothing: the bookkeeping follows each backend call, and on a failure every page moved
+// so far is mapped back where it was (or, if even that fails, released: its source range then
+// keeps an unmapped hole, which is a consistent state).
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <vector>
+
+#include "core/device_allocator.hpp"
+
+namespace stitch {
+
+namespace {
+inline void add(StatArray& stat, bool small, std::int64_t amount) noexcept {
+  stat[kAll].increase(amount);
+  stat[small ? kSmallPool : kLargePool].increase(amount);
+}
+inline void sub(StatArray& stat, bool small, std::int64_t amount) noexcept {
+  stat[kAll].decrease(amount);
+  stat[small ? kSmallPool : kLargePool].decrease(amount);
+}
+std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
+
+/// The whole pages [first, first + count) (page indices in its segment) inside a free block.
+struct Run {
+  detail::Block* block;
+  std::size_t first;
+  std::size_t count;
+};
+
+/// Picks runs from `runs` adding up to `want` pages (or all of them when they do not reach it)
+/// and appends them to `plan`; returns the pages taken. Largest runs first, and the last piece
+/// from the smallest run that covers what is still missing: few unmap calls, few broken runs.
+std::size_t take(std::vector<Run> runs, std::size_t want, std::vector<Run>& plan) {
+  std::stable_sort(runs.begin(), runs.end(),
+                   [](const Run& a, const Run& b) { return a.count > b.count; });
+  std::size_t taken = 0;
+  std::size_t next = 0;  // runs[next..] are untaken
+  while (taken < want && next < runs.size()) {
+    const std::size_t missing = want - taken;
+    // Smallest untaken run covering `missing` (runs are sorted by decreasing size).
+    std::size_t cover = runs.size();
+    for (std::size_t i = next; i < runs.size() && runs[i].count >= missing; ++i) cover = i;
+    if (cover != runs.size()) {
+      plan.push_back(Run{runs[cover].block, runs[cover].first, missing});
+      return taken + missing;
+    }
+    plan.push_back(runs[next]);
+    taken += runs[next].count;
+    ++next;
+  }
+  return taken;
+}
+}  // namespace
+
+void DeviceAllocator::release_or_orphan(phys_handle_t handle) noexcept {
+  try {
+    backend_.release_physical(device_, handle);
+  } catch (...) {
+    try {
+      orphan_handles_.push_back(handle);  // retried by release_expandable_pages
+    } catch (...) {
+    }
+  }
+}
+
+void DeviceAllocator::map_back(Segment* segment, std::size_t index, phys_handle_t handle) noexcept {
+  // Undo of a move: maps `handle` again at page `index` of `segment`, where an unmapped block
+  // now lies, and files that page as free (it was free when it left).
+  const std::size_t page = segment->page;
+  char* at = segment->base + index * page;
+  try {
+    backend_.map(device_, at, page, handle);
+  } catch (...) {
+    release_or_orphan(handle);  // the source keeps a hole there: consistent, just smaller
+    return;
+  }
+  // Bookkeeping only from here (an allocation failure in it terminates: noexcept).
+  Block* u = segment->head;
+  while (u != nullptr && !(u->ptr <= at && at < u->ptr + u->size)) u = u->next;
+  Pool& pool = pool_for(segment->small);
+  pool.unmapped.erase(u);
+  if (u->ptr < at) {  // unmapped front stays unmapped
+    Block* front = blocks_.create(u->ptr, static_cast<std::size_t>(at - u->ptr), u->stream,
+                                  segment, u->small);
+    front->mapped = false;
+    front->prev = u->prev;
+    front->next = u;
+    if (front->prev != nullptr) {
+      front->prev->next = front;
+    } else {
+      segment->head = front;
+    }
+    u->prev = front;
+    u->size -= front->size;
+    u->ptr = at;
+    pool.unmapped.insert(front);
+  }
+  if (u->size > page) {  // unmapped rest stays unmapped
+    Block* rest = blocks_.create(at + page, u->size - page, u->stream, segment, u->small);
+    rest->mapped = false;
+    rest->prev = u;
+    rest->next = u->next;
+    if (rest->next != nullptr) rest->next->prev = rest;
+    u->next = rest;
+    u->size = page;
+    pool.unmapped.insert(rest);
+  }
+  u->mapped = true;
+  segment->pages[index] = handle;
+  trace(TraceAction::segment_map, at, page, segment->stream);
+  ++stats_.num_device_alloc;
+  add(stats_.reserved_bytes, segment->small, static_cast<std::int64_t>(page));
+  insert_free(pool, u);
+}
+
+void DeviceAllocator::release_or_keep(Pool& pool, stream_t stream, void* va, std::size_t bytes,
+                                      std::size_t page) noexcept {
+  // Gives back an unused, wholly unmapped stitching range. If that fails, the range is kept as
+  // an empty stitched segment (one unmapped block), which release_expandable_pages releases
+  // later, like any wholly unmapped range.
+  try {
+    backend_.release_reservation(device_, va, bytes);
+    return;
+  } catch (...) {
+  }
+  auto* segment = new Segment;
+  segment->base = static_cast<char*>(va);
+  segment->size = bytes;
+  segment->stream = stream;
+  segment->small = pool.small;
+  segment->expandable = true;
+  segment->stitched = true;
+  segment->page = page;
+  segment->pages.assign(bytes / segment->page, 0);
+  segment->next = segments_;
+  if (segments_ != nullptr) segments_->prev = segment;
+  segments_ = segment;
+  Block* block = blocks_.create(segment->base, bytes, stream, segment, pool.small);
+  block->mapped = false;
+  segment->head = block;
+  pool.unmapped.insert(block);
+}
+
+bool DeviceAllocator::release_if_unmapped(Segment* segment) {
+  Block* head = segment->head;
+  if (head->mapped || head->next != nullptr) return false;
+  backend_.release_reservation(device_, segment->base, segment->size);  // throws: kept
+  pool_for(segment->small).unmapped.erase(head);
+  blocks_.destroy(head);
+  if (segment->prev != nullptr) segment->prev->next = segment->next;
+  if (segment->next != nullptr) segment->next->prev = segment->prev;
+  if (segments_ == segment) segments_ = segment->next;
+  delete segment;
+  return true;
+}
+
+DeviceAllocator::Block* DeviceAllocator::stitch_pages(Pool& pool, stream_t stream,
+                                                      std::size_t rounded, bool own_only) {
+  const std::size_t page = backend_.granularity(device_);
+  const std::size_t pages = round_up(rounded, page) / page;
+
+  // 1. Candidates: whole pages inside free blocks of one-granule-page ranges, by stream.
+  std::vector<Run> own;
+  std::map<stream_t, std::vector<Run>> others;
+  std::map<stream_t, std::size_t> other_pages;
+  std::size_t own_total = 0, other_total = 0;
+  for (const Pool* p : {&small_, &large_}) {
+    for (Block* b : p->index) {
+      const Segment* s = b->segment;
+      if (!s->expandable || s->page != page) continue;
+      const auto offset = static_cast<std::size_t>(b->ptr - s->base);
+      const std::size_t first = round_up(offset, page) / page;
+      const std::size_t last = (offset + b->size) / page;
+      if (last <= first) continue;
+      const Run run{b, first, last - first};
+      if (s->stream == stream) {
+        own.push_back(run);
+        own_total += run.count;
+      } else {
+        others[s->stream].push_back(run);
+        other_pages[s->stream] += run.count;
+        other_total += run.count;
+      }
+    }
+  }
+  if (own_total + other_total == 0) return nullptr;  // only fresh pages: growing failed already
+  if (own_only) {
+    if (own_total < pages) return nullptr;
+    others.clear();
+    other_pages.clear();
+    other_total = 0;
+  }
+
+  // 2. Fresh pages the device (and the memory fraction) may still give.
+  std::size_t fresh_limit = own_only ? 0 : backend_.memory_info(device_).free / page;
+  if (allowed_) {
+    const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
+    fresh_limit = std::min(fresh_limit, reserved < *allowed_ ? (*allowed_ - reserved) / page : 0);
+  }
+  if (own_total + fresh_limit + other_total < pages) return nullptr;
+
+  // 3. The plan: own pages first, then fresh ones, then other streams', fewest streams first.
+  std::vector<Run> plan;
+  std::size_t planned = take(own, pages, plan);
+  const bool sync_own = planned > 0;
+  void* va = backend_.reserve(device_, pages * page, page);  // throws: nothing changed
+  if (va == nullptr) return nullptr;
+  std::vector<phys_handle_t> fresh;
+  auto give_up = [&] {  // nothing is mapped in the new range
+    for (phys_handle_t h : fresh) release_or_orphan(h);
+    release_or_keep(pool, stream, va, pages * page, page);
+  };
+  try {
+    const std::size_t want_fresh = std::min(pages - planned, fresh_limit);
+    while (fresh.size() < want_fresh) {
+      const phys_handle_t h = backend_.create_physical(device_, page);
+      if (h == 0) break;  // the device gave less than it reported: other streams make it up
+      fresh.push_back(h);
+    }
+    std::vector<stream_t> to_sync;
+    if (sync_own) to_sync.push_back(stream);
+    if (planned + fresh.size() < pages) {
+      std::vector<std::pair<std::size_t, stream_t>> by_pages;
+      for (const auto& [s, n] : other_pages) by_pages.emplace_back(n, s);
+      std::stable_sort(by_pages.begin(), by_pages.end(),
+                       [](const auto& a, const auto& b) { return a.first > b.first; });
+      std::vector<Run> chosen;
+      std::size_t have = 0;
+      for (const auto& [n, s] : by_pages) {
+        if (planned + fresh.size() + have >= pages) break;
+        chosen.insert(chosen.end(), others[s].begin(), others[s].end());
+        have += n;
+        to_sync.push_back(s);
+      }
+      planned += take(std::move(chosen), pages - planned - fresh.size(), plan);
+      if (planned + fresh.size() < pages) {
+        give_up();
+        return nullptr;
+      }
+    }
+    // Kernels queued on these streams may still use the pages' old addresses.
+    for (stream_t s : to_sync) backend_.synchronize_stream(device_, s);
+  } catch (...) {
+    give_up();
+    throw;
+  }
+
+  // 4. Move: unmap each run where it is (the handles stay alive), bookkeeping as we go.
+  struct Moved {
+    Segment* segment;
+    std::size_t index;
+    phys_handle_t handle;
+  };
+  std::vector<Moved> moved;
+  moved.reserve(planned);
+  auto undo_moves = [&] {
+    for (auto it = moved.rbegin(); it != moved.rend(); ++it)
+      map_back(it->segment, it->index, it->handle);
+  };
+  std::vector<Segment*> sources;
+  for (const Run& run : plan) {
+    Segment* s = run.block->segment;
+    char* at = s->base + run.first * page;
+    const std::size_t bytes = run.count * page;
+    try {
+      backend_.unmap(device_, at, bytes);
+    } catch (...) {
+      undo_moves();
+      give_up();
+      throw;
+    }
+    for (std::size_t i = run.first; i < run.first + run.count; ++i) {
+      moved.push_back(Moved{s, i, s->pages[i]});
+      s->pages[i] = 0;
+    }
+    trace(TraceAction::segment_unmap, at, bytes, s->stream);
+    ++stats_.num_device_free;
+    sub(stats_.reserved_bytes, s->small, static_cast<std::int64_t>(bytes));
+    mark_unmapped(run.block, run.first * page, run.first * page + bytes);
+    if (s->stitched && std::find(sources.begin(), sources.end(), s) == sources.end())
+      sources.push_back(s);
+  }
+
+  // 5. Map the moved pages, then the fresh ones, side by side into the new range.
+  std::vector<phys_handle_t> handles;
+  handles.reserve(pages);
+  for (const Moved& m : moved) handles.push_back(m.handle);
+  handles.insert(handles.end(), fresh.begin(), fresh.end());
+  std::size_t mapped = 0;
+  try {
+    for (; mapped < pages; ++mapped)
+      backend_.map(device_, static_cast<char*>(va) + mapped * page, page, handles[mapped]);
+  } catch (...) {
+    bool range_clean = true;
+    if (mapped > 0) {
+      try {
+        backend_.unmap(device_, va, mapped * page);
+      } catch (...) {
+        range_clean = false;  // the range keeps stray mappings; it cannot be released
+      }
+    }
+    undo_moves();
+    for (phys_handle_t h : fresh) release_or_orphan(h);
+    // With stray mappings left (a second failure) the range can be neither released nor used.
+    if (range_clean) release_or_keep(pool, stream, va, pages * page, page);
+    throw;
+  }
+
+  // 6. The stitched segment: one free block over the whole range.
+  auto* segment = new Segment;
+  segment->base = static_cast<char*>(va);
+  segment->size = pages * page;
+  segment->stream = stream;
+  segment->small = pool.small;
+  segment->expandable = true;
+  segment->stitched = true;
+  segment->page = page;
+  segment->pages = std::move(handles);
+  segment->next = segments_;
+  if (segments_ != nullptr) segments_->prev = segment;
+  segments_ = segment;
+  Block* block = blocks_.create(segment->base, segment->size, stream, segment, pool.small);
+  segment->head = block;
+  trace(TraceAction::segment_map, va, segment->size, stream);
+  ++stats_.num_device_alloc;
+  ++stats_.num_stitches;
+  stats_.stitched_bytes += static_cast<std::int64_t>(segment->size);
+  add(stats_.reserved_bytes, pool.small, static_cast<std::int64_t>(segment->size));
+
+  // Stitched ranges emptied by this move are dissolved: their reservations go back.
+  for (Segment* s : sources) {
+    try {
+      release_if_unmapped(s);
+    } catch (...) {  // kept, wholly unmapped: release_expandable_pages retries
+    }
+  }
+  return insert_free(pool, block);
+}
+
+}  // namespace stitch
