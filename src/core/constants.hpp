@@ -14,4 +14,9 @@ inline constexpr std::size_t kMinLargeAlloc = 10 * kMiB;  ///< from here: a dedi
 inline constexpr std::size_t kRoundLarge = 2 * kMiB;   ///< dedicated segments round up to this
 inline constexpr std::size_t kMaxRequest = std::size_t{1} << 60;  ///< 1 EiB: refused outright
 
+/// `n` rounded up to a multiple of `unit`.
+constexpr std::size_t round_up(std::size_t n, std::size_t unit) noexcept {
+  return (n + unit - 1) / unit * unit;
+}
+
 }  // namespace stitch::detail

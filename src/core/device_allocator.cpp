@@ -1,6 +1,7 @@
 // core/device_allocator.cpp — the per-device fast path: best-fit lookup, splitting, freeing and
 // coalescing, record_stream, and the public entry points of DeviceAllocator.
 #include "core/device_allocator.hpp"
+#include "core/stat_update.hpp"
 
 #include <fmt/format.h>
 
@@ -12,19 +13,11 @@
 
 namespace stitch {
 
+using detail::add;
+using detail::sub;
+
 using detail::kMinBlockSize;
 using detail::kSmallSize;
-
-namespace {
-inline void add(StatArray& stat, bool small, std::int64_t amount) noexcept {
-  stat[kAll].increase(amount);
-  stat[small ? kSmallPool : kLargePool].increase(amount);
-}
-inline void sub(StatArray& stat, bool small, std::int64_t amount) noexcept {
-  stat[kAll].decrease(amount);
-  stat[small ? kSmallPool : kLargePool].decrease(amount);
-}
-}  // namespace
 
 DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& config)
     : device_(device), backend_(backend) {

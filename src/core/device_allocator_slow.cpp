@@ -5,22 +5,15 @@
 #include <vector>
 
 #include "core/device_allocator.hpp"
+#include "core/stat_update.hpp"
 #include "core/size_policy.hpp"
 #include "diagnostics/oom_report.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch {
 
-namespace {
-inline void add(StatArray& stat, bool small, std::int64_t amount) noexcept {
-  stat[kAll].increase(amount);
-  stat[small ? kSmallPool : kLargePool].increase(amount);
-}
-inline void sub(StatArray& stat, bool small, std::int64_t amount) noexcept {
-  stat[kAll].decrease(amount);
-  stat[small ? kSmallPool : kLargePool].decrease(amount);
-}
-}  // namespace
+using detail::add;
+using detail::sub;
 
 DeviceAllocator::Block* DeviceAllocator::allocate_slow(Pool& pool, stream_t stream,
                                                        std::size_t rounded,

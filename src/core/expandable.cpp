@@ -12,21 +12,14 @@
 
 #include "core/constants.hpp"
 #include "core/device_allocator.hpp"
+#include "core/stat_update.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch {
 
-namespace {
-inline void add(StatArray& stat, bool small, std::int64_t amount) noexcept {
-  stat[kAll].increase(amount);
-  stat[small ? kSmallPool : kLargePool].increase(amount);
-}
-inline void sub(StatArray& stat, bool small, std::int64_t amount) noexcept {
-  stat[kAll].decrease(amount);
-  stat[small ? kSmallPool : kLargePool].decrease(amount);
-}
-std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
-}  // namespace
+using detail::add;
+using detail::round_up;
+using detail::sub;
 
 std::size_t DeviceAllocator::page_size(bool small) {
   // PyTorch's page sizes (2 MiB small pool, 20 MiB large pool), in granularity multiples:

@@ -25,20 +25,17 @@
 #include <map>
 #include <vector>
 
+#include "core/constants.hpp"
 #include "core/device_allocator.hpp"
+#include "core/stat_update.hpp"
 
 namespace stitch {
 
+using detail::add;
+using detail::round_up;
+using detail::sub;
+
 namespace {
-inline void add(StatArray& stat, bool small, std::int64_t amount) noexcept {
-  stat[kAll].increase(amount);
-  stat[small ? kSmallPool : kLargePool].increase(amount);
-}
-inline void sub(StatArray& stat, bool small, std::int64_t amount) noexcept {
-  stat[kAll].decrease(amount);
-  stat[small ? kSmallPool : kLargePool].decrease(amount);
-}
-std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
 
 /// The whole pages [first, first + count) (page indices in its segment) inside a free block.
 struct Run {
