@@ -310,6 +310,51 @@ else
   fi
 fi
 
+# ---- 7b. PyTorch end to end: the example trains with each allocator; a deliberate OOM ---------------
+# Same seeds and --deterministic: the losses must match the native allocator's. Each run is a fresh
+# process (an allocator can only be installed before CUDA initialises).
+if [ $have_gpu = yes ] && [ -n "$PYTHON" ] && "$PYTHON" -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1 \
+   && [ "$(remaining)" -gt 60 ]; then
+  t0=$SECONDS
+  TRAIN_LOG="$OUT/train.log"
+  : >"$TRAIN_LOG"
+  train_rc=0
+  for mode in native stitch stitch-expandable stitching; do
+    args=(--allocator "$mode" --steps 30 --deterministic)
+    if [ "$mode" = stitching ]; then
+      args=(--allocator stitch --stitch-conf "expandable_segments:True,stitching:True" --steps 30 --deterministic)
+    fi
+    echo "== $mode" >>"$TRAIN_LOG"
+    STITCH_LIBRARY="$BUILD/libstitch.so" PYTHONPATH="$ROOT/python" timeout --kill-after=10 "$(limit 60 20)" \
+      "$PYTHON" "$ROOT/examples/train_transformer.py" "${args[@]}" >>"$TRAIN_LOG" 2>&1 || train_rc=1
+  done
+  # The losses of every run must equal the native allocator's.
+  losses=$(grep '^RESULT ' "$TRAIN_LOG" | sed 's/^RESULT //' | "$PYTHON" -c 'import json,sys; print(" ".join(str(json.loads(l)["final_loss"]) for l in sys.stdin))')
+  same=$(echo "$losses" | tr ' ' '\n' | sort -u | wc -l)
+  [ "$(grep -c '^RESULT ' "$TRAIN_LOG")" -eq 4 ] && [ "$same" -eq 1 ] || train_rc=1
+  record train-example "$(status_of_rc $train_rc)" $((SECONDS - t0)) "final losses: ${losses:-none}; see train.log"
+
+  t0=$SECONDS
+  # A deliberate out-of-memory inside PyTorch must raise a Python exception carrying the report.
+  STITCH_LIBRARY="$BUILD/libstitch.so" PYTHONPATH="$ROOT/python" timeout 60 "$PYTHON" - >"$OUT/oom.log" 2>&1 <<'PY'
+import torch, stitch.torch as st
+st.enable("per_process_memory_fraction:0.05")
+try:
+    with st.raise_torch_oom():
+        x = torch.empty(int(torch.cuda.get_device_properties(0).total_memory * 0.5), dtype=torch.uint8, device="cuda")
+    print("NO EXCEPTION")
+    raise SystemExit(1)
+except Exception as e:  # torch.OutOfMemoryError when raise_torch_oom translates it
+    print(type(e).__name__)
+    print(e)
+    raise SystemExit(0 if "out of memory" in str(e) else 1)
+PY
+  rc=$?
+  record oom-in-pytorch "$(status_of_rc $rc)" $((SECONDS - t0)) "$(head -1 "$OUT/oom.log")"
+else
+  record train-example skipped 0 "needs a GPU and python3 with CUDA torch"
+fi
+
 # ---- 8. the report --------------------------------------------------------------------------------
 total=$((SECONDS - START))
 if [ $total -le 480 ]; then
