@@ -123,6 +123,7 @@ class DeviceAllocator {
   /// `block`) become an unmapped block; the rest of `block` stays free on either side.
   void mark_unmapped(Block* block, std::size_t start, std::size_t end);
   Block* insert_unmapped(Block* block);
+  void split_unmapped_tail(Block* block, std::size_t keep);
   [[nodiscard]] std::size_t page_size(bool small);
 
   // virtual-memory stitching (stitching.cpp)

@@ -135,22 +135,27 @@ DeviceAllocator::Block* DeviceAllocator::grow_expandable(Pool& pool, stream_t st
 
   // The mapped front of `target` becomes a free block; the rest stays unmapped.
   pool.unmapped.erase(target);
-  if (bytes < target->size) {
-    Block* rest = blocks_.create(target->ptr + bytes, target->size - bytes, stream, segment,
-                                 pool.small);
-    rest->mapped = false;
-    rest->prev = target;
-    rest->next = target->next;
-    if (rest->next != nullptr) rest->next->prev = rest;
-    target->next = rest;
-    target->size = bytes;
-    pool.unmapped.insert(rest);
-  }
+  split_unmapped_tail(target, bytes);
   target->mapped = true;
   trace(TraceAction::segment_map, target->ptr, bytes, stream);
   ++stats_.num_device_alloc;
   add(stats_.reserved_bytes, pool.small, static_cast<std::int64_t>(bytes));
   return insert_free(pool, target);
+}
+
+void DeviceAllocator::split_unmapped_tail(Block* block, std::size_t keep) {
+  // `block` (out of the unmapped set, about to be mapped) keeps its first `keep` bytes; the rest
+  // becomes an unmapped block of its own.
+  if (keep >= block->size) return;
+  Block* rest = blocks_.create(block->ptr + keep, block->size - keep, block->stream,
+                               block->segment, block->small);
+  rest->mapped = false;
+  rest->prev = block;
+  rest->next = block->next;
+  if (rest->next != nullptr) rest->next->prev = rest;
+  block->next = rest;
+  block->size = keep;
+  pool_for(block->small).unmapped.insert(rest);
 }
 
 DeviceAllocator::Block* DeviceAllocator::insert_unmapped(Block* block) {

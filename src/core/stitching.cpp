@@ -112,16 +112,7 @@ void DeviceAllocator::map_back(Segment* segment, std::size_t index, phys_handle_
     u->ptr = at;
     pool.unmapped.insert(front);
   }
-  if (u->size > page) {  // unmapped rest stays unmapped
-    Block* rest = blocks_.create(at + page, u->size - page, u->stream, segment, u->small);
-    rest->mapped = false;
-    rest->prev = u;
-    rest->next = u->next;
-    if (rest->next != nullptr) rest->next->prev = rest;
-    u->next = rest;
-    u->size = page;
-    pool.unmapped.insert(rest);
-  }
+  split_unmapped_tail(u, page);  // the unmapped rest stays unmapped
   u->mapped = true;
   segment->pages[index] = handle;
   trace(TraceAction::segment_map, at, page, segment->stream);
