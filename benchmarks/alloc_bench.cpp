@@ -51,6 +51,23 @@ void BM_stitch_pair(benchmark::State& state) {
 }
 BENCHMARK(BM_stitch_pair)->Apply(size_args);
 
+// The recorder's cost: the same pair with record_history on (with and without native stacks),
+// in allocators of their own. BM_stitch_pair above is the recorder-off reference.
+void BM_stitch_pair_recording(benchmark::State& state) {
+  const auto size = static_cast<std::size_t>(state.range(0));
+  const bool stacks = state.range(1) != 0;
+  stitch::Allocator a(stitch::Config::parse(
+      std::string("backend:sim,sim_capacity_mb:65536,record_history:True,max_entries:100000") +
+      (stacks ? ",record_stacks:True" : "")));
+  a.deallocate(a.allocate(size));
+  for (auto _ : state) {
+    void* p = a.allocate(size);
+    benchmark::DoNotOptimize(p);
+    a.deallocate(p);
+  }
+}
+BENCHMARK(BM_stitch_pair_recording)->Args({4096, 0})->Args({4096, 1});
+
 void BM_stitch_capi_pair(benchmark::State& state) {
   const auto size = static_cast<std::size_t>(state.range(0));
   if (stitch_configure("backend:sim,sim_capacity_mb:65536") != 0 &&
