@@ -139,15 +139,7 @@ DeviceAllocator::Block* DeviceAllocator::alloc_found_block(Pool& pool, Block* bl
   if (should_split(block, rounded)) {
     // A new block takes the front; `block` keeps the tail and stays in the index, re-keyed in
     // place (no tree rebalancing when its order is unchanged).
-    Block* front = blocks_.create(block->ptr, rounded, block->stream, block->segment, block->small);
-    front->prev = block->prev;
-    front->next = block;
-    if (front->prev != nullptr) {
-      front->prev->next = front;
-    } else {
-      block->segment->head = front;
-    }
-    block->prev = front;
+    Block* front = link_new_front(block, rounded);
     pool.index.shrink(block, block->ptr + rounded, block->size - rounded);
     account_inactive(block, +1);
     block = front;

@@ -87,6 +87,30 @@ class DeviceAllocator {
   Block* alloc_found_block(Pool& pool, Block* block, std::size_t rounded, std::size_t requested);
   [[nodiscard]] bool should_split(const Block* block, std::size_t rounded) const noexcept;
   void free_block(Block* block);
+  /// A new block for the first `bytes` of `b`, linked in before it. `b` keeps its address and
+  /// size: the caller moves them (through the free index when `b` is in it).
+  Block* link_new_front(Block* b, std::size_t bytes) {
+    Block* front = blocks_.create(b->ptr, bytes, b->stream, b->segment, b->small);
+    front->prev = b->prev;
+    front->next = b;
+    if (front->prev != nullptr) {
+      front->prev->next = front;
+    } else {
+      b->segment->head = front;
+    }
+    b->prev = front;
+    return front;
+  }
+  /// A new block for the bytes of `b` from offset `keep` on, linked in after it. `b` keeps its
+  /// size: the caller shrinks it.
+  Block* link_new_back(Block* b, std::size_t keep) {
+    Block* back = blocks_.create(b->ptr + keep, b->size - keep, b->stream, b->segment, b->small);
+    back->prev = b;
+    back->next = b->next;
+    if (back->next != nullptr) back->next->prev = back;
+    b->next = back;
+    return back;
+  }
   Block* insert_free(Pool& pool, Block* block);
   /// Adds (sign > 0) or removes a free block's share of the inactive_split statistics.
   void account_inactive(const Block* block, int sign) noexcept {

@@ -147,13 +147,8 @@ void DeviceAllocator::split_unmapped_tail(Block* block, std::size_t keep) {
   // `block` (out of the unmapped set, about to be mapped) keeps its first `keep` bytes; the rest
   // becomes an unmapped block of its own.
   if (keep >= block->size) return;
-  Block* rest = blocks_.create(block->ptr + keep, block->size - keep, block->stream,
-                               block->segment, block->small);
+  Block* rest = link_new_back(block, keep);
   rest->mapped = false;
-  rest->prev = block;
-  rest->next = block->next;
-  if (rest->next != nullptr) rest->next->prev = rest;
-  block->next = rest;
   block->size = keep;
   pool_for(block->small).unmapped.insert(rest);
 }
@@ -217,25 +212,12 @@ void DeviceAllocator::mark_unmapped(Block* block, std::size_t start, std::size_t
   Pool& pool = pool_for(block->small);
   pool.index.erase(block);
   if (start > offset) {  // mapped head stays free
-    Block* head = blocks_.create(block->ptr, start - offset, block->stream, segment, block->small);
-    head->prev = block->prev;
-    head->next = block;
-    if (head->prev != nullptr) {
-      head->prev->next = head;
-    } else {
-      segment->head = head;
-    }
-    block->prev = head;
+    Block* head = link_new_front(block, start - offset);
     head->gc_stamp = block->gc_stamp;
     pool.index.insert(head);
   }
   if (end < offset + block->size) {  // mapped tail stays free
-    Block* tail = blocks_.create(segment->base + end, offset + block->size - end, block->stream,
-                                 segment, block->small);
-    tail->prev = block;
-    tail->next = block->next;
-    if (tail->next != nullptr) tail->next->prev = tail;
-    block->next = tail;
+    Block* tail = link_new_back(block, end - offset);
     tail->gc_stamp = block->gc_stamp;
     pool.index.insert(tail);
   }

@@ -97,17 +97,8 @@ void DeviceAllocator::map_back(Segment* segment, std::size_t index, phys_handle_
   Pool& pool = pool_for(segment->small);
   pool.unmapped.erase(u);
   if (u->ptr < at) {  // unmapped front stays unmapped
-    Block* front = blocks_.create(u->ptr, static_cast<std::size_t>(at - u->ptr), u->stream,
-                                  segment, u->small);
+    Block* front = link_new_front(u, static_cast<std::size_t>(at - u->ptr));
     front->mapped = false;
-    front->prev = u->prev;
-    front->next = u;
-    if (front->prev != nullptr) {
-      front->prev->next = front;
-    } else {
-      segment->head = front;
-    }
-    u->prev = front;
     u->size -= front->size;
     u->ptr = at;
     pool.unmapped.insert(front);
