@@ -1392,6 +1392,72 @@ TEST_F(AllocatorTest, AccumulatedSumsBalance) {
             st("active_bytes.all.current"));
 }
 
+TEST_F(AllocatorTest, ActiveStatisticsFollowPendingBlocksAcrossResets) {
+  // active = allocated + pending: its running sums and peaks must behave as if it were counted
+  // on its own, including across reset_accumulated_stats and reset_peak_stats.
+  const stream_t s = S(1), t = S(2);
+  void* p = a().allocate(12 * MiB, s);
+  void* q = a().allocate(12 * MiB, s);
+  a().record_stream(p, t);
+  sim().hold_stream(t);
+  a().deallocate(p);  // pending
+  a().deallocate(q);  // free at once
+  EXPECT_EQ(st("active.all.current"), 1);
+  EXPECT_EQ(st("active.all.peak"), 2);
+  EXPECT_EQ(st("active.all.allocated"), 2);
+  EXPECT_EQ(st("active.all.freed"), 1);
+  EXPECT_EQ(st("active.large_pool.freed"), 1);
+  a().reset_accumulated_stats(0);
+  EXPECT_EQ(st("active.all.allocated"), 0);
+  EXPECT_EQ(st("active.all.freed"), 0);
+  a().reset_peak_stats(0);
+  EXPECT_EQ(st("active.all.peak"), 1);
+  EXPECT_EQ(st("active_bytes.all.peak"), I(12 * MiB));
+  // While p is pending, a new allocation makes active 2 again: a new peak.
+  void* r = a().allocate(12 * MiB, s);
+  EXPECT_EQ(st("active.all.current"), 2);
+  EXPECT_EQ(st("active.all.peak"), 2);
+  EXPECT_EQ(st("active.large_pool.peak"), 2);
+  EXPECT_EQ(st("active_bytes.all.peak"), I(24 * MiB));
+  EXPECT_EQ(st("allocation.all.peak"), 1);
+  sim().release_stream(t);
+  a().deallocate(r);
+  void* u = a().allocate(1000, s);  // processes the completed event: p leaves active
+  EXPECT_EQ(st("active.all.allocated"), 2);
+  EXPECT_EQ(st("active.all.freed"), 2);  // p (its event completed) and r
+  EXPECT_EQ(st("active.all.current"), 1);
+  EXPECT_EQ(st("active.small_pool.current"), 1);
+  a().deallocate(u);
+  a().validate();
+}
+
+TEST_F(AllocatorTest, InactiveSplitCountsNetChangesAsPyTorchDoes) {
+  // PyTorch changes inactive_split once per split or free by the net effect. Splitting an
+  // unsplit free segment adds one inactive block; freeing the piece back merges it into one
+  // unsplit free block: one inactive block leaves.
+  void* p = a().allocate(1000);
+  EXPECT_EQ(st("inactive_split.all.current"), 1);
+  EXPECT_EQ(st("inactive_split.all.allocated"), 1);
+  EXPECT_EQ(st("inactive_split_bytes.all.current"), I(2 * MiB - 1024));
+  a().deallocate(p);
+  EXPECT_EQ(st("inactive_split.all.current"), 0);
+  EXPECT_EQ(st("inactive_split.all.freed"), 1);
+  // A split free remainder that shrinks stays one inactive block: only its bytes change.
+  void* x = a().allocate(1000);
+  void* y = a().allocate(1000);
+  EXPECT_EQ(st("inactive_split.all.allocated"), 2);
+  EXPECT_EQ(st("inactive_split.all.freed"), 1);
+  EXPECT_EQ(st("inactive_split_bytes.all.current"), I(2 * MiB - 2048));
+  // Freeing x (its neighbour y is allocated) adds one; freeing y merges x, y and the tail.
+  a().deallocate(x);
+  EXPECT_EQ(st("inactive_split.all.current"), 2);
+  a().deallocate(y);
+  EXPECT_EQ(st("inactive_split.all.current"), 0);
+  EXPECT_EQ(st("inactive_split.all.allocated"), 3);
+  EXPECT_EQ(st("inactive_split.all.freed"), 3);
+  a().validate();
+}
+
 // ---- threads -------------------------------------------------------------------------------------
 
 TEST_F(AllocatorTest, ConcurrentAllocationsAndFreesOnTwoDevicesStayConsistent) {

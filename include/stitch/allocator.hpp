@@ -115,8 +115,12 @@ class STITCH_EXPORT Allocator {
   [[nodiscard]] DeviceAllocator& device(int device) const;
 
  private:
-  DeviceAllocator& checked_device(int device) const;
-  void free_any_device(void* ptr, std::optional<stream_t> stream);
+  DeviceAllocator& checked_device(int device) const {
+    if (device < 0 || device >= device_count_) throw_bad_device(device);
+    return *devices_[static_cast<std::size_t>(device)];
+  }
+  [[noreturn]] void throw_bad_device(int device) const;
+  void free_any_device(void* ptr, const stream_t* stream);
 
   Config config_;
   std::shared_ptr<Backend> backend_;

@@ -30,11 +30,9 @@ Allocator::~Allocator() = default;
 
 int Allocator::device_count() const noexcept { return device_count_; }
 
-DeviceAllocator& Allocator::checked_device(int device) const {
-  if (device < 0 || device >= device_count_)
-    throw invalid_argument(fmt::format("invalid device {} (backend:{} has {} device{})", device,
-                                       backend_->name(), device_count_, device_count_ == 1 ? "" : "s"));
-  return *devices_[static_cast<std::size_t>(device)];
+void Allocator::throw_bad_device(int device) const {
+  throw invalid_argument(fmt::format("invalid device {} (backend:{} has {} device{})", device,
+                                     backend_->name(), device_count_, device_count_ == 1 ? "" : "s"));
 }
 
 DeviceAllocator& Allocator::device(int device) const { return checked_device(device); }
@@ -59,14 +57,15 @@ namespace {
 }
 }  // namespace
 
-void Allocator::deallocate(void* ptr) { free_any_device(ptr, std::nullopt); }
+void Allocator::deallocate(void* ptr) { free_any_device(ptr, nullptr); }
 
-void Allocator::deallocate(void* ptr, stream_t stream) { free_any_device(ptr, stream); }
+void Allocator::deallocate(void* ptr, stream_t stream) { free_any_device(ptr, &stream); }
 
-void Allocator::free_any_device(void* ptr, std::optional<stream_t> stream) {
+void Allocator::free_any_device(void* ptr, const stream_t* stream) {
   if (ptr == nullptr) return;
   for (int d = 0; d < device_count_; ++d) {
-    if (devices_[static_cast<std::size_t>(d)]->free(ptr, std::nullopt, stream) == FreeStatus::freed)
+    if (devices_[static_cast<std::size_t>(d)]->free(ptr, DeviceAllocator::kAnySize, stream) ==
+        FreeStatus::freed)
       return;
   }
   reject_free(config_, *devices_[0],
@@ -78,7 +77,7 @@ void Allocator::deallocate(void* ptr, std::size_t bytes, int device, stream_t st
   if (ptr == nullptr) return;
   DeviceAllocator& home = checked_device(device);
   std::size_t actual = 0;
-  switch (home.free(ptr, bytes, stream, &actual)) {
+  switch (home.free(ptr, bytes, &stream, &actual)) {
     case FreeStatus::freed:
       return;
     case FreeStatus::wrong_size:

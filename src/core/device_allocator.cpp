@@ -101,10 +101,12 @@ void* DeviceAllocator::malloc(std::size_t size, stream_t stream) {
   if (size >= detail::kMaxRequest) raise_oom(size, size, size, false, stream);
   if (outstanding_events_ != 0) process_events();
   const std::size_t rounded = detail::round_size(size, config_.roundup_power2_divisions);
-  Pool& pool = pool_for(detail::is_small(rounded));
+  const bool small = detail::is_small(rounded);
+  Pool& pool = pool_for(small);
   Block* block = get_free_block(pool, stream, rounded);
   if (block == nullptr) block = allocate_slow(pool, stream, rounded, size);
-  block = alloc_found_block(pool, block, rounded, size);
+  block = take_found_block(pool, block, rounded);
+  activate(block, size);
   live_.insert(block->ptr, block);
   trace(TraceAction::alloc, block->ptr, size, stream);
   return block->ptr;
@@ -122,7 +124,7 @@ DeviceAllocator::Block* DeviceAllocator::get_free_block(Pool& pool, stream_t str
   if (rounded < max_split && block->size >= max_split) return nullptr;
   if (rounded >= max_split && block->size >= rounded + config_.max_non_split_rounding)
     return nullptr;
-  return block;  // still in the index: alloc_found_block takes it out
+  return block;  // still in the index: take_found_block takes it out
 }
 
 bool DeviceAllocator::should_split(const Block* block, std::size_t rounded) const noexcept {
@@ -131,58 +133,58 @@ bool DeviceAllocator::should_split(const Block* block, std::size_t rounded) cons
   return rounded < config_.max_split_size && remaining > kSmallSize;
 }
 
-DeviceAllocator::Block* DeviceAllocator::alloc_found_block(Pool& pool, Block* block,
-                                                           std::size_t rounded,
-                                                           std::size_t requested) {
+DeviceAllocator::Block* DeviceAllocator::take_found_block(Pool& pool, Block* block,
+                                                          std::size_t rounded) {
   // `block` is free and in the index.
-  account_inactive(block, -1);
   if (should_split(block, rounded)) {
     // A new block takes the front; `block` keeps the tail and stays in the index, re-keyed in
-    // place (no tree rebalancing when its order is unchanged).
+    // place (no tree rebalancing when its order is unchanged). An already split free block
+    // shrinks; an unsplit one becomes a split remainder.
+    const bool was_split = block->is_split();
     Block* front = link_new_front(block, rounded);
     pool.index.shrink(block, block->ptr + rounded, block->size - rounded);
-    account_inactive(block, +1);
-    block = front;
-  } else {
-    pool.index.erase(block);
+    if (was_split) {
+      account_inactive_change(block, 0, -static_cast<std::int64_t>(rounded));
+    } else {
+      account_inactive_change(block, 1, static_cast<std::int64_t>(block->size));
+    }
+    return front;
   }
+  account_inactive(block, -1);
+  pool.index.erase(block);
+  return block;
+}
+
+void DeviceAllocator::activate(Block* block, std::size_t requested) noexcept {
   block->allocated = true;
   block->requested = requested;
   block->oversize = block->size >= config_.max_split_size;
-  const auto bytes = static_cast<std::int64_t>(block->size);
-  const int p = block->small ? kSmallPool : kLargePool;
-  for (int i : {int{kAll}, p}) {
-    stats_.allocation[i].increase(1);
-    stats_.allocated_bytes[i].increase(bytes);
-    stats_.active[i].increase(1);
-    stats_.active_bytes[i].increase(bytes);
-    stats_.requested_bytes[i].increase(static_cast<std::int64_t>(requested));
-  }
+  hot_.allocated_block(block->small, static_cast<std::int64_t>(block->size),
+                       static_cast<std::int64_t>(requested));
   if (block->oversize) stats_.oversize_allocations.increase(1);
-  return block;
 }
 
 // ---- freeing ------------------------------------------------------------------------------------
 
-FreeStatus DeviceAllocator::free(void* ptr, std::optional<std::size_t> expected_size,
-                                 std::optional<stream_t> stream, std::size_t* actual_size) {
+FreeStatus DeviceAllocator::free(void* ptr, std::size_t expected_size, const stream_t* stream,
+                                 std::size_t* actual_size) {
   std::lock_guard lock(mutex_);
-  Block* block = live_.find(ptr);
-  if (block == nullptr) return FreeStatus::not_found;
+  const auto slot = live_.find_slot(ptr);
+  if (slot == live_.npos) return FreeStatus::not_found;
+  Block* block = live_.value_at(slot);
   if (actual_size != nullptr) *actual_size = block->requested;
-  if (expected_size && *expected_size != block->requested) return FreeStatus::wrong_size;
-  if (stream && *stream != block->stream &&
+  if (expected_size != kAnySize && expected_size != block->requested)
+    return FreeStatus::wrong_size;
+  if (stream != nullptr && *stream != block->stream &&
       std::find(block->stream_uses.begin(), block->stream_uses.end(), *stream) ==
           block->stream_uses.end()) {
     block->stream_uses.push_back(*stream);  // freed on another stream: that was its last use
   }
   if (!block->stream_uses.empty()) insert_events(block);  // may throw; nothing changed then
-  live_.erase(ptr);
+  live_.erase_at(slot);
   trace(TraceAction::free_requested, block->ptr, block->requested, block->stream);
   block->allocated = false;
-  const auto bytes = static_cast<std::int64_t>(block->size);
-  sub(stats_.allocation, block->small, 1);
-  sub(stats_.allocated_bytes, block->small, bytes);
+  hot_.freed_block(block->small, static_cast<std::int64_t>(block->size), block->event_count != 0);
   if (block->oversize) stats_.oversize_allocations.decrease(1);
   block->oversize = false;
   if (block->event_count == 0) free_block(block);
@@ -192,26 +194,32 @@ FreeStatus DeviceAllocator::free(void* ptr, std::optional<std::size_t> expected_
 void DeviceAllocator::free_block(Block* block) {
   // The block is neither allocated nor waiting for events: it leaves the active set.
   trace(TraceAction::free_completed, block->ptr, block->requested, block->stream);
-  const auto bytes = static_cast<std::int64_t>(block->size);
-  sub(stats_.active, block->small, 1);
-  sub(stats_.active_bytes, block->small, bytes);
-  sub(stats_.requested_bytes, block->small, static_cast<std::int64_t>(block->requested));
+  hot_.inactive_block(block->small, static_cast<std::int64_t>(block->requested));
   block->requested = 0;
   block->stream_uses.clear();
   insert_free(pool_for(block->small), block);
 }
 
+void DeviceAllocator::complete_pending(Block* block) {
+  hot_.pending_done(block->small, static_cast<std::int64_t>(block->size));
+  free_block(block);
+}
+
+
 DeviceAllocator::Block* DeviceAllocator::insert_free(Pool& pool, Block* block) {
   // Files a free (mapped) block, coalescing it with free neighbours. A free neighbour survives,
   // re-keyed in place, and `block` is recycled, so the common case needs no tree insert.
+  // The inactive_split statistics change once, by the net effect (as PyTorch's free_block):
+  // each merged neighbour (a free block in a split segment) leaves, the survivor joins.
   Block* prev = block->prev != nullptr && block->prev->in_index ? block->prev : nullptr;
   Block* next = block->next != nullptr && block->next->in_index ? block->next : nullptr;
+  std::int64_t inactive_blocks = -static_cast<std::int64_t>((prev != nullptr) + (next != nullptr));
+  std::int64_t inactive_bytes = -static_cast<std::int64_t>((prev != nullptr ? prev->size : 0) +
+                                                           (next != nullptr ? next->size : 0));
   Block* survivor = block;
   if (prev != nullptr) {
-    account_inactive(prev, -1);
     std::size_t size = prev->size + block->size;
     if (next != nullptr) {
-      account_inactive(next, -1);
       size += next->size;
       pool.index.erase(next);
     }
@@ -223,7 +231,6 @@ DeviceAllocator::Block* DeviceAllocator::insert_free(Pool& pool, Block* block) {
     pool.index.grow(prev, prev->ptr, size);
     survivor = prev;
   } else if (next != nullptr) {
-    account_inactive(next, -1);
     next->prev = block->prev;
     if (block->prev != nullptr) {
       block->prev->next = next;
@@ -239,7 +246,11 @@ DeviceAllocator::Block* DeviceAllocator::insert_free(Pool& pool, Block* block) {
     pool.index.insert(block);
   }
   survivor->gc_stamp = pool.calls;
-  account_inactive(survivor, +1);
+  if (survivor->is_split()) {
+    inactive_blocks += 1;
+    inactive_bytes += static_cast<std::int64_t>(survivor->size);
+  }
+  account_inactive_change(survivor, inactive_blocks, inactive_bytes);
   return survivor;
 }
 
@@ -258,17 +269,25 @@ bool DeviceAllocator::record_stream(void* ptr, stream_t stream) {
 
 DeviceStats DeviceAllocator::stats() const {
   std::lock_guard lock(mutex_);
-  return stats_;
+  return stats_locked();
+}
+
+DeviceStats DeviceAllocator::stats_locked() const noexcept {
+  DeviceStats out = stats_;
+  hot_.expand(out);
+  return out;
 }
 
 void DeviceAllocator::reset_peak_stats() {
   std::lock_guard lock(mutex_);
   stats_.reset_peak();
+  hot_.reset_peak();
 }
 
 void DeviceAllocator::reset_accumulated_stats() {
   std::lock_guard lock(mutex_);
   stats_.reset_accumulated();
+  hot_.reset_accumulated();
 }
 
 void DeviceAllocator::count_invalid_free() {

@@ -17,6 +17,7 @@
 
 #include "core/block.hpp"
 #include "core/free_index.hpp"
+#include "core/hot_stats.hpp"
 #include "core/object_pool.hpp"
 #include "core/ptr_map.hpp"
 #include "core/spin_lock.hpp"
@@ -41,10 +42,13 @@ class DeviceAllocator {
 
   /// Allocates `size` bytes for `stream`; throws out_of_memory or backend_error.
   void* malloc(std::size_t size, stream_t stream);
-  /// Frees `ptr` if this device owns it. `expected_size` (if given) must equal the requested
-  /// size; `stream` (if given and not the allocation stream) is treated as a last use.
-  FreeStatus free(void* ptr, std::optional<std::size_t> expected_size,
-                  std::optional<stream_t> stream, std::size_t* actual_size = nullptr);
+  /// Frees `ptr` if this device owns it. `expected_size` (if not kAnySize) must equal the
+  /// requested size; `stream` (if not null and not the allocation stream) is treated as a last
+  /// use. The requested size is stored in `actual_size` when given.
+  FreeStatus free(void* ptr, std::size_t expected_size, const stream_t* stream,
+                  std::size_t* actual_size = nullptr);
+  /// free(): no size check (no request is this large: see kMaxRequest)
+  static constexpr std::size_t kAnySize = ~std::size_t{0};
   /// Adds `stream` as a user of the live block at `ptr`; false if this device does not own it.
   bool record_stream(void* ptr, stream_t stream);
   /// Returns every entirely free segment to the device (waits for outstanding events first).
@@ -82,11 +86,16 @@ class DeviceAllocator {
     std::uint64_t calls = 0;  ///< get_free_block calls: the GC clock
   };
 
-  // fast path (allocator.cpp)
+  // fast path (device_allocator.cpp)
   Block* get_free_block(Pool& pool, stream_t stream, std::size_t rounded);
-  Block* alloc_found_block(Pool& pool, Block* block, std::size_t rounded, std::size_t requested);
+  /// Takes the free, indexed `block` out of the index for `rounded` bytes, splitting off the
+  /// rest when the policy says so; returns the block to hand out.
+  Block* take_found_block(Pool& pool, Block* block, std::size_t rounded);
+  /// Marks `block` allocated for a request of `requested` bytes and counts it.
+  [[gnu::always_inline]] inline void activate(Block* block, std::size_t requested) noexcept;
+
   [[nodiscard]] bool should_split(const Block* block, std::size_t rounded) const noexcept;
-  void free_block(Block* block);
+  [[gnu::always_inline]] inline void free_block(Block* block);
   /// A new block for the first `bytes` of `b`, linked in before it. `b` keeps its address and
   /// size: the caller moves them (through the free index when `b` is in it).
   Block* link_new_front(Block* b, std::size_t bytes) {
@@ -114,20 +123,25 @@ class DeviceAllocator {
   Block* insert_free(Pool& pool, Block* block);
   /// Adds (sign > 0) or removes a free block's share of the inactive_split statistics.
   void account_inactive(const Block* block, int sign) noexcept {
-    // Expandable segments are never "inactive split": their free pages can always be unmapped.
-    if (!block->is_free() || !block->is_split() || block->segment->expandable) return;
-    const auto bytes = static_cast<std::int64_t>(block->size);
-    const int pool = block->small ? kSmallPool : kLargePool;
-    for (int i : {int{kAll}, pool}) {
-      if (sign > 0) {
-        stats_.inactive_split[i].increase(1);
-        stats_.inactive_split_bytes[i].increase(bytes);
-      } else {
-        stats_.inactive_split[i].decrease(1);
-        stats_.inactive_split_bytes[i].decrease(bytes);
-      }
-    }
+    if (!block->is_free() || !block->is_split()) return;
+    account_inactive_change(block, sign, sign * static_cast<std::int64_t>(block->size));
   }
+  /// Applies a net change of the inactive_split statistics in `block`'s pool, once, as PyTorch
+  /// does for a split or a merge (so its running sums count what PyTorch's count).
+  void account_inactive_change(const Block* block, std::int64_t blocks, std::int64_t bytes) noexcept {
+    // Expandable segments are never "inactive split": their free pages can always be unmapped.
+    if (block->segment->expandable) return;
+    auto apply = [small = block->small](detail::PoolCounter& c, std::int64_t n) {
+      if (n > 0) c.add(small, n);
+      if (n < 0) c.sub(small, -n);
+    };
+    apply(hot_.inactive_split, blocks);
+    apply(hot_.inactive_split_bytes, bytes);
+  }
+  /// DeviceStats with the fast path's counters expanded in (the lock is held).
+  [[nodiscard]] DeviceStats stats_locked() const noexcept;
+  /// A pending block's last event completed: it becomes free.
+  void complete_pending(Block* block);
 
   // slow path (device_allocator_slow.cpp)
   Block* allocate_slow(Pool& pool, stream_t stream, std::size_t rounded, std::size_t requested);
@@ -190,7 +204,8 @@ class DeviceAllocator {
   Pool large_{&index_nodes_, false};
   detail::PtrMap<Block> live_;
   Segment* segments_ = nullptr;  ///< intrusive list of every segment
-  DeviceStats stats_;
+  DeviceStats stats_;      ///< every statistic except the fast path's (hot_)
+  detail::HotStats hot_;   ///< allocation, active, requested and inactive-split counters
   detail::Recorder recorder_;
 
   // cross-stream events (slow path only)

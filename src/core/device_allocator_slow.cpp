@@ -209,7 +209,7 @@ void DeviceAllocator::process_events() {
       queue.pop_front();
       event_pool_.push_back(event);
       --outstanding_events_;
-      if (--block->event_count == 0) free_block(block);
+      if (--block->event_count == 0) complete_pending(block);
     }
   }
 }
@@ -224,7 +224,7 @@ void DeviceAllocator::synchronize_and_free_events() {
       queue.pop_front();
       event_pool_.push_back(event);
       --outstanding_events_;
-      if (--block->event_count == 0) free_block(block);
+      if (--block->event_count == 0) complete_pending(block);
     }
   }
 }
@@ -255,7 +255,7 @@ void DeviceAllocator::raise_oom(std::size_t requested, std::size_t rounded, std:
   }
   f.allowed = allowed_;
   f.reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
-  f.allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAll].current);
+  f.allocated = static_cast<std::size_t>(hot_.allocated_bytes.current());
   f.largest_free_block = largest_free_block();
   f.expandable = config_.expandable_segments;
   for (const Pool* pool : {&small_, &large_}) {

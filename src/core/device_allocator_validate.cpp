@@ -22,6 +22,10 @@ void check_stat(int device, const char* name, const StatArray& have, const std::
     if (have[p].current != want[p])
       broken(device, fmt::format("{}.{}.current is {} but a recount gives {}", name, kPools[p],
                                  have[p].current, want[p]));
+  for (int p = 0; p < 3; ++p)
+    if (have[p].peak < have[p].current)
+      broken(device, fmt::format("{}.{}.peak {} is below its current value {}", name, kPools[p],
+                                 have[p].peak, have[p].current));
 }
 }  // namespace
 
@@ -135,15 +139,16 @@ void DeviceAllocator::validate_locked() const {
   if (live_blocks != live_.size()) broken(device_, "the live table holds unknown pointers");
   if (pending_events != outstanding_events_) broken(device_, "pending event count is wrong");
 
-  check_stat(device_, "allocation", stats_.allocation, allocation);
-  check_stat(device_, "segment", stats_.segment, segment);
-  check_stat(device_, "active", stats_.active, active);
-  check_stat(device_, "inactive_split", stats_.inactive_split, inactive);
-  check_stat(device_, "allocated_bytes", stats_.allocated_bytes, allocated_bytes);
-  check_stat(device_, "reserved_bytes", stats_.reserved_bytes, reserved);
-  check_stat(device_, "active_bytes", stats_.active_bytes, active_bytes);
-  check_stat(device_, "inactive_split_bytes", stats_.inactive_split_bytes, inactive_bytes);
-  check_stat(device_, "requested_bytes", stats_.requested_bytes, requested);
+  const DeviceStats stats = stats_locked();
+  check_stat(device_, "allocation", stats.allocation, allocation);
+  check_stat(device_, "segment", stats.segment, segment);
+  check_stat(device_, "active", stats.active, active);
+  check_stat(device_, "inactive_split", stats.inactive_split, inactive);
+  check_stat(device_, "allocated_bytes", stats.allocated_bytes, allocated_bytes);
+  check_stat(device_, "reserved_bytes", stats.reserved_bytes, reserved);
+  check_stat(device_, "active_bytes", stats.active_bytes, active_bytes);
+  check_stat(device_, "inactive_split_bytes", stats.inactive_split_bytes, inactive_bytes);
+  check_stat(device_, "requested_bytes", stats.requested_bytes, requested);
 }
 
 }  // namespace stitch

@@ -13,35 +13,46 @@ namespace stitch::detail {
 template <typename V>
 class PtrMap {
  public:
-  PtrMap() : slots_(kInitial) {}
+  PtrMap() : slots_(kInitial), mask_(kInitial - 1) {}
+
+  static constexpr std::size_t npos = ~std::size_t{0};
 
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
   V* find(const void* key) const noexcept {
-    const std::size_t mask = slots_.size() - 1;
-    for (std::size_t i = hash(key) & mask;; i = (i + 1) & mask) {
-      const Slot& s = slots_[i];
-      if (s.key == key) return s.value;
-      if (s.key == nullptr) return nullptr;
-    }
+    const std::size_t slot = find_slot(key);
+    return slot == npos ? nullptr : slots_[slot].value;
   }
 
   /// Inserts key -> value; the key must not be present and must not be null.
   void insert(const void* key, V* value) {
-    if ((size_ + 1) * 2 > slots_.size()) rehash(slots_.size() * 2);
+    if ((size_ + 1) * 2 > mask_ + 1) rehash((mask_ + 1) * 2);
     place(key, value);
     ++size_;
   }
 
+  /// The slot holding `key`, or npos; valid until the next insert or erase.
+  [[nodiscard]] std::size_t find_slot(const void* key) const noexcept {
+    const std::size_t mask = mask_;
+    for (std::size_t i = hash(key) & mask;; i = (i + 1) & mask) {
+      if (slots_[i].key == key) return i;
+      if (slots_[i].key == nullptr) return npos;
+    }
+  }
+  [[nodiscard]] V* value_at(std::size_t slot) const noexcept { return slots_[slot].value; }
+
   /// Removes `key` and returns its value, or nullptr if absent.
   V* erase(const void* key) noexcept {
-    const std::size_t mask = slots_.size() - 1;
-    std::size_t i = hash(key) & mask;
-    for (;; i = (i + 1) & mask) {
-      if (slots_[i].key == key) break;
-      if (slots_[i].key == nullptr) return nullptr;
-    }
-    V* value = slots_[i].value;
+    const std::size_t slot = find_slot(key);
+    if (slot == npos) return nullptr;
+    V* value = slots_[slot].value;
+    erase_at(slot);
+    return value;
+  }
+
+  /// Removes the entry in `slot` (from find_slot).
+  void erase_at(std::size_t i) noexcept {
+    const std::size_t mask = mask_;
     // Backward-shift: pull later entries of the probe run into the hole.
     std::size_t hole = i;
     for (std::size_t j = (i + 1) & mask; slots_[j].key != nullptr; j = (j + 1) & mask) {
@@ -55,7 +66,6 @@ class PtrMap {
     }
     slots_[hole] = Slot{};
     --size_;
-    return value;
   }
 
   template <typename Fn>
@@ -81,7 +91,7 @@ class PtrMap {
   }
 
   void place(const void* key, V* value) noexcept {
-    const std::size_t mask = slots_.size() - 1;
+    const std::size_t mask = mask_;
     std::size_t i = hash(key) & mask;
     while (slots_[i].key != nullptr) i = (i + 1) & mask;
     slots_[i] = Slot{key, value};
@@ -90,11 +100,13 @@ class PtrMap {
   void rehash(std::size_t capacity) {
     std::vector<Slot> old(capacity);
     old.swap(slots_);
+    mask_ = capacity - 1;
     for (const Slot& s : old)
       if (s.key != nullptr) place(s.key, s.value);
   }
 
   std::vector<Slot> slots_;
+  std::size_t mask_;  ///< slots_.size() - 1 (a power of two minus one)
   std::size_t size_ = 0;
 };
 
