@@ -43,13 +43,26 @@ std::shared_ptr<const detail::WhatIfInput> DeviceAllocator::what_if_input(stream
   in->fallback_reason = history_gap();
   if (in->fallback_reason.empty()) {
     in->source = detail::WhatIfSource::history;
-    for (const TraceEntry& e : recorder_.entries(false)) {
+    const std::vector<TraceEntry> entries = recorder_.entries(false);
+    const auto releases = [](TraceAction a) {
+      return a == TraceAction::segment_free || a == TraceAction::segment_unmap;
+    };
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const TraceEntry& e = entries[i];
       if (e.action == TraceAction::alloc) {
         in->events.push_back({Kind::alloc, e.addr, e.size, e.stream});
       } else if (e.action == TraceAction::free_completed) {
         in->events.push_back({Kind::free, e.addr, 0, e.stream});
       } else if (e.action == TraceAction::oom) {
         in->events.push_back({Kind::failed, 0, e.size, e.stream});
+      } else if (releases(e.action)) {
+        // Memory given back (empty_cache, or the OOM ladder before it retries): one release.
+        // A run of unmaps followed by a map is stitching moving pages, not a release.
+        std::size_t j = i;
+        while (j + 1 < entries.size() && releases(entries[j + 1].action)) ++j;
+        if (j + 1 == entries.size() || entries[j + 1].action != TraceAction::segment_map)
+          in->events.push_back({Kind::release, 0, 0, 0});
+        i = j;
       }
     }
     return in;

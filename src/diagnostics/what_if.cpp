@@ -102,6 +102,9 @@ WhatIfOutcome replay_what_if(const OomFacts& facts, const WhatIfInput& input,
       case WhatIfEvent::Kind::failed:
         if (void* p = try_allocate(replay, e.size, e.stream)) replay.deallocate(p);
         break;
+      case WhatIfEvent::Kind::release:
+        replay.empty_cache();
+        break;
     }
   }
   outcome.served = try_allocate(replay, facts.requested, input.stream) != nullptr;

@@ -30,7 +30,8 @@ struct WhatIfEvent {
   enum class Kind : std::uint8_t {
     alloc,  ///< allocate `size` bytes on `stream`; `addr` names the block for its free
     free,   ///< free the block allocated as `addr`
-    failed  ///< an earlier request that failed: tried again, freed at once if served
+    failed,  ///< an earlier request that failed: tried again, freed at once if served
+    release  ///< memory was given back to the device here: empty_cache()
   };
   Kind kind = Kind::alloc;
   std::uintptr_t addr = 0;
