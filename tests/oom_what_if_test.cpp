@@ -147,16 +147,22 @@ TEST(OomWhatIf, FragmentationFromTheHistoryNamesOnlyConfigurationsThatServe) {
   expect_named_exactly_those_that_serve(report, 200 * MiB, w);
 }
 
-TEST(OomWhatIf, FragmentationWithoutHistoryRebuildsTheLayoutNow) {
+/// Under `conf`, the 5 MiB holes workload is checked from the layout now, for `reason`, and
+/// names exactly the configurations that serve it.
+void expect_checked_from_the_layout(const std::string& conf, std::string_view reason) {
   const Workload w = holes_of_5_mib(200 * MiB);
-  Device d("", 200 * MiB);
+  Device d(conf, 200 * MiB);
   const std::string report = oom_report(*d.alloc, w);
   ASSERT_FALSE(report.empty()) << "expected an OOM";
   const std::string line = what_if_line(report);
   EXPECT_TRUE(contains(line, "rebuilt the device's 20 live and 20 free blocks")) << report;
-  EXPECT_TRUE(contains(line, "The history was not replayed: recording is off")) << report;
+  EXPECT_TRUE(contains(line, reason)) << report;
   EXPECT_FALSE(named(report).empty()) << report;
   expect_named_exactly_those_that_serve(report, 200 * MiB, w);
+}
+
+TEST(OomWhatIf, FragmentationWithoutHistoryRebuildsTheLayoutNow) {
+  expect_checked_from_the_layout("", "The history was not replayed: recording is off");
 }
 
 TEST(OomWhatIf, NamesNothingWhenNoConfigurationServes) {
@@ -261,15 +267,8 @@ TEST(OomWhatIf, SwitchedOnAtRunTime) {
 // ---- incomplete histories fall back to the layout now ----------------------------------------------
 
 TEST(OomWhatIf, WrappedRingBufferFallsBackToTheLayout) {
-  const Workload w = holes_of_5_mib(200 * MiB);
-  Device d("record_history:True,max_entries:10", 200 * MiB);
-  const std::string report = oom_report(*d.alloc, w);
-  ASSERT_FALSE(report.empty()) << "expected an OOM";
-  const std::string line = what_if_line(report);
-  EXPECT_TRUE(contains(line, "rebuilt the device's 20 live and 20 free blocks")) << report;
-  EXPECT_TRUE(contains(line, "the history's ring buffer wrapped")) << report;
-  EXPECT_FALSE(named(report).empty()) << report;
-  expect_named_exactly_those_that_serve(report, 200 * MiB, w);
+  expect_checked_from_the_layout("record_history:True,max_entries:10",
+                                 "the history's ring buffer wrapped");
 }
 
 TEST(OomWhatIf, HistoryLongerThanTheCapFallsBackToTheLayout) {
