@@ -824,7 +824,7 @@ TEST_F(AllocatorTest, OomThenSucceedsAfterFrees) {
   a().validate();
 }
 
-TEST_F(AllocatorTest, FragmentationOomSuggestsExpandableSegments) {
+TEST_F(AllocatorTest, FragmentationOomNamesACheckedConfiguration) {
   make("", 200 * MiB);
   std::vector<void*> blocks;
   for (int i = 0; i < 40; ++i) blocks.push_back(a().allocate(5 * MiB, S(1)));
@@ -841,7 +841,9 @@ TEST_F(AllocatorTest, FragmentationOomSuggestsExpandableSegments) {
   EXPECT_TRUE(contains(msg, "100.00 MiB is reserved by stitch but unallocated")) << msg;
   EXPECT_TRUE(contains(msg, "largest free cached block is 5.00 MiB")) << msg;
   EXPECT_TRUE(contains(msg, "fragmentation")) << msg;
+  // The what-if check (oom_what_if_test.cpp) names what it verified would serve the request.
   EXPECT_TRUE(contains(msg, "expandable_segments:True")) << msg;
+  EXPECT_TRUE(contains(msg, "would have served this request (checked: ")) << msg;
   a().validate();
 }
 

@@ -44,6 +44,7 @@ void expect_same_settings(const Config& a, const Config& b) {
   EXPECT_EQ(a.max_entries, b.max_entries);
   EXPECT_EQ(a.record_stacks, b.record_stacks);
   EXPECT_EQ(a.oom_snapshot, b.oom_snapshot);
+  EXPECT_EQ(a.oom_what_if, b.oom_what_if);
 }
 
 // ---- defaults -----------------------------------------------------------------------------------
@@ -283,6 +284,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"on_invalid_free:ignore", "on_invalid_free", "error or abort"},
         BadValue{"record_history:yes", "record_history", "True or False"},
         BadValue{"record_stacks:1", "record_stacks", "True or False"},
+        BadValue{"oom_what_if:on", "oom_what_if", "True or False"},
         BadValue{"max_entries:0", "max_entries", "1 to 2^32"},
         BadValue{"max_entries:many", "max_entries", "1 to 2^32"}));
 
@@ -313,7 +315,7 @@ TEST(ConfigToString, EverySettingRoundTrips) {
       "max_non_split_rounding_mb:64,roundup_power2_divisions:[1:2,64:4,1024:16,>:0],"
       "garbage_collection_threshold:0.65,expandable_segments:True,"
       "per_process_memory_fraction:0.123456789,on_invalid_free:abort,record_history:True,"
-      "max_entries:777,record_stacks:True,oom_snapshot:/tmp/oom.pickle");
+      "max_entries:777,record_stacks:True,oom_snapshot:/tmp/oom.pickle,oom_what_if:False");
   const std::string text = c.to_string();
   const Config back = Config::parse(text);
   expect_same_settings(back, c);
@@ -335,7 +337,7 @@ TEST(ConfigToString, NamesEveryKey) {
        {"backend:", "sim_capacity_mb:", "sim_devices:", "max_split_size_mb:",
         "max_non_split_rounding_mb:", "roundup_power2_divisions:", "garbage_collection_threshold:",
         "expandable_segments:", "per_process_memory_fraction:", "on_invalid_free:",
-        "record_history:", "max_entries:", "record_stacks:", "oom_snapshot:"}) {
+        "record_history:", "max_entries:", "record_stacks:", "oom_snapshot:", "oom_what_if:"}) {
     EXPECT_TRUE(contains(text, key)) << key << " missing from " << text;
   }
 }

@@ -51,6 +51,10 @@ struct STITCH_EXPORT Config {
   std::size_t max_entries = 100000;                 ///< max_entries: trace ring-buffer size
   bool record_stacks = false;                       ///< record_stacks: native stack per entry
   std::string oom_snapshot;                         ///< oom_snapshot:PATH — dump on OOM
+  /// oom_what_if:True|False — on an out-of-memory failure, replay the device's workload on a
+  /// fresh simulated device under other configurations (expandable segments, stitching) and
+  /// name in the report those that served the request (docs/diagnostics.md).
+  bool oom_what_if = true;
 
   /// The last configuration string applied (as given), for reports.
   std::string source;

@@ -9,6 +9,7 @@
 
 #include "core/device_allocator.hpp"
 #include "diagnostics/snapshot_writer.hpp"
+#include "diagnostics/what_if.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch {
@@ -40,9 +41,12 @@ DeviceAllocator& Allocator::device(int device) const { return checked_device(dev
 void* Allocator::allocate(std::size_t bytes, stream_t stream, int device) {
   try {
     return checked_device(device).malloc(bytes, stream);
-  } catch (const out_of_memory&) {
+  } catch (const out_of_memory& e) {
     detail::on_out_of_memory(*this);  // oom_snapshot: best effort, never masks the OOM
-    throw;
+    // The what-if check, now that the device lock is released; "" leaves the report as it is.
+    std::string report = detail::complete_oom_report(e);
+    if (report.empty()) throw;
+    throw out_of_memory(std::move(report));
   }
 }
 

@@ -20,7 +20,7 @@ constexpr const char* kKeys =
     "backend, sim_capacity_mb, sim_devices, max_split_size_mb, max_non_split_rounding_mb, "
     "roundup_power2_divisions, garbage_collection_threshold, expandable_segments, stitching, "
     "stitch_before_grow_mb, per_process_memory_fraction, on_invalid_free, record_history, max_entries, record_stacks, "
-    "oom_snapshot";
+    "oom_snapshot, oom_what_if";
 
 [[noreturn]] void bad_value(std::string_view key, std::string_view value, std::string_view accepted) {
   throw config_error(fmt::format("stitch config: bad value '{}' for {} (accepted: {})", value, key,
@@ -193,6 +193,8 @@ Config Config::parse(std::string_view conf, const Config& base) {
         c.max_entries = n;
       } else if (key == "oom_snapshot") {
         c.oom_snapshot = v;
+      } else if (key == "oom_what_if") {
+        c.oom_what_if = parse_bool(key, v);
       } else if (key == "on_invalid_free") {
         if (v == "error") c.on_invalid_free = InvalidFreePolicy::error;
         else if (v == "abort") c.on_invalid_free = InvalidFreePolicy::abort;
@@ -241,6 +243,7 @@ std::string Config::to_string() const {
   out += fmt::format(",record_history:{},max_entries:{},record_stacks:{}",
                      record_history ? "True" : "False", max_entries, record_stacks ? "True" : "False");
   if (!oom_snapshot.empty()) out += ",oom_snapshot:" + oom_snapshot;
+  out += fmt::format(",oom_what_if:{}", oom_what_if ? "True" : "False");
   return out;
 }
 

@@ -73,7 +73,8 @@ void DeviceAllocator::set_config(const Config& config, bool apply_fraction) {
                        config.per_process_memory_fraction != config_.per_process_memory_fraction;
     configured_ = true;
     config_ = config;
-    recorder_.configure(config.record_history, config.max_entries, config.record_stacks);
+    recorder_.configure(config.record_history, config.max_entries, config.record_stacks,
+                        /*device_empty=*/segments_ == nullptr);
     stats_.max_split_size =
         config.max_split_size == Config::kUnlimited ? -1
                                                     : static_cast<std::int64_t>(config.max_split_size);

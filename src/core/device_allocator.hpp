@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -29,6 +30,10 @@
 #include "stitch/stats.hpp"
 
 namespace stitch {
+
+namespace detail {
+struct WhatIfInput;
+}
 
 /// Result of a free attempt on one device.
 enum class FreeStatus { freed, not_found, wrong_size };
@@ -180,6 +185,12 @@ class DeviceAllocator {
   [[noreturn]] void raise_oom(std::size_t requested, std::size_t rounded, std::size_t alloc_size,
                               bool small, stream_t stream);
   [[nodiscard]] std::size_t largest_free_block() const;
+
+  // the out-of-memory what-if check's input (device_what_if.cpp)
+  /// The workload to replay and the device's shape, for a request on `stream` that failed.
+  [[nodiscard]] std::shared_ptr<const detail::WhatIfInput> what_if_input(stream_t stream) const;
+  /// Why the recorded history cannot be replayed as the whole workload ("" when it can).
+  [[nodiscard]] std::string history_gap() const;
 
   // validation (device_allocator_validate.cpp)
   void validate_locked() const;

@@ -8,6 +8,7 @@
 #include "core/stat_update.hpp"
 #include "core/size_policy.hpp"
 #include "diagnostics/oom_report.hpp"
+#include "diagnostics/what_if.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch {
@@ -286,8 +287,18 @@ void DeviceAllocator::raise_oom(std::size_t requested, std::size_t rounded, std:
     f.largest_live.push_back({address, live[i]->size, live[i]->requested,
                               recorder_.alloc_frames(address)});
   }
+  // The what-if check replays the workload later, outside this lock (Allocator::allocate).
+  std::shared_ptr<const detail::WhatIfInput> what_if;
+  bool capture_failed = false;
+  if (detail::what_if_wanted(f, config_)) {
+    try {
+      what_if = what_if_input(stream);
+    } catch (...) {
+      capture_failed = true;
+    }
+  }
   trace(TraceAction::oom, reinterpret_cast<const void*>(f.device_free), alloc_size, stream);
-  throw out_of_memory(detail::format_oom(f));
+  detail::throw_oom(std::move(f), config_, std::move(what_if), capture_failed);
 }
 
 }  // namespace stitch

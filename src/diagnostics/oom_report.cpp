@@ -25,10 +25,7 @@ std::string format_size(std::size_t bytes) {
   return fmt::format("{:.2f} GiB", b / 1073741824.0);
 }
 
-namespace {
-
-// What this allocator may hold in total: the cap, or the device minus what others use.
-std::size_t usable(const OomFacts& f, std::size_t* others) {
+std::size_t usable_bytes(const OomFacts& f, std::size_t* others) {
   const std::size_t used_by_device = f.device_total > f.device_free ? f.device_total - f.device_free : 0;
   *others = used_by_device > f.reserved ? used_by_device - f.reserved : 0;
   std::size_t limit = f.device_total - *others;
@@ -36,10 +33,12 @@ std::size_t usable(const OomFacts& f, std::size_t* others) {
   return limit;
 }
 
+namespace {
+
 // Room the device (within the cap) still gives this allocator.
 std::size_t headroom(const OomFacts& f) {
   std::size_t others = 0;
-  const std::size_t limit = usable(f, &others);
+  const std::size_t limit = usable_bytes(f, &others);
   return limit > f.reserved ? limit - f.reserved : 0;
 }
 
@@ -48,7 +47,7 @@ std::size_t headroom(const OomFacts& f) {
 OomVerdict classify_oom(const OomFacts& f) {
   if (!f.device_info_known) return OomVerdict::device_full;
   std::size_t others = 0;
-  const std::size_t limit = usable(f, &others);
+  const std::size_t limit = usable_bytes(f, &others);
   if (f.allocated + f.rounded > limit) {
     // Even a perfect allocator could not fit it here; but if other processes hold the memory
     // that would make the difference, say so instead.
@@ -64,7 +63,7 @@ OomVerdict classify_oom(const OomFacts& f) {
   return OomVerdict::device_full;
 }
 
-std::string format_oom(const OomFacts& f) {
+std::string format_oom(const OomFacts& f, const std::string& what_if) {
   if (f.requested >= (std::size_t{1} << 60)) {
     return fmt::format("CUDA out of memory. Tried to allocate more than 1EB memory (asked for {} "
                        "bytes on device {}).",
@@ -88,7 +87,7 @@ std::string format_oom(const OomFacts& f) {
 
   const OomVerdict verdict = classify_oom(f);
   std::size_t others = 0;
-  const std::size_t limit = f.device_info_known ? usable(f, &others) : 0;
+  const std::size_t limit = f.device_info_known ? usable_bytes(f, &others) : 0;
   out += fmt::format("\nVerdict: {}. ", to_string(verdict));
   switch (verdict) {
     case OomVerdict::too_much_live_data:
@@ -113,10 +112,8 @@ std::string format_oom(const OomFacts& f) {
         sep = ", ";
       }
       out += ".";
-      out += f.expandable
-                 ? " Expandable segments are on: the free pieces are pinned between live blocks."
-                 : " Try STITCH_ALLOC_CONF=expandable_segments:True, which grows one range per "
-                   "stream so freed neighbours merge and free pages can be unmapped and reused.";
+      if (f.expandable)
+        out += " Expandable segments are on: the free pieces are pinned between live blocks.";
       break;
     }
     case OomVerdict::held_elsewhere:
@@ -133,6 +130,7 @@ std::string format_oom(const OomFacts& f) {
       out += "The device has no room left for this request.";
       break;
   }
+  if (!what_if.empty()) out += "\n" + what_if;
   if (!f.largest_live.empty()) {
     out += "\nLargest live blocks:";
     for (const LiveBlockFact& b : f.largest_live) {

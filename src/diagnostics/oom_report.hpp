@@ -62,7 +62,12 @@ std::string format_size(std::size_t bytes);
 /// Decides which case a failure is.
 OomVerdict classify_oom(const OomFacts& facts);
 
-/// The full report: PyTorch's first line, then the verdict with its evidence and advice.
-std::string format_oom(const OomFacts& facts);
+/// What this allocator may hold in total: the device's total minus what other users hold
+/// (stored in `others`), capped by the memory fraction. Needs device_info_known.
+std::size_t usable_bytes(const OomFacts& facts, std::size_t* others);
+
+/// The full report: PyTorch's first line, then the verdict with its evidence, the what-if
+/// paragraph `what_if` (diagnostics/what_if.hpp; "" for none), and the largest live blocks.
+std::string format_oom(const OomFacts& facts, const std::string& what_if = {});
 
 }  // namespace stitch::detail

@@ -29,14 +29,19 @@ const char* to_string(TraceAction action) noexcept {
 
 namespace detail {
 
-void Recorder::configure(bool enabled, std::size_t max_entries, bool stacks) {
+void Recorder::configure(bool enabled, std::size_t max_entries, bool stacks, bool device_empty) {
   const std::size_t capacity = enabled ? (max_entries == 0 ? 1 : max_entries) : 0;
   stacks_ = stacks;
+  if (capacity_ == 0 && capacity != 0) {  // a new history starts
+    from_empty_ = device_empty;
+    dropped_ = 0;
+  }
   if (capacity == capacity_) return;
   // Keep the newest entries that still fit.
   std::vector<Raw> kept;
   if (capacity != 0) {
     const std::size_t keep = count_ < capacity ? count_ : capacity;
+    dropped_ += count_ - keep;
     kept.reserve(capacity);
     for (std::size_t i = count_ - keep; i < count_; ++i)
       kept.push_back(ring_[(next_ + capacity_ - count_ + i) % capacity_]);
@@ -61,7 +66,11 @@ void Recorder::record(TraceAction action, const void* addr, std::size_t size, st
                   .count();
   r.frames = stacks_ ? backtrace(r.stack, kMaxFrames) : 0;
   next_ = (next_ + 1) % capacity_;
-  if (count_ < capacity_) ++count_;
+  if (count_ < capacity_) {
+    ++count_;
+  } else {
+    ++dropped_;  // the oldest entry was overwritten
+  }
 }
 
 namespace {
@@ -89,7 +98,7 @@ std::vector<std::string> Recorder::alloc_frames(std::uintptr_t addr) const {
   return frames;
 }
 
-std::vector<TraceEntry> Recorder::entries() const {
+std::vector<TraceEntry> Recorder::entries(bool with_frames) const {
   std::vector<TraceEntry> out;
   out.reserve(count_);
   for (std::size_t i = 0; i < count_; ++i) {
@@ -100,7 +109,8 @@ std::vector<TraceEntry> Recorder::entries() const {
     e.size = r.size;
     e.stream = r.stream;
     e.time_us = r.time_us;
-    for (int f = 0; f < r.frames; ++f) e.frames.push_back(symbolize(r.stack[f]));
+    if (with_frames)
+      for (int f = 0; f < r.frames; ++f) e.frames.push_back(symbolize(r.stack[f]));
     out.push_back(std::move(e));
   }
   return out;

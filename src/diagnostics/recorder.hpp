@@ -20,12 +20,21 @@ class Recorder {
 
   [[nodiscard]] bool enabled() const noexcept { return capacity_ != 0; }
   /// Turns recording on with room for `max_entries` (0 turns it off and clears the history).
-  void configure(bool enabled, std::size_t max_entries, bool stacks);
+  /// `device_empty`: the device holds no memory now, so a history started here is complete
+  /// (see complete()).
+  void configure(bool enabled, std::size_t max_entries, bool stacks, bool device_empty = false);
   /// Appends one entry, overwriting the oldest when full.
   void record(TraceAction action, const void* addr, std::size_t size, stream_t stream);
-  /// The history, oldest first, with stacks symbolized.
-  [[nodiscard]] std::vector<TraceEntry> entries() const;
+  /// The history, oldest first, with stacks symbolized (`with_frames`) or without stacks.
+  [[nodiscard]] std::vector<TraceEntry> entries(bool with_frames = true) const;
   [[nodiscard]] std::size_t size() const noexcept { return count_; }
+  /// Entries lost so far: overwritten when the ring buffer wrapped, or cut when it shrank.
+  [[nodiscard]] std::uint64_t dropped() const noexcept { return dropped_; }
+  /// Recording started while the device held no memory and nothing was lost since: replaying
+  /// the history from an empty device rebuilds what the device holds.
+  [[nodiscard]] bool complete() const noexcept { return enabled() && from_empty_ && dropped_ == 0; }
+  /// Recording started while the device held memory (complete() is false for that reason).
+  [[nodiscard]] bool started_late() const noexcept { return enabled() && !from_empty_; }
   /// The symbolized stack of the newest `alloc` entry at `addr` (empty if none was recorded).
   [[nodiscard]] std::vector<std::string> alloc_frames(std::uintptr_t addr) const;
 
@@ -43,6 +52,8 @@ class Recorder {
   std::size_t capacity_ = 0;
   std::size_t next_ = 0;
   std::size_t count_ = 0;
+  std::uint64_t dropped_ = 0;
+  bool from_empty_ = false;
   bool stacks_ = false;
 };
 
