@@ -503,6 +503,11 @@ class Interpreter {
     return m;
   }
 
+  // A string or bytes opcode: a little-endian length of `width` bytes, then the data.
+  void push_counted(std::size_t width, const char* what, bool bytes) {
+    const auto n = le(width, what);
+    push(make_string(take(n, what), n, bytes));
+  }
   PyValue make_string(const char* p, std::size_t n, bool bytes) {
     charge(kNodeCost + n);
     return bytes ? PyValue::bytes(std::string(p, n)) : PyValue::string(std::string(p, n));
@@ -777,52 +782,36 @@ class Interpreter {
       }
 
       // ---- strings and bytes ----
-      case 0x8c: {  // SHORT_BINUNICODE
-        const auto n = le(1, "SHORT_BINUNICODE");
-        push(make_string(take(n, "SHORT_BINUNICODE"), n, false));
+      case 0x8c:  // SHORT_BINUNICODE
+        push_counted(1, "SHORT_BINUNICODE", false);
         return false;
-      }
-      case 'X': {
-        const auto n = le(4, "BINUNICODE");
-        push(make_string(take(n, "BINUNICODE"), n, false));
+      case 'X':  // BINUNICODE
+        push_counted(4, "BINUNICODE", false);
         return false;
-      }
-      case 0x8d: {
-        const auto n = le(8, "BINUNICODE8");
-        push(make_string(take(n, "BINUNICODE8"), n, false));
+      case 0x8d:  // BINUNICODE8
+        push_counted(8, "BINUNICODE8", false);
         return false;
-      }
-      case 'U': {  // SHORT_BINSTRING: Python 3 decodes it to str
-        const auto n = le(1, "SHORT_BINSTRING");
-        push(make_string(take(n, "SHORT_BINSTRING"), n, false));
+      case 'U':  // SHORT_BINSTRING: Python 3 decodes it to str
+        push_counted(1, "SHORT_BINSTRING", false);
         return false;
-      }
       case 'T': {
         const auto n = static_cast<std::int32_t>(le(4, "BINSTRING"));
         if (n < 0) fail("BINSTRING with a negative length");
         push(make_string(take(static_cast<std::uint64_t>(n), "BINSTRING"), static_cast<std::size_t>(n), false));
         return false;
       }
-      case 'C': {
-        const auto n = le(1, "SHORT_BINBYTES");
-        push(make_string(take(n, "SHORT_BINBYTES"), n, true));
+      case 'C':  // SHORT_BINBYTES
+        push_counted(1, "SHORT_BINBYTES", true);
         return false;
-      }
-      case 'B': {
-        const auto n = le(4, "BINBYTES");
-        push(make_string(take(n, "BINBYTES"), n, true));
+      case 'B':  // BINBYTES
+        push_counted(4, "BINBYTES", true);
         return false;
-      }
-      case 0x8e: {
-        const auto n = le(8, "BINBYTES8");
-        push(make_string(take(n, "BINBYTES8"), n, true));
+      case 0x8e:  // BINBYTES8
+        push_counted(8, "BINBYTES8", true);
         return false;
-      }
-      case 0x96: {  // BYTEARRAY8: plain bytes for our purposes
-        const auto n = le(8, "BYTEARRAY8");
-        push(make_string(take(n, "BYTEARRAY8"), n, true));
+      case 0x96:  // BYTEARRAY8: plain bytes for our purposes
+        push_counted(8, "BYTEARRAY8", true);
         return false;
-      }
       case 'S': {  // STRING (protocol 0): a quoted Python 2 str literal
         std::string_view l = line("STRING");
         if (l.size() < 2 || l.front() != l.back() || (l.front() != '\'' && l.front() != '"'))

@@ -120,6 +120,24 @@ class PyValue {
   std::shared_ptr<Node> node_;
 };
 
+/// Writes `v` through `w` (a PickleWriter or the JSON writer: none, boolean, integer, uinteger,
+/// floating, string, bytes) when it is a scalar; false, writing nothing, for a container.
+template <typename Writer>
+bool write_scalar(Writer& w, const PyValue& v) {
+  switch (v.type()) {
+    case PyValue::Type::none: w.none(); return true;
+    case PyValue::Type::boolean: w.boolean(v.as_bool()); return true;
+    case PyValue::Type::integer:
+      if (v.is_big()) w.uinteger(v.as_uint());
+      else w.integer(v.as_int());
+      return true;
+    case PyValue::Type::floating: w.floating(v.as_float()); return true;
+    case PyValue::Type::string: w.string(v.as_string()); return true;
+    case PyValue::Type::bytes: w.bytes(v.as_bytes()); return true;
+    default: return false;
+  }
+}
+
 /// Limits for untrusted input.
 struct PickleLimits {
   std::size_t max_depth = 256;                         ///< nesting of containers

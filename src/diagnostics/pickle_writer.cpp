@@ -367,16 +367,8 @@ bool PickleWriter::shared_node(const PyValue& v) {
 }
 
 void PickleWriter::value(const PyValue& v) {
+  if (write_scalar(*this, v)) return;
   switch (v.type()) {
-    case PyValue::Type::none: none(); return;
-    case PyValue::Type::boolean: boolean(v.as_bool()); return;
-    case PyValue::Type::integer:
-      if (v.is_big()) uinteger(v.as_uint());
-      else integer(v.as_int());
-      return;
-    case PyValue::Type::floating: floating(v.as_float()); return;
-    case PyValue::Type::string: string(v.as_string()); return;
-    case PyValue::Type::bytes: bytes(v.as_bytes()); return;
     case PyValue::Type::list:
       if (shared_node(v)) return;
       begin_list();
@@ -413,6 +405,8 @@ void PickleWriter::value(const PyValue& v) {
         value(c);
       }
       end_dict();
+      return;
+    default:  // scalars: written above
       return;
   }
 }

@@ -54,17 +54,10 @@ class JsonWriter {
     separator();
     quoted(v);
   }
+  void bytes(std::string_view v) { string(v); }  // JSON has no bytes: a string
   void value(const PyValue& v) {
+    if (write_scalar(*this, v)) return;
     switch (v.type()) {
-      case PyValue::Type::none: none(); return;
-      case PyValue::Type::boolean: boolean(v.as_bool()); return;
-      case PyValue::Type::integer:
-        if (v.is_big()) uinteger(v.as_uint());
-        else integer(v.as_int());
-        return;
-      case PyValue::Type::floating: floating(v.as_float()); return;
-      case PyValue::Type::string: string(v.as_string()); return;
-      case PyValue::Type::bytes: string(v.as_bytes()); return;
       case PyValue::Type::list:
       case PyValue::Type::tuple:
         begin_list();
@@ -78,6 +71,8 @@ class JsonWriter {
           value(c);
         }
         end_dict();
+        return;
+      default:  // scalars: written above
         return;
     }
   }

@@ -9,6 +9,7 @@
 
 #include "diagnostics/snapshot_writer.hpp"
 #include "stitch/errors.hpp"
+#include "tools/common/arg_reader.hpp"
 #include "tools/replay/report.hpp"
 #include "tools/replay/workload.hpp"
 #include "tools/tracegen/tracegen.hpp"
@@ -53,12 +54,9 @@ int main(int argc, char** argv) {
   std::uint64_t seed = 1;
   tg::Options options;
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto value = [&]() -> std::string {
-        if (i + 1 >= argc) throw stitch::error(a + " needs a value");
-        return argv[++i];
-      };
+    for (stitch::tools::ArgReader args(argc, argv); args.next();) {
+      const std::string& a = args.current();
+      auto value = [&] { return args.value(); };
       if (a == "-h" || a == "--help") {
         std::fputs(kUsage, stdout);
         return 0;

@@ -95,6 +95,19 @@ struct GptDims {
   [[nodiscard]] std::size_t tokens() const { return batch * seq; }
 };
 
+/// The bf16 model with 2048-wide layers that the larger patterns share.
+GptDims bf16_gpt_2048(std::size_t batch, std::size_t layers) {
+  GptDims d;
+  d.batch = batch;
+  d.hidden = 2048;
+  d.heads = 16;
+  d.ffn = 8192;
+  d.layers = layers;
+  d.max_pos = 2048;
+  d.param_bytes = kBf16;
+  return d;
+}
+
 struct GptLayer {
   Param *ln_1, *c_attn, *attn_proj, *ln_2, *c_fc, *mlp_proj;
   [[nodiscard]] std::vector<Param*> list() const { return {ln_1, c_attn, attn_proj, ln_2, c_fc, mlp_proj}; }
@@ -293,14 +306,7 @@ void transformer_varlen(Trace& t, Rng& rng, std::size_t steps) {
 // allocations come and go once per block in backward, between long-lived block inputs and the
 // growing set of gradients.
 void recompute(Trace& t, Rng& rng, std::size_t steps) {
-  GptDims d;
-  d.batch = 4;
-  d.hidden = 2048;
-  d.heads = 16;
-  d.ffn = 8192;
-  d.layers = 4;
-  d.max_pos = 2048;
-  d.param_bytes = kBf16;
+  GptDims d = bf16_gpt_2048(4, 4);
   Params ps;
   const Gpt g = make_gpt(ps, d);
   ps.materialize(t);
@@ -460,15 +466,8 @@ void lora(Trace& t, Rng& rng, std::size_t steps) {
 // attention, bf16, variable sequence lengths) live from forward until their backward: each new
 // parameter buffer has to find room between them.
 void cpu_offload(Trace& t, Rng& rng, std::size_t steps) {
-  GptDims d;
-  d.batch = 2;
-  d.hidden = 2048;
-  d.heads = 16;
-  d.ffn = 8192;
-  d.layers = 6;
-  d.max_pos = 2048;
+  GptDims d = bf16_gpt_2048(2, 6);
   d.eager_attention = false;
-  d.param_bytes = kBf16;
   Params ps;
   const Gpt g = make_gpt(ps, d);  // no materialize(): parameters live on the host
   Autograd ag(t, kCompute);
@@ -529,15 +528,8 @@ void cpu_offload(Trace& t, Rng& rng, std::size_t steps) {
 // another stream, and the deferred frees keep memory busy longer: each stream builds up its own
 // cache. Batches are padded to one of four lengths (512..2048).
 void multistream(Trace& t, Rng& rng, std::size_t steps) {
-  GptDims d;
-  d.batch = 4;
-  d.hidden = 2048;
-  d.heads = 16;
-  d.ffn = 8192;
-  d.layers = 6;
-  d.max_pos = 2048;
+  GptDims d = bf16_gpt_2048(4, 6);
   d.eager_attention = false;
-  d.param_bytes = kBf16;
   constexpr std::size_t world = 8;
   Params ps;
   const Gpt g = make_gpt(ps, d);  // the unsharded bf16 views; the shards are below
