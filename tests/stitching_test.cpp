@@ -578,6 +578,26 @@ TEST(Stitching, OffMeansNoStitching) {
 
 // ---- fault injection ----------------------------------------------------------------------------
 
+/// Takes `want` bytes with the faults `inject` sets up armed, then clears them; whether the
+/// request was served. Adds the faults that fired to `fired`.
+template <typename Inject>
+bool take_under_faults(Fixture& f, std::size_t want, Inject&& inject, std::uint64_t& fired) {
+  const std::uint64_t before = f.sim->faults_fired();
+  inject();
+  bool served = false;
+  try {
+    f.take(want);
+    served = true;
+  } catch (const stitch::backend_error&) {
+  } catch (const stitch::out_of_memory&) {
+  }
+  fired += f.sim->faults_fired() - before;
+  f.sim->clear_faults();
+  f.alloc->validate();
+  f.expect_intact();
+  return served;
+}
+
 TEST(Stitching, FaultsDuringStitchingLeaveAConsistentState) {
   // A fault at the nth call of a kind, optionally with a second fault that hits the undo.
   struct Fault {
@@ -620,20 +640,10 @@ TEST(Stitching, FaultsDuringStitchingLeaveAConsistentState) {
         f.alloc->set_memory_fraction(
             static_cast<double>(reserved + 4 * kG) / static_cast<double>(1024 * kMiB), 0);
         const std::size_t want = with_fresh ? free_granule_bytes(*f.alloc) + 3 * kG : 60 * kMiB;
-        const std::uint64_t fired_before = f.sim->faults_fired();
-        f.sim->inject_fault(c.first.call, nth, c.first.fault);
-        if (c.second) f.sim->inject_fault(c.second->call, 1, c.second->fault);
-        bool served = false;
-        try {
-          f.take(want);
-          served = true;
-        } catch (const stitch::backend_error&) {
-        } catch (const stitch::out_of_memory&) {
-        }
-        fired += f.sim->faults_fired() - fired_before;
-        f.sim->clear_faults();
-        f.alloc->validate();
-        f.expect_intact();
+        const bool served = take_under_faults(f, want, [&] {
+          f.sim->inject_fault(c.first.call, nth, c.first.fault);
+          if (c.second) f.sim->inject_fault(c.second->call, 1, c.second->fault);
+        }, fired);
         if (served) {
           EXPECT_TRUE(intact(f.live.back().p, want, f.live.back().seed));
         } else if (f.stat("num_ooms") == ooms) {
@@ -753,19 +763,8 @@ TEST(Stitching, FaultsWhileReusingPagesLeaveAConsistentState) {
       const auto reserved = f.stat("reserved_bytes.all.current");
       // Five of the six fresh pages are needed: the free pages are too few on their own.
       const std::size_t want = free_granule_bytes(*f.alloc) + 5 * kG;
-      const std::uint64_t before = f.sim->faults_fired();
-      f.sim->inject_fault(call, nth, fault);
-      bool served = false;
-      try {
-        f.take(want);
-        served = true;
-      } catch (const stitch::backend_error&) {
-      } catch (const stitch::out_of_memory&) {
-      }
-      fired += f.sim->faults_fired() - before;
-      f.sim->clear_faults();
-      f.alloc->validate();
-      f.expect_intact();
+      const bool served =
+          take_under_faults(f, want, [&] { f.sim->inject_fault(call, nth, fault); }, fired);
       if (!served) {
         EXPECT_EQ(f.stat("reserved_bytes.all.current"), reserved) << "every page back in place";
         f.take(want);  // and it still works

@@ -203,10 +203,14 @@ class DeviceAllocator {
   /// so far back and rethrows.
   void move_out(const std::vector<detail::PageRun>& plan, std::vector<MovedPage>& moved,
                 std::vector<Segment*>& sources);
-  /// Maps `handles` side by side from `at` (one page each). On a failure unmaps what it mapped
-  /// and rethrows; `clean` is false if even that unmap failed (stray mappings remain).
-  void map_side_by_side(char* at, std::size_t page, const std::vector<phys_handle_t>& handles,
-                        bool& clean);
+  /// Maps the moved pages, then the fresh ones, side by side from `at` (one page each) and
+  /// returns their handles in that order. On a failure unmaps what it mapped, maps the moved
+  /// pages back where they were, releases the fresh ones and rethrows; `clean` is false if the
+  /// unmap failed too (stray mappings remain at `at`).
+  std::vector<phys_handle_t> map_side_by_side(char* at, std::size_t page,
+                                              const std::vector<MovedPage>& moved,
+                                              const std::vector<phys_handle_t>& fresh,
+                                              bool& clean);
   /// Dissolves the stitched segments among `sources` that no longer hold a mapped page.
   void dissolve_emptied(const std::vector<Segment*>& sources) noexcept;
   void map_back(Segment* segment, std::size_t index, phys_handle_t handle) noexcept;

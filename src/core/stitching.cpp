@@ -202,8 +202,13 @@ void DeviceAllocator::move_out(const std::vector<Run>& plan, std::vector<MovedPa
   }
 }
 
-void DeviceAllocator::map_side_by_side(char* at, std::size_t page,
-                                       const std::vector<phys_handle_t>& handles, bool& clean) {
+std::vector<phys_handle_t> DeviceAllocator::map_side_by_side(
+    char* at, std::size_t page, const std::vector<MovedPage>& moved,
+    const std::vector<phys_handle_t>& fresh, bool& clean) {
+  std::vector<phys_handle_t> handles;
+  handles.reserve(moved.size() + fresh.size());
+  for (const MovedPage& m : moved) handles.push_back(m.handle);
+  handles.insert(handles.end(), fresh.begin(), fresh.end());
   clean = true;
   std::size_t mapped = 0;
   try {
@@ -217,8 +222,12 @@ void DeviceAllocator::map_side_by_side(char* at, std::size_t page,
         clean = false;  // the range keeps stray mappings
       }
     }
+    for (auto it = moved.rbegin(); it != moved.rend(); ++it)
+      map_back(it->segment, it->index, it->handle);
+    for (phys_handle_t h : fresh) release_or_orphan(h);
     throw;
   }
+  return handles;
 }
 
 void DeviceAllocator::dissolve_emptied(const std::vector<Segment*>& sources) noexcept {
@@ -280,21 +289,11 @@ bool DeviceAllocator::map_reused_pages(Block* target, std::size_t count) {
     release_fresh();
     throw;
   }
-  std::vector<phys_handle_t> handles;
-  handles.reserve(count);
-  for (const MovedPage& m : moved) handles.push_back(m.handle);
-  handles.insert(handles.end(), fresh.begin(), fresh.end());
+  // On a failure everything is undone; after two faults in a row (!clean) stray mappings stay
+  // in `target`'s pages, which remain unmapped in the bookkeeping.
   bool clean = true;
-  try {
-    map_side_by_side(dest->base + first * page, page, handles, clean);
-  } catch (...) {
-    // Two faults in a row (!clean) leave stray mappings in `target`'s pages, which stay
-    // unmapped in the bookkeeping; the moved pages go back where they were either way.
-    for (auto it = moved.rbegin(); it != moved.rend(); ++it)
-      map_back(it->segment, it->index, it->handle);
-    release_fresh();
-    throw;
-  }
+  const std::vector<phys_handle_t> handles =
+      map_side_by_side(dest->base + first * page, page, moved, fresh, clean);
   for (std::size_t i = 0; i < count; ++i) dest->pages[first + i] = handles[i];
   ++stats_.num_page_reuses;
   dissolve_emptied(sources);
@@ -388,16 +387,10 @@ DeviceAllocator::Block* DeviceAllocator::stitch_pages(Pool& pool, stream_t strea
 
   // 5. Map the moved pages, then the fresh ones, side by side into the new range.
   std::vector<phys_handle_t> handles;
-  handles.reserve(pages);
-  for (const MovedPage& m : moved) handles.push_back(m.handle);
-  handles.insert(handles.end(), fresh.begin(), fresh.end());
   bool range_clean = true;
   try {
-    map_side_by_side(static_cast<char*>(va), page, handles, range_clean);
-  } catch (...) {
-    for (auto it = moved.rbegin(); it != moved.rend(); ++it)
-      map_back(it->segment, it->index, it->handle);
-    for (phys_handle_t h : fresh) release_or_orphan(h);
+    handles = map_side_by_side(static_cast<char*>(va), page, moved, fresh, range_clean);
+  } catch (...) {  // the pages are back where they were, the fresh ones released
     // With stray mappings left (a second failure) the range can be neither released nor used.
     if (range_clean) release_or_keep(pool, stream, va, pages * page, page);
     throw;
