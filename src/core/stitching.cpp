@@ -41,7 +41,7 @@ using Run = detail::PageRun;
 
 /// stitch_reuse_pages moves free pages into a growing range only while they are more than
 /// reserved / kReuseSlack (see map_reused_pages).
-constexpr std::size_t kReuseSlack = 128;
+constexpr std::size_t kReuseSlack = 64;
 
 /// Picks runs from `runs` adding up to `want` pages (or all of them when they do not reach it)
 /// and appends them to `plan`; returns the pages taken. Largest runs first, and the last piece
@@ -248,7 +248,7 @@ bool DeviceAllocator::map_reused_pages(Block* target, std::size_t count) {
   const std::size_t page = dest->page;
   std::vector<Run> own;
   std::vector<Run> plan;
-  // Only when the stream's free pages are more than a slack of 1/128 of reserved memory: a few
+  // Only when the stream's free pages are more than a slack of 1/64 of reserved memory: a few
   // cached pages are what the next same-sized request reuses in place; taking even those made
   // every grow steal from blocks about to be reused, and slivers of pages piled up between the
   // holes (ftcourse-finetune: 93 MiB of them at its peak, against 7 MiB; docs/stitching.md).
