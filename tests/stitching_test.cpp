@@ -64,6 +64,11 @@ struct Live {
   stitch::stream_t stream;
 };
 
+/// Growing a range by moving the stream's own free pages (stitch_reuse_pages, on by default)
+/// serves many requests before the device runs out; the tests of stitched ranges themselves
+/// turn it off so that the pressure path is what serves them.
+constexpr const char* kNoReuse = ",stitch_reuse_pages:False";
+
 struct Fixture {
   explicit Fixture(std::size_t capacity_mb = 1024, const std::string& extra = "") {
     stitch::SimBackend::Options o;
@@ -240,7 +245,7 @@ TEST(StitchingConfig, StitchBeforeGrow) {
 }
 
 TEST(Stitching, BeforeGrowReusesOwnPagesForLargeRequestsOnly) {
-  Fixture f(2048, ",stitch_before_grow_mb:64");
+  Fixture f(2048, ",stitch_before_grow_mb:64" + std::string(kNoReuse));
   std::vector<void*> blocks;
   for (int i = 0; i < 100; ++i) blocks.push_back(f.take((3 + i % 7) * kMiB + 4096));
   f.free_every_other();
@@ -268,7 +273,7 @@ TEST(Stitching, BeforeGrowReusesOwnPagesForLargeRequestsOnly) {
 // ---- the adversarial case: every other block freed ------------------------------------------
 
 TEST(Stitching, ScatteredHolesServeALargeRequest) {
-  Fixture f;
+  Fixture f(1024, kNoReuse);
   f.fill_device();
   f.free_every_other();
   const std::size_t hole = largest_free(*f.alloc);
@@ -320,7 +325,7 @@ TEST(Stitching, RequestLargerThanTheFreePagesIsOutOfMemory) {
 
 TEST(Stitching, FreshPagesTopUpTheMovedOnes) {
   // The device still has some memory, not enough to grow by the whole request.
-  Fixture f;
+  Fixture f(1024, kNoReuse);
   f.fill_device();
   f.free_every_other();
   const std::size_t spare = device_free(*f.sim);
@@ -348,7 +353,7 @@ TEST(Stitching, FreshPagesTopUpTheMovedOnes) {
 // ---- streams ----------------------------------------------------------------------------------
 
 TEST(Stitching, OwnStreamPagesFirstOthersOnlyAfterTheirStreamIsSynchronized) {
-  Fixture f;
+  Fixture f(1024, kNoReuse);
   const stitch::stream_t s1 = S(1), s2 = S(2);
   f.fill_device({s1, s1, s2, s2});  // blocks 0,1 on s1, 2,3 on s2, ...: holes on both streams
   f.free_every_other();
@@ -390,7 +395,7 @@ TEST(Stitching, OwnStreamPagesFirstOthersOnlyAfterTheirStreamIsSynchronized) {
 // ---- reuse and dissolving -----------------------------------------------------------------------
 
 TEST(Stitching, StitchedBlocksAreReusedAfterFree) {
-  Fixture f;
+  Fixture f(1024, kNoReuse);
   f.fill_device();
   f.free_every_other();
   void* big = f.take(150 * kMiB);
@@ -412,7 +417,7 @@ TEST(Stitching, StitchedBlocksAreReusedAfterFree) {
 }
 
 TEST(Stitching, EmptyCacheDissolvesStitchedSegments) {
-  Fixture f;
+  Fixture f(1024, kNoReuse);
   f.fill_device();
   f.free_every_other();
   void* big = f.take(150 * kMiB);
@@ -447,7 +452,7 @@ TEST(Stitching, EmptyCacheDissolvesStitchedSegments) {
 }
 
 TEST(Stitching, AnEntirelyFreeStitchedSegmentIsRestitchedWhenItsPagesAreNeeded) {
-  Fixture f;
+  Fixture f(1024, kNoReuse);
   f.fill_device();
   f.free_every_other();
   void* a = f.take(100 * kMiB);
@@ -467,7 +472,7 @@ TEST(Stitching, AnEntirelyFreeStitchedSegmentIsRestitchedWhenItsPagesAreNeeded) 
 }
 
 TEST(Stitching, SmallRequestsTakeAFreePageWhenTheDeviceIsFull) {
-  Fixture f(256);
+  Fixture f(256, kNoReuse);
   f.fill_device();
   f.free_every_other();
   f.sim->set_capacity(0, f.sim->usage(0).used);
@@ -485,7 +490,7 @@ TEST(Stitching, SmallRequestsTakeAFreePageWhenTheDeviceIsFull) {
 }
 
 TEST(Stitching, MemoryFractionIsRespected) {
-  Fixture f(1024, ",per_process_memory_fraction:0.5");
+  Fixture f(1024, ",per_process_memory_fraction:0.5" + std::string(kNoReuse));
   f.fill_device();
   EXPECT_LE(f.stat("reserved_bytes.all.current"), static_cast<std::int64_t>(512 * kMiB));
   f.free_every_other();
@@ -501,7 +506,7 @@ TEST(Stitching, MemoryFractionIsRespected) {
 // ---- statistics, trace, snapshot ----------------------------------------------------------------
 
 TEST(Stitching, StatsTraceAndSnapshot) {
-  Fixture f(1024, ",record_history:True");
+  Fixture f(1024, ",record_history:True" + std::string(kNoReuse));
   f.fill_device();
   f.free_every_other();
   const auto allocs = f.stat("num_device_alloc");
@@ -573,6 +578,26 @@ TEST(Stitching, OffMeansNoStitching) {
 
 // ---- fault injection ----------------------------------------------------------------------------
 
+/// Takes `want` bytes with the faults `inject` sets up armed, then clears them; whether the
+/// request was served. Adds the faults that fired to `fired`.
+template <typename Inject>
+bool take_under_faults(Fixture& f, std::size_t want, Inject&& inject, std::uint64_t& fired) {
+  const std::uint64_t before = f.sim->faults_fired();
+  inject();
+  bool served = false;
+  try {
+    f.take(want);
+    served = true;
+  } catch (const stitch::backend_error&) {
+  } catch (const stitch::out_of_memory&) {
+  }
+  fired += f.sim->faults_fired() - before;
+  f.sim->clear_faults();
+  f.alloc->validate();
+  f.expect_intact();
+  return served;
+}
+
 TEST(Stitching, FaultsDuringStitchingLeaveAConsistentState) {
   // A fault at the nth call of a kind, optionally with a second fault that hits the undo.
   struct Fault {
@@ -604,7 +629,7 @@ TEST(Stitching, FaultsDuringStitchingLeaveAConsistentState) {
         SCOPED_TRACE(std::string(to_string(c.first.call)) + " fault " + std::to_string(nth) +
                      (c.second ? std::string(" then ") + to_string(c.second->call) : "") +
                      (with_fresh ? " (with fresh pages)" : ""));
-        Fixture f(512);
+        Fixture f(512, kNoReuse);
         f.fill_device();
         f.free_every_other();
         // A memory fraction just above what is reserved: growing is refused without a backend
@@ -615,20 +640,10 @@ TEST(Stitching, FaultsDuringStitchingLeaveAConsistentState) {
         f.alloc->set_memory_fraction(
             static_cast<double>(reserved + 4 * kG) / static_cast<double>(1024 * kMiB), 0);
         const std::size_t want = with_fresh ? free_granule_bytes(*f.alloc) + 3 * kG : 60 * kMiB;
-        const std::uint64_t fired_before = f.sim->faults_fired();
-        f.sim->inject_fault(c.first.call, nth, c.first.fault);
-        if (c.second) f.sim->inject_fault(c.second->call, 1, c.second->fault);
-        bool served = false;
-        try {
-          f.take(want);
-          served = true;
-        } catch (const stitch::backend_error&) {
-        } catch (const stitch::out_of_memory&) {
-        }
-        fired += f.sim->faults_fired() - fired_before;
-        f.sim->clear_faults();
-        f.alloc->validate();
-        f.expect_intact();
+        const bool served = take_under_faults(f, want, [&] {
+          f.sim->inject_fault(c.first.call, nth, c.first.fault);
+          if (c.second) f.sim->inject_fault(c.second->call, 1, c.second->fault);
+        }, fired);
         if (served) {
           EXPECT_TRUE(intact(f.live.back().p, want, f.live.back().seed));
         } else if (f.stat("num_ooms") == ooms) {
@@ -650,6 +665,115 @@ TEST(Stitching, FaultsDuringStitchingLeaveAConsistentState) {
     }
   }
   EXPECT_GT(fired, 100u) << "the faults must hit";
+}
+
+// ---- reusing free pages when a range grows (stitch_reuse_pages) -------------------------------
+
+TEST(StitchingConfig, ReusePages) {
+  EXPECT_TRUE(stitch::Config{}.stitch_reuse_pages);
+  const stitch::Config off =
+      stitch::Config::parse("expandable_segments:True,stitching:True,stitch_reuse_pages:False");
+  EXPECT_FALSE(off.stitch_reuse_pages);
+  EXPECT_FALSE(stitch::Config::parse(off.to_string()).stitch_reuse_pages);
+  EXPECT_NE(off.to_string().find("stitch_reuse_pages:False"), std::string::npos);
+  EXPECT_EQ(stitch::Config{}.to_string().find("stitch_reuse_pages"), std::string::npos)
+      << "listed only with stitching";
+  EXPECT_THROW((void)stitch::Config::parse("stitch_reuse_pages:maybe"), stitch::config_error);
+}
+
+/// 25 blocks of 6 MiB (3 pages each) on `stream`, every other one freed: twelve 3-page holes
+/// between live blocks, none of which holds a 10 MiB request; the last block stays live.
+void six_mib_holes(Fixture& f, stitch::stream_t stream) {
+  for (int i = 0; i < 25; ++i) f.take(6 * kMiB, stream);
+  f.free_every_other();
+}
+
+TEST(Stitching, GrowingReusesTheStreamsFreePagesFirst) {
+  Fixture f(2048);
+  six_mib_holes(f, nullptr);
+  ASSERT_LT(largest_free(*f.alloc), 10 * kMiB);
+  const auto reserved = f.stat("reserved_bytes.all.current");
+  const auto maps = f.sim->call_count(SimCall::map);
+  const auto unmaps = f.sim->call_count(SimCall::unmap);
+  const auto creates = f.sim->call_count(SimCall::create_physical);
+  const auto syncs = f.sim->call_count(SimCall::synchronize_stream);
+  // The device has plenty of room, yet the five pages come from the holes.
+  void* p = f.take(10 * kMiB);
+  f.alloc->validate();
+  f.expect_intact();
+  EXPECT_EQ(f.stat("reserved_bytes.all.current"), reserved) << "pages moved, none added";
+  EXPECT_EQ(f.stat("num_page_reuses"), 1);
+  EXPECT_EQ(f.stat("num_stitches"), 0) << "no new range: the stream's own range grew";
+  EXPECT_EQ(f.sim->call_count(SimCall::create_physical), creates);
+  EXPECT_EQ(f.sim->call_count(SimCall::map), maps + 5) << "one map per page";
+  EXPECT_EQ(f.sim->call_count(SimCall::unmap), unmaps + 2) << "a 3-page hole and 2 of another";
+  EXPECT_EQ(f.sim->call_count(SimCall::synchronize_stream), syncs + 1) << "its own stream";
+  // The block is usable in full and its neighbours kept their data.
+  fill(p, 10 * kMiB, 4242);
+  f.live.back().seed = 4242;
+  f.expect_intact();
+  // More than the free pages: they all move, fresh pages make up the rest.
+  const auto free_pages = static_cast<std::int64_t>(free_granule_bytes(*f.alloc));
+  f.take(free_pages + 6 * kG);
+  EXPECT_EQ(f.stat("reserved_bytes.all.current"), reserved + static_cast<std::int64_t>(6 * kG));
+  EXPECT_EQ(f.stat("num_page_reuses"), 2);
+  EXPECT_EQ(free_granule_bytes(*f.alloc), 0u);
+  f.alloc->validate();
+  f.expect_intact();
+  f.expect_nothing_leaked();
+}
+
+TEST(Stitching, WithoutReuseTheRangeGrows) {
+  Fixture f(2048, ",stitch_reuse_pages:False");
+  six_mib_holes(f, nullptr);
+  const auto reserved = f.stat("reserved_bytes.all.current");
+  const auto syncs = f.sim->call_count(SimCall::synchronize_stream);
+  f.take(10 * kMiB);
+  EXPECT_EQ(f.stat("reserved_bytes.all.current"), reserved + static_cast<std::int64_t>(10 * kMiB));
+  EXPECT_EQ(f.stat("num_page_reuses"), 0);
+  EXPECT_EQ(f.sim->call_count(SimCall::synchronize_stream), syncs);
+  f.expect_nothing_leaked();
+}
+
+TEST(Stitching, ReuseTakesNoOtherStreamsPages) {
+  Fixture f(2048);
+  six_mib_holes(f, S(7));
+  const auto reserved = f.stat("reserved_bytes.all.current");
+  const auto syncs = f.sim->call_count(SimCall::synchronize_stream);
+  f.take(10 * kMiB);  // the default stream has no free page: fresh ones
+  EXPECT_EQ(f.stat("reserved_bytes.all.current"), reserved + static_cast<std::int64_t>(10 * kMiB));
+  EXPECT_EQ(f.stat("num_page_reuses"), 0);
+  EXPECT_EQ(f.sim->call_count(SimCall::synchronize_stream), syncs) << "no stream waited for";
+  f.alloc->validate();
+  f.expect_nothing_leaked();
+}
+
+TEST(Stitching, FaultsWhileReusingPagesLeaveAConsistentState) {
+  using F = stitch::SimFault;
+  const std::pair<SimCall, F> faults[] = {
+      {SimCall::synchronize_stream, F::error}, {SimCall::unmap, F::error},
+      {SimCall::map, F::error},                {SimCall::create_physical, F::error},
+      {SimCall::create_physical, F::out_of_memory}};
+  std::uint64_t fired = 0;
+  for (const auto& [call, fault] : faults) {
+    for (std::uint64_t nth : {1, 2, 4, 7}) {
+      SCOPED_TRACE(std::string(to_string(call)) + " fault " + std::to_string(nth));
+      Fixture f(2048);
+      six_mib_holes(f, nullptr);
+      const auto reserved = f.stat("reserved_bytes.all.current");
+      // Five of the six fresh pages are needed: the free pages are too few on their own.
+      const std::size_t want = free_granule_bytes(*f.alloc) + 5 * kG;
+      const bool served =
+          take_under_faults(f, want, [&] { f.sim->inject_fault(call, nth, fault); }, fired);
+      if (!served) {
+        EXPECT_EQ(f.stat("reserved_bytes.all.current"), reserved) << "every page back in place";
+        f.take(want);  // and it still works
+        f.alloc->validate();
+      }
+      f.expect_nothing_leaked();
+    }
+  }
+  EXPECT_GT(fired, 10u) << "the faults must hit";
 }
 
 // ---- the guarantee, on random use ------------------------------------------------------------
@@ -700,7 +824,11 @@ TEST_P(StitchingRandom, FailsOnlyWhenTheFreePagesAreTooFew) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stitching, StitchingRandom,
-                         ::testing::Values("", ",stitch_before_grow_mb:16"),
-                         [](const auto& info) { return info.index == 0 ? "under_pressure" : "before_grow"; });
+                         ::testing::Values("", ",stitch_before_grow_mb:16", kNoReuse),
+                         [](const auto& info) {
+                           return std::string(info.index == 0   ? "reusing_pages"
+                                              : info.index == 1 ? "before_grow"
+                                                                : "under_pressure_only");
+                         });
 
 }  // namespace

@@ -43,6 +43,11 @@ struct STITCH_EXPORT Config {
   /// of only when it cannot give more. Lower reserved memory, at the price of a stream sync and
   /// one unmap per source run for each such stitch (docs/stitching.md).
   std::size_t stitch_before_grow = 0;
+  /// stitch_reuse_pages:True|False (stitching only; True): when a range must grow, the
+  /// stream's whole free pages elsewhere (both pools) are moved into it before fresh pages are
+  /// mapped, so reserved memory grows only when no free page is left. Costs one stream sync
+  /// and one unmap per source run each time pages move (docs/stitching.md).
+  bool stitch_reuse_pages = true;
   double per_process_memory_fraction = 1.0;         ///< [0,1]; 1 = no limit
   InvalidFreePolicy on_invalid_free = InvalidFreePolicy::error;  ///< on_invalid_free:error|abort
 

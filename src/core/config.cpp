@@ -19,7 +19,7 @@ namespace {
 constexpr const char* kKeys =
     "backend, sim_capacity_mb, sim_devices, max_split_size_mb, max_non_split_rounding_mb, "
     "roundup_power2_divisions, garbage_collection_threshold, expandable_segments, stitching, "
-    "stitch_before_grow_mb, per_process_memory_fraction, on_invalid_free, record_history, max_entries, record_stacks, "
+    "stitch_before_grow_mb, stitch_reuse_pages, per_process_memory_fraction, on_invalid_free, record_history, max_entries, record_stacks, "
     "oom_snapshot, oom_what_if";
 
 [[noreturn]] void bad_value(std::string_view key, std::string_view value, std::string_view accepted) {
@@ -179,6 +179,8 @@ Config Config::parse(std::string_view conf, const Config& base) {
         const auto mb = parse_uint(key, v, "an integer number of MiB (0: off)");
         if (mb > (std::uint64_t{1} << 40)) bad_value(key, v, "an integer number of MiB (0: off)");
         c.stitch_before_grow = mb << 20;
+      } else if (key == "stitch_reuse_pages") {
+        c.stitch_reuse_pages = parse_bool(key, v);
       } else if (key == "per_process_memory_fraction") {
         const double f = parse_double(key, v, "a number in [0, 1]");
         if (!(f >= 0.0 && f <= 1.0)) bad_value(key, v, "a number in [0, 1]");
@@ -238,6 +240,7 @@ std::string Config::to_string() const {
   out += fmt::format(",expandable_segments:{}", expandable_segments ? "True" : "False");
   out += fmt::format(",stitching:{}", stitching ? "True" : "False");
   if (stitch_before_grow != 0) out += fmt::format(",stitch_before_grow_mb:{}", stitch_before_grow >> 20);
+  if (stitching) out += fmt::format(",stitch_reuse_pages:{}", stitch_reuse_pages ? "True" : "False");
   out += fmt::format(",per_process_memory_fraction:{}", per_process_memory_fraction);
   out += fmt::format(",on_invalid_free:{}", on_invalid_free == InvalidFreePolicy::abort ? "abort" : "error");
   out += fmt::format(",record_history:{},max_entries:{},record_stacks:{}",

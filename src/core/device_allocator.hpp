@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -33,7 +34,14 @@ namespace stitch {
 
 namespace detail {
 struct WhatIfInput;
-}
+
+/// Whole pages [first, first + count) (page indices in its segment) inside a free block.
+struct PageRun {
+  Block* block;
+  std::size_t first;
+  std::size_t count;
+};
+}  // namespace detail
 
 /// Result of a free attempt on one device.
 enum class FreeStatus { freed, not_found, wrong_size };
@@ -173,6 +181,38 @@ class DeviceAllocator {
   /// Stitches a range for `rounded` bytes from free pages (own stream, fresh, other streams);
   /// with `own_only`, from the stream's own free pages alone. nullptr when they are too few.
   Block* stitch_pages(Pool& pool, stream_t stream, std::size_t rounded, bool own_only);
+  /// Grows `target` (an unmapped block of a one-granule expandable range) by its first `count`
+  /// pages, using the stream's whole free pages first and fresh pages for the rest
+  /// (stitch_reuse_pages). False when the device or the memory fraction cannot give the fresh
+  /// pages; nothing changed then.
+  bool map_reused_pages(Block* target, std::size_t count);
+  /// The whole free pages of one-granule expandable ranges (both pools): `stream`'s own in
+  /// `own`, other streams' in `others` (when given). Skips `skip_a` and `skip_b`. Returns the
+  /// pages found.
+  std::size_t free_page_runs(stream_t stream, std::vector<detail::PageRun>& own,
+                             std::map<stream_t, std::vector<detail::PageRun>>* others,
+                             const Block* skip_a = nullptr, const Block* skip_b = nullptr);
+  /// A page moved out of its segment: where it was and its physical handle.
+  struct MovedPage {
+    Segment* segment;
+    std::size_t index;
+    phys_handle_t handle;
+  };
+  /// Unmaps the runs of `plan` where they are (their handles stay alive), appending each page to
+  /// `moved` and each stitched segment touched to `sources`. On a failure, maps every page moved
+  /// so far back and rethrows.
+  void move_out(const std::vector<detail::PageRun>& plan, std::vector<MovedPage>& moved,
+                std::vector<Segment*>& sources);
+  /// Maps the moved pages, then the fresh ones, side by side from `at` (one page each) and
+  /// returns their handles in that order. On a failure unmaps what it mapped, maps the moved
+  /// pages back where they were, releases the fresh ones and rethrows; `clean` is false if the
+  /// unmap failed too (stray mappings remain at `at`).
+  std::vector<phys_handle_t> map_side_by_side(char* at, std::size_t page,
+                                              const std::vector<MovedPage>& moved,
+                                              const std::vector<phys_handle_t>& fresh,
+                                              bool& clean);
+  /// Dissolves the stitched segments among `sources` that no longer hold a mapped page.
+  void dissolve_emptied(const std::vector<Segment*>& sources) noexcept;
   void map_back(Segment* segment, std::size_t index, phys_handle_t handle) noexcept;
   bool release_if_unmapped(Segment* segment);
   void release_or_keep(Pool& pool, stream_t stream, void* va, std::size_t bytes,

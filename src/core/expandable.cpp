@@ -107,13 +107,18 @@ DeviceAllocator::Block* DeviceAllocator::grow_expandable(Pool& pool, stream_t st
                                                          std::size_t rounded) {
   // The lowest-address unmapped range that, with the free block just before it, covers the
   // request: this fills holes before growing at the end, keeping the segment in one piece.
+  // With stitch_reuse_pages (which leaves holes where pages moved out) the free block just after
+  // counts too: mapping the whole hole joins the three, and the edge fragments are used again.
+  const bool reuse = config_.stitching && config_.stitch_reuse_pages;
   Block probe(nullptr, 0, stream, nullptr, pool.small);
   Block* target = nullptr;
   for (auto it = pool.unmapped.lower_bound(&probe);
        it != pool.unmapped.end() && (*it)->stream == stream; ++it) {
     Block* u = *it;
     const std::size_t before = u->prev != nullptr && u->prev->in_index ? u->prev->size : 0;
-    if (u->size + before >= rounded) {
+    const std::size_t after =
+        reuse && u->next != nullptr && u->next->in_index ? u->next->size : 0;
+    if (u->size + before + after >= rounded) {
       target = u;
       break;
     }
@@ -127,11 +132,18 @@ DeviceAllocator::Block* DeviceAllocator::grow_expandable(Pool& pool, stream_t st
   const std::size_t before =
       target->prev != nullptr && target->prev->in_index ? target->prev->size : 0;
   const std::size_t need = before < rounded ? rounded - before : segment->page;
-  const std::size_t bytes = round_up(need, segment->page);
-  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
-  if (allowed_ && reserved + bytes > *allowed_) return nullptr;
-  const std::size_t first = static_cast<std::size_t>(target->ptr - segment->base) / segment->page;
-  if (!map_pages(segment, first, bytes / segment->page)) return nullptr;
+  // (Without the free block after, the hole alone covers `need`: the min changes nothing.)
+  const std::size_t bytes = std::min(round_up(need, segment->page), target->size);
+  if (reuse && segment->page == backend_.granularity(device_)) {
+    // stitch_reuse_pages: the stream's free pages elsewhere come first (stitching.cpp).
+    if (!map_reused_pages(target, bytes / segment->page)) return nullptr;
+  } else {
+    const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
+    if (allowed_ && reserved + bytes > *allowed_) return nullptr;
+    const std::size_t first =
+        static_cast<std::size_t>(target->ptr - segment->base) / segment->page;
+    if (!map_pages(segment, first, bytes / segment->page)) return nullptr;
+  }
 
   // The mapped front of `target` becomes a free block; the rest stays unmapped.
   pool.unmapped.erase(target);

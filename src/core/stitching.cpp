@@ -37,12 +37,11 @@ using detail::sub;
 
 namespace {
 
-/// The whole pages [first, first + count) (page indices in its segment) inside a free block.
-struct Run {
-  detail::Block* block;
-  std::size_t first;
-  std::size_t count;
-};
+using Run = detail::PageRun;
+
+/// stitch_reuse_pages moves free pages into a growing range only while they are more than
+/// reserved / kReuseSlack (see map_reused_pages).
+constexpr std::size_t kReuseSlack = 64;
 
 /// Picks runs from `runs` adding up to `want` pages (or all of them when they do not reach it)
 /// and appends them to `plan`; returns the pages taken. Largest runs first, and the last piece
@@ -153,6 +152,154 @@ bool DeviceAllocator::release_if_unmapped(Segment* segment) {
   return true;
 }
 
+std::size_t DeviceAllocator::free_page_runs(stream_t stream, std::vector<Run>& own,
+                                           std::map<stream_t, std::vector<Run>>* others,
+                                           const Block* skip_a, const Block* skip_b) {
+  const std::size_t page = backend_.granularity(device_);
+  std::size_t total = 0;
+  for (const Pool* p : {&small_, &large_}) {
+    for (Block* b : p->index) {
+      const Segment* s = b->segment;
+      if (!s->expandable || s->page != page || b == skip_a || b == skip_b) continue;
+      if (s->stream != stream && others == nullptr) continue;
+      const auto offset = static_cast<std::size_t>(b->ptr - s->base);
+      const std::size_t first = round_up(offset, page) / page;
+      const std::size_t last = (offset + b->size) / page;
+      if (last <= first) continue;
+      (s->stream == stream ? own : (*others)[s->stream]).push_back(Run{b, first, last - first});
+      total += last - first;
+    }
+  }
+  return total;
+}
+
+void DeviceAllocator::move_out(const std::vector<Run>& plan, std::vector<MovedPage>& moved,
+                               std::vector<Segment*>& sources) {
+  const std::size_t first_moved = moved.size();
+  for (const Run& run : plan) {
+    Segment* s = run.block->segment;
+    const std::size_t page = s->page;
+    char* at = s->base + run.first * page;
+    const std::size_t bytes = run.count * page;
+    try {
+      backend_.unmap(device_, at, bytes);
+    } catch (...) {
+      for (std::size_t i = moved.size(); i > first_moved; --i)
+        map_back(moved[i - 1].segment, moved[i - 1].index, moved[i - 1].handle);
+      moved.resize(first_moved);
+      throw;
+    }
+    for (std::size_t i = run.first; i < run.first + run.count; ++i) {
+      moved.push_back(MovedPage{s, i, s->pages[i]});
+      s->pages[i] = 0;
+    }
+    trace(TraceAction::segment_unmap, at, bytes, s->stream);
+    ++stats_.num_device_free;
+    sub(stats_.reserved_bytes, s->small, static_cast<std::int64_t>(bytes));
+    mark_unmapped(run.block, run.first * page, run.first * page + bytes);
+    if (s->stitched && std::find(sources.begin(), sources.end(), s) == sources.end())
+      sources.push_back(s);
+  }
+}
+
+std::vector<phys_handle_t> DeviceAllocator::map_side_by_side(
+    char* at, std::size_t page, const std::vector<MovedPage>& moved,
+    const std::vector<phys_handle_t>& fresh, bool& clean) {
+  std::vector<phys_handle_t> handles;
+  handles.reserve(moved.size() + fresh.size());
+  for (const MovedPage& m : moved) handles.push_back(m.handle);
+  handles.insert(handles.end(), fresh.begin(), fresh.end());
+  clean = true;
+  std::size_t mapped = 0;
+  try {
+    for (; mapped < handles.size(); ++mapped)
+      backend_.map(device_, at + mapped * page, page, handles[mapped]);
+  } catch (...) {
+    if (mapped > 0) {
+      try {
+        backend_.unmap(device_, at, mapped * page);
+      } catch (...) {
+        clean = false;  // the range keeps stray mappings
+      }
+    }
+    for (auto it = moved.rbegin(); it != moved.rend(); ++it)
+      map_back(it->segment, it->index, it->handle);
+    for (phys_handle_t h : fresh) release_or_orphan(h);
+    throw;
+  }
+  return handles;
+}
+
+void DeviceAllocator::dissolve_emptied(const std::vector<Segment*>& sources) noexcept {
+  for (Segment* s : sources) {
+    try {
+      release_if_unmapped(s);
+    } catch (...) {  // kept, wholly unmapped: release_expandable_pages retries
+    }
+  }
+}
+
+bool DeviceAllocator::map_reused_pages(Block* target, std::size_t count) {
+  // Like map_pages, but the stream's whole free pages elsewhere (both pools, stitched ranges
+  // included) are moved here first: reserved memory grows only by the fresh pages. The free
+  // blocks next to `target` are left alone (the caller serves the request from the one before,
+  // and moving their pages would merge their holes with `target`).
+  Segment* dest = target->segment;
+  const std::size_t page = dest->page;
+  std::vector<Run> own;
+  std::vector<Run> plan;
+  // Only when the stream's free pages are more than a slack of 1/64 of reserved memory: a few
+  // cached pages are what the next same-sized request reuses in place; taking even those made
+  // every grow steal from blocks about to be reused, and slivers of pages piled up between the
+  // holes (ftcourse-finetune: 93 MiB of them at its peak, against 7 MiB; docs/stitching.md).
+  const std::size_t have = free_page_runs(dest->stream, own, nullptr, target->prev, target->next);
+  const auto reserved_now = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
+  if (have * page > reserved_now / kReuseSlack) take(std::move(own), count, plan);
+  std::size_t reused = 0;
+  for (const Run& r : plan) reused += r.count;
+  const std::size_t fresh_pages = count - reused;
+  if (allowed_ && reserved_now + fresh_pages * page > *allowed_) return false;
+  const std::size_t first = static_cast<std::size_t>(target->ptr - dest->base) / page;
+  if (reused == 0) return map_pages(dest, first, count);
+
+  std::vector<phys_handle_t> fresh;
+  auto release_fresh = [&] {
+    for (phys_handle_t h : fresh) release_or_orphan(h);
+  };
+  try {
+    while (fresh.size() < fresh_pages) {
+      const phys_handle_t h = backend_.create_physical(device_, page);
+      if (h == 0) {
+        release_fresh();
+        return false;
+      }
+      fresh.push_back(h);
+    }
+    // Kernels queued on the stream may still use the pages' old addresses.
+    backend_.synchronize_stream(device_, dest->stream);
+  } catch (...) {
+    release_fresh();
+    throw;
+  }
+  std::vector<MovedPage> moved;
+  std::vector<Segment*> sources;
+  try {
+    move_out(plan, moved, sources);  // on failure, everything is back where it was
+  } catch (...) {
+    release_fresh();
+    throw;
+  }
+  // On a failure everything is undone; after two faults in a row (!clean) stray mappings stay
+  // in `target`'s pages, which remain unmapped in the bookkeeping.
+  bool clean = true;
+  const std::vector<phys_handle_t> handles =
+      map_side_by_side(dest->base + first * page, page, moved, fresh, clean);
+  for (std::size_t i = 0; i < count; ++i) dest->pages[first + i] = handles[i];
+  ++stats_.num_page_reuses;
+  dissolve_emptied(sources);
+  return true;
+}
+
 DeviceAllocator::Block* DeviceAllocator::stitch_pages(Pool& pool, stream_t stream,
                                                       std::size_t rounded, bool own_only) {
   const std::size_t page = backend_.granularity(device_);
@@ -161,34 +308,17 @@ DeviceAllocator::Block* DeviceAllocator::stitch_pages(Pool& pool, stream_t strea
   // 1. Candidates: whole pages inside free blocks of one-granule-page ranges, by stream.
   std::vector<Run> own;
   std::map<stream_t, std::vector<Run>> others;
+  free_page_runs(stream, own, own_only ? nullptr : &others);
   std::map<stream_t, std::size_t> other_pages;
   std::size_t own_total = 0, other_total = 0;
-  for (const Pool* p : {&small_, &large_}) {
-    for (Block* b : p->index) {
-      const Segment* s = b->segment;
-      if (!s->expandable || s->page != page) continue;
-      const auto offset = static_cast<std::size_t>(b->ptr - s->base);
-      const std::size_t first = round_up(offset, page) / page;
-      const std::size_t last = (offset + b->size) / page;
-      if (last <= first) continue;
-      const Run run{b, first, last - first};
-      if (s->stream == stream) {
-        own.push_back(run);
-        own_total += run.count;
-      } else {
-        others[s->stream].push_back(run);
-        other_pages[s->stream] += run.count;
-        other_total += run.count;
-      }
+  for (const Run& r : own) own_total += r.count;
+  for (const auto& [s, runs] : others)
+    for (const Run& r : runs) {
+      other_pages[s] += r.count;
+      other_total += r.count;
     }
-  }
   if (own_total + other_total == 0) return nullptr;  // only fresh pages: growing failed already
-  if (own_only) {
-    if (own_total < pages) return nullptr;
-    others.clear();
-    other_pages.clear();
-    other_total = 0;
-  }
+  if (own_only && own_total < pages) return nullptr;
 
   // 2. Fresh pages the device (and the memory fraction) may still give.
   std::size_t fresh_limit = own_only ? 0 : backend_.memory_info(device_).free / page;
@@ -245,61 +375,22 @@ DeviceAllocator::Block* DeviceAllocator::stitch_pages(Pool& pool, stream_t strea
   }
 
   // 4. Move: unmap each run where it is (the handles stay alive), bookkeeping as we go.
-  struct Moved {
-    Segment* segment;
-    std::size_t index;
-    phys_handle_t handle;
-  };
-  std::vector<Moved> moved;
+  std::vector<MovedPage> moved;
   moved.reserve(planned);
-  auto undo_moves = [&] {
-    for (auto it = moved.rbegin(); it != moved.rend(); ++it)
-      map_back(it->segment, it->index, it->handle);
-  };
   std::vector<Segment*> sources;
-  for (const Run& run : plan) {
-    Segment* s = run.block->segment;
-    char* at = s->base + run.first * page;
-    const std::size_t bytes = run.count * page;
-    try {
-      backend_.unmap(device_, at, bytes);
-    } catch (...) {
-      undo_moves();
-      give_up();
-      throw;
-    }
-    for (std::size_t i = run.first; i < run.first + run.count; ++i) {
-      moved.push_back(Moved{s, i, s->pages[i]});
-      s->pages[i] = 0;
-    }
-    trace(TraceAction::segment_unmap, at, bytes, s->stream);
-    ++stats_.num_device_free;
-    sub(stats_.reserved_bytes, s->small, static_cast<std::int64_t>(bytes));
-    mark_unmapped(run.block, run.first * page, run.first * page + bytes);
-    if (s->stitched && std::find(sources.begin(), sources.end(), s) == sources.end())
-      sources.push_back(s);
+  try {
+    move_out(plan, moved, sources);
+  } catch (...) {
+    give_up();
+    throw;
   }
 
   // 5. Map the moved pages, then the fresh ones, side by side into the new range.
   std::vector<phys_handle_t> handles;
-  handles.reserve(pages);
-  for (const Moved& m : moved) handles.push_back(m.handle);
-  handles.insert(handles.end(), fresh.begin(), fresh.end());
-  std::size_t mapped = 0;
+  bool range_clean = true;
   try {
-    for (; mapped < pages; ++mapped)
-      backend_.map(device_, static_cast<char*>(va) + mapped * page, page, handles[mapped]);
-  } catch (...) {
-    bool range_clean = true;
-    if (mapped > 0) {
-      try {
-        backend_.unmap(device_, va, mapped * page);
-      } catch (...) {
-        range_clean = false;  // the range keeps stray mappings; it cannot be released
-      }
-    }
-    undo_moves();
-    for (phys_handle_t h : fresh) release_or_orphan(h);
+    handles = map_side_by_side(static_cast<char*>(va), page, moved, fresh, range_clean);
+  } catch (...) {  // the pages are back where they were, the fresh ones released
     // With stray mappings left (a second failure) the range can be neither released nor used.
     if (range_clean) release_or_keep(pool, stream, va, pages * page, page);
     throw;
@@ -327,12 +418,7 @@ DeviceAllocator::Block* DeviceAllocator::stitch_pages(Pool& pool, stream_t strea
   add(stats_.reserved_bytes, pool.small, static_cast<std::int64_t>(segment->size));
 
   // Stitched ranges emptied by this move are dissolved: their reservations go back.
-  for (Segment* s : sources) {
-    try {
-      release_if_unmapped(s);
-    } catch (...) {  // kept, wholly unmapped: release_expandable_pages retries
-    }
-  }
+  dissolve_emptied(sources);
   return insert_free(pool, block);
 }
 

@@ -12,6 +12,7 @@
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
 #include "tools/common/arg_reader.hpp"
+#include "tools/replay/breakdown.hpp"
 #include "tools/replay/report.hpp"
 #include "tools/replay/workload.hpp"
 
@@ -33,6 +34,9 @@ options:
                     the trace without an OOM
   --device N        replay only device N
   --json            print JSON instead of tables
+  --breakdown       also print, per config, where reserved minus requested lies when reserved
+                    peaks (rounding, pending frees, plain segments, partly used pages, whole free
+                    pages by pool and stream); one more replay to the peak each
   --plot FILE.svg   write requested/reserved/unallocated over the trace (one file per trace and
                     device: FILE-<n>.svg when there are several)
   --no-progress     no progress bar, even on a terminal
@@ -45,7 +49,7 @@ int main(int argc, char** argv) {
   using namespace stitch::replay;
   std::vector<std::string> configs, traces;
   std::size_t capacity = std::size_t{1} << 40;
-  bool search = false, json = false, progress = isatty(STDERR_FILENO) != 0;
+  bool search = false, json = false, breakdown = false, progress = isatty(STDERR_FILENO) != 0;
   int only_device = -1;
   std::string plot;
   try {
@@ -63,6 +67,8 @@ int main(int argc, char** argv) {
         search = true;
       } else if (a == "--device") {
         only_device = std::stoi(value());
+      } else if (a == "--breakdown") {
+        breakdown = true;
       } else if (a == "--json") {
         json = true;
       } else if (a == "--plot") {
@@ -131,6 +137,9 @@ int main(int argc, char** argv) {
             row.min_capacity_searched = true;
             row.min_capacity = min_capacity(t, c, capacity);
           }
+          if (breakdown)
+            std::fprintf(stderr, "%s [%s]: %s\n", path.c_str(), c.empty() ? "defaults" : c.c_str(),
+                         format_breakdown(breakdown_at_peak(t, o, row.result)).c_str());
         } catch (const std::exception& e) {
           std::fprintf(stderr, "stitch-replay: error: %s [%s]: %s\n", path.c_str(), c.c_str(), e.what());
           status = 1;

@@ -120,7 +120,10 @@ ReplayResult replay(const DeviceTrace& trace, const ReplayOptions& options) {
       const auto reserved = static_cast<std::size_t>(s.reserved_bytes[kAll].current);
       const auto allocated = static_cast<std::size_t>(s.allocated_bytes[kAll].current);
       r.peak_requested = std::max(r.peak_requested, run.requested);
-      r.peak_reserved = std::max(r.peak_reserved, reserved);
+      if (reserved > r.peak_reserved) {
+        r.peak_reserved = reserved;
+        r.peak_reserved_event = i + 1;
+      }
       if (reserved - allocated > r.peak_unallocated) {
         r.peak_unallocated = reserved - allocated;
         worst_event = i + 1;
@@ -133,6 +136,7 @@ ReplayResult replay(const DeviceTrace& trace, const ReplayOptions& options) {
     r.peak_reserved = std::max(r.peak_reserved, static_cast<std::size_t>(s.reserved_bytes[kAll].peak));
     r.maps = static_cast<std::int64_t>(run.sim->call_count(SimCall::map));
     r.unmaps = static_cast<std::int64_t>(run.sim->call_count(SimCall::unmap));
+    r.stream_syncs = static_cast<std::int64_t>(run.sim->call_count(SimCall::synchronize_stream));
     r.device_allocs = static_cast<std::int64_t>(run.sim->call_count(SimCall::allocate));
     r.device_frees = static_cast<std::int64_t>(run.sim->call_count(SimCall::deallocate));
     r.ooms = run.ooms;
@@ -150,6 +154,14 @@ ReplayResult replay(const DeviceTrace& trace, const ReplayOptions& options) {
     r.largest_free_at_worst = largest_free(*run.alloc);
   }
   return r;
+}
+
+Snapshot snapshot_after(const DeviceTrace& trace, const ReplayOptions& options, std::size_t events,
+                        std::size_t& requested) {
+  Run run(trace, options);
+  drive(run, events, [](std::size_t) {});
+  requested = run.requested;
+  return run.alloc->snapshot();
 }
 
 std::optional<std::size_t> min_capacity(const DeviceTrace& trace, const std::string& config,

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "stitch/snapshot.hpp"
 #include "tools/replay/workload.hpp"
 
 namespace stitch::replay {
@@ -42,10 +43,12 @@ struct ReplayResult {
   std::size_t peak_reserved = 0;          ///< peak of bytes held from the device
   std::size_t peak_unallocated = 0;       ///< peak of reserved minus allocated
   std::size_t largest_free_at_worst = 0;  ///< largest free block when unallocated peaked
+  std::size_t peak_reserved_event = 0;    ///< events replayed when reserved last rose to its peak
   std::int64_t device_allocs = 0;         ///< segment allocations (cudaMalloc)
   std::int64_t device_frees = 0;
   std::int64_t maps = 0;                  ///< page-range maps (expandable segments)
   std::int64_t unmaps = 0;
+  std::int64_t stream_syncs = 0;          ///< synchronize_stream calls (page moves, releases)
   std::size_t ooms = 0;                   ///< requests that failed
   double seconds = 0.0;
   std::vector<std::size_t> segments;      ///< sizes of the segments/maps made, in order
@@ -61,6 +64,11 @@ struct ReplayResult {
 
 /// Replays one device's trace. Deterministic: the same trace and options give the same numbers.
 ReplayResult replay(const DeviceTrace& trace, const ReplayOptions& options);
+
+/// The allocator's snapshot after replaying the first `events` events (from the trace's
+/// starting state); `requested` receives the live requested bytes then.
+Snapshot snapshot_after(const DeviceTrace& trace, const ReplayOptions& options, std::size_t events,
+                        std::size_t& requested);
 
 /// Smallest capacity (a multiple of `step`) on which the trace replays without an OOM, found by
 /// bisection between peak requested and `upper`; nullopt if it does not fit even in `upper`.

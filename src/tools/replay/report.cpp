@@ -112,11 +112,11 @@ std::string format_json(const std::vector<TraceReport>& reports) {
       out += fmt::format("{}{{\"config\":\"{}\",\"capacity\":{},\"peak_requested\":{},\"peak_reserved\":{},"
                          "\"reserved_over_requested\":{:.6f},\"peak_unallocated\":{},"
                          "\"largest_free_at_worst\":{},\"device_allocs\":{},\"device_frees\":{},"
-                         "\"maps\":{},\"unmaps\":{},\"ooms\":{},\"events_per_second\":{:.0f}",
+                         "\"maps\":{},\"unmaps\":{},\"stream_syncs\":{},\"ooms\":{},\"events_per_second\":{:.0f}",
                          j ? "," : "", json_escape(r.config), r.capacity, r.peak_requested,
                          r.peak_reserved, r.reserved_over_requested(), r.peak_unallocated,
                          r.largest_free_at_worst, r.device_allocs, r.device_frees, r.maps, r.unmaps,
-                         r.ooms, r.events_per_second());
+                         r.stream_syncs, r.ooms, r.events_per_second());
       if (t.rows[j].min_capacity_searched) {
         if (t.rows[j].min_capacity) {
           out += fmt::format(",\"min_capacity\":{}", *t.rows[j].min_capacity);
