@@ -141,6 +141,10 @@ class DeviceAllocator {
   Block* grow_expandable(Pool& pool, stream_t stream, std::size_t rounded);
   Segment* create_expandable(Pool& pool, stream_t stream, std::size_t min_bytes);
   bool map_pages(Segment* segment, std::size_t first, std::size_t count);
+  /// Unmaps `bytes` at `va` while undoing; if that fails too, files the range as stray.
+  void unmap_or_stray(char* va, std::size_t bytes) noexcept;
+  /// Retries the unmap of every stray range; throws (keeping the rest) if one fails again.
+  void unmap_strays();
   void release_expandable_pages();
   void unmap_free_pages(Block* block);
   /// Bookkeeping only: bytes [start, end) of `block`'s segment (whole pages inside the free
@@ -198,6 +202,10 @@ class DeviceAllocator {
   std::size_t outstanding_events_ = 0;
   std::vector<event_t> event_pool_;
   std::vector<phys_handle_t> orphan_handles_;  ///< pages whose release failed: retried later
+  /// Ranges still mapped because their unmap failed while undoing a failed map (the bookkeeping
+  /// already calls them unmapped): unmapped again before the next map and before reservations
+  /// are released, so that a second failure costs neither a leak nor a stuck reservation.
+  std::vector<std::pair<char*, std::size_t>> stray_mappings_;
 };
 
 }  // namespace stitch

@@ -290,18 +290,12 @@ DeviceAllocator::Block* DeviceAllocator::stitch_pages(Pool& pool, stream_t strea
     for (; mapped < pages; ++mapped)
       backend_.map(device_, static_cast<char*>(va) + mapped * page, page, handles[mapped]);
   } catch (...) {
-    bool range_clean = true;
-    if (mapped > 0) {
-      try {
-        backend_.unmap(device_, va, mapped * page);
-      } catch (...) {
-        range_clean = false;  // the range keeps stray mappings; it cannot be released
-      }
-    }
+    // A second failure here leaves the mapped part stray: release_or_keep then keeps the range
+    // as an empty stitched segment, given back once the stray unmap succeeds.
+    if (mapped > 0) unmap_or_stray(static_cast<char*>(va), mapped * page);
     undo_moves();
     for (phys_handle_t h : fresh) release_or_orphan(h);
-    // With stray mappings left (a second failure) the range can be neither released nor used.
-    if (range_clean) release_or_keep(pool, stream, va, pages * page, page);
+    release_or_keep(pool, stream, va, pages * page, page);
     throw;
   }
 
