@@ -77,6 +77,19 @@ struct Bystanders {
   }
 };
 
+/// A free with bad arguments must be rejected with `needle` in the error, counted as an invalid
+/// free, and leave every allocation (and the bystanders' data) alone.
+void expect_rejected_free(const Bystanders& others, void* ptr, std::size_t size, int device,
+                          const char* needle) {
+  const std::int64_t invalid = stat("num_invalid_frees");
+  const std::int64_t live = stat("allocation.all.current");
+  stitch_free(ptr, size, device, stream(1));
+  EXPECT_TRUE(contains(last_error(), needle)) << last_error();
+  EXPECT_EQ(stat("num_invalid_frees"), invalid + 1);
+  EXPECT_EQ(stat("allocation.all.current"), live);
+  EXPECT_TRUE(others.all_intact());
+}
+
 // ---- malloc / free ---------------------------------------------------------------------------------
 
 TEST(CApi, MallocFreeRoundTrip) {
@@ -149,14 +162,8 @@ TEST(CApi, OutOfMemoryReturnsNullAndCounts) {
 TEST(CApi, FreeOfAnUnknownPointerSetsTheErrorAndChangesNothing) {
   use_sim();
   Bystanders others;
-  const std::int64_t invalid = stat("num_invalid_frees");
-  const std::int64_t live = stat("allocation.all.current");
   int host = 0;
-  stitch_free(&host, sizeof host, 0, nullptr);
-  EXPECT_TRUE(contains(last_error(), "not a live allocation")) << last_error();
-  EXPECT_EQ(stat("num_invalid_frees"), invalid + 1);
-  EXPECT_EQ(stat("allocation.all.current"), live);
-  EXPECT_TRUE(others.all_intact());
+  expect_rejected_free(others, &host, sizeof host, 0, "not a live allocation");
 }
 
 TEST(CApi, InteriorPointerFreeIsRejected) {
@@ -251,12 +258,7 @@ TEST(CApi, HugeAndNegativeSizesFailCleanly) {
   EXPECT_EQ(stat("allocation.all.current"), live);
   EXPECT_EQ(stat("allocated_bytes.all.current"), bytes);
   // Freeing with a "negative" size is a wrong size: rejected, the block kept.
-  const std::int64_t invalid = stat("num_invalid_frees");
-  stitch_free(others.ptr[0], static_cast<std::size_t>(-1), 0, stream(1));
-  EXPECT_TRUE(contains(last_error(), "nothing was freed")) << last_error();
-  EXPECT_EQ(stat("num_invalid_frees"), invalid + 1);
-  EXPECT_EQ(stat("allocation.all.current"), live);
-  EXPECT_TRUE(others.all_intact());
+  expect_rejected_free(others, others.ptr[0], static_cast<std::size_t>(-1), 0, "nothing was freed");
 }
 
 TEST(CApi, NegativeDevicesAreRejectedEverywhere) {
