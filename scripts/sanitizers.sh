@@ -18,7 +18,7 @@ export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1"
 export TSAN_OPTIONS="halt_on_error=1:abort_on_error=1:second_deadlock_stack=1"
 san_fuzzers=(fuzz_config:config fuzz_pickle:pickle fuzz_rmm_csv:rmm_csv fuzz_capi_ops:capi_ops)
 
-san_say() { printf '\n=== %s: %s\n' "$(basename "$0")" "$*"; }
+san_say() { printf '\n=== %s [%d s]: %s\n' "$(basename "$0")" "$SECONDS" "$*"; }
 
 # Builds the library, stitch_tests, c_api_program and the fuzzers under ASan + UBSan in $1.
 san_build_asan() {
