@@ -4,6 +4,9 @@
 set -euo pipefail
 
 packages=(cmake g++ make libgtest-dev libgmock-dev libbenchmark-dev libfmt-dev python3 python3-pytest)
+# The sanitizer and fuzz smoke run (scripts/sanitize-smoke.sh) builds with clang and needs its
+# runtimes (ASan, UBSan, TSan, libFuzzer).
+[ "${STITCH_SKIP_SANITIZERS:-0}" = 1 ] || packages+=(clang libclang-rt-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

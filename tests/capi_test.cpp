@@ -7,6 +7,7 @@
 // their body in a death-test child, which re-executes this binary ("threadsafe" style).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -75,6 +76,19 @@ struct Bystanders {
       if (ptr[i] != nullptr) stitch_free(ptr[i], kSizes[i], 0, stream(1));
   }
 };
+
+/// A free with bad arguments must be rejected with `needle` in the error, counted as an invalid
+/// free, and leave every allocation (and the bystanders' data) alone.
+void expect_rejected_free(const Bystanders& others, void* ptr, std::size_t size, int device,
+                          const char* needle) {
+  const std::int64_t invalid = stat("num_invalid_frees");
+  const std::int64_t live = stat("allocation.all.current");
+  stitch_free(ptr, size, device, stream(1));
+  EXPECT_TRUE(contains(last_error(), needle)) << last_error();
+  EXPECT_EQ(stat("num_invalid_frees"), invalid + 1);
+  EXPECT_EQ(stat("allocation.all.current"), live);
+  EXPECT_TRUE(others.all_intact());
+}
 
 // ---- malloc / free ---------------------------------------------------------------------------------
 
@@ -148,14 +162,8 @@ TEST(CApi, OutOfMemoryReturnsNullAndCounts) {
 TEST(CApi, FreeOfAnUnknownPointerSetsTheErrorAndChangesNothing) {
   use_sim();
   Bystanders others;
-  const std::int64_t invalid = stat("num_invalid_frees");
-  const std::int64_t live = stat("allocation.all.current");
   int host = 0;
-  stitch_free(&host, sizeof host, 0, nullptr);
-  EXPECT_TRUE(contains(last_error(), "not a live allocation")) << last_error();
-  EXPECT_EQ(stat("num_invalid_frees"), invalid + 1);
-  EXPECT_EQ(stat("allocation.all.current"), live);
-  EXPECT_TRUE(others.all_intact());
+  expect_rejected_free(others, &host, sizeof host, 0, "not a live allocation");
 }
 
 TEST(CApi, InteriorPointerFreeIsRejected) {
@@ -232,6 +240,75 @@ TEST(CApi, FreeOnTheWrongDeviceSetsTheErrorAndKeepsTheBlock) {
         std::_Exit(0);
       },
       ::testing::ExitedWithCode(0), "");
+}
+
+TEST(CApi, HugeAndNegativeSizesFailCleanly) {
+  use_sim();
+  Bystanders others;
+  const std::int64_t live = stat("allocation.all.current");
+  const std::int64_t bytes = stat("allocated_bytes.all.current");
+  // A negative size from a caller's signed arithmetic arrives as a huge size_t.
+  for (const std::size_t size : {static_cast<std::size_t>(-1), static_cast<std::size_t>(-512),
+                                 SIZE_MAX / 2 + 1, std::size_t{1} << 50}) {
+    const std::int64_t ooms = stat("num_ooms");
+    EXPECT_EQ(stitch_malloc(size, 0, stream(1)), nullptr) << size;
+    EXPECT_TRUE(contains(last_error(), "out of memory")) << last_error();
+    EXPECT_EQ(stat("num_ooms"), ooms + 1);
+  }
+  EXPECT_EQ(stat("allocation.all.current"), live);
+  EXPECT_EQ(stat("allocated_bytes.all.current"), bytes);
+  // Freeing with a "negative" size is a wrong size: rejected, the block kept.
+  expect_rejected_free(others, others.ptr[0], static_cast<std::size_t>(-1), 0, "nothing was freed");
+}
+
+TEST(CApi, NegativeDevicesAreRejectedEverywhere) {
+  use_sim();
+  Bystanders others;
+  const std::int64_t live = stat("allocation.all.current");
+  stitch_free(others.ptr[0], Bystanders::kSizes[0], -1, stream(1));
+  EXPECT_TRUE(contains(last_error(), "device -1")) << last_error();
+  EXPECT_NE(stitch_empty_cache(-2), 0);
+  EXPECT_NE(stitch_set_memory_fraction(0.5, -1), 0);
+  EXPECT_NE(stitch_reset_peak_stats(-2), 0);
+  char buf[16] = "x";
+  EXPECT_EQ(stitch_memory_summary(-1, buf, sizeof buf), 0u);
+  EXPECT_EQ(buf[0], '\0');
+  EXPECT_NE(last_error(), "");
+  EXPECT_EQ(stat("allocation.all.current"), live);
+  EXPECT_TRUE(others.all_intact());
+}
+
+TEST(CApi, RecordStreamOfAnInteriorOrFreedPointerFails) {
+  use_sim();
+  Bystanders others;
+  EXPECT_NE(stitch_record_stream(static_cast<char*>(others.ptr[2]) + 512, stream(2)), 0);
+  EXPECT_TRUE(contains(last_error(), "not a live allocation")) << last_error();
+  void* p = stitch_malloc(4000, 0, stream(1));
+  ASSERT_NE(p, nullptr);
+  stitch_free(p, 4000, 0, stream(1));
+  EXPECT_NE(stitch_record_stream(p, stream(2)), 0);
+  EXPECT_NE(stitch_record_stream(nullptr, stream(2)), 0);
+  EXPECT_TRUE(others.all_intact());
+}
+
+TEST(CApi, NotANumberMemoryFractionIsRejected) {
+  use_sim();
+  EXPECT_NE(stitch_set_memory_fraction(std::nan(""), 0), 0);
+  EXPECT_TRUE(contains(last_error(), "nan")) << last_error();
+  EXPECT_NE(stitch_set_memory_fraction(HUGE_VAL, 0), 0);
+  void* p = stitch_malloc(300 * MiB, 0, nullptr);  // no cap was set
+  EXPECT_NE(p, nullptr) << last_error();
+  stitch_free(p, 300 * MiB, 0, nullptr);
+}
+
+TEST(CApi, RecordHistoryWithTheLargestRingDoesNotReserveIt) {
+  use_sim();
+  // max_entries may be up to 2^32: the ring grows with the entries recorded, not up front.
+  ASSERT_EQ(stitch_record_history(1, std::size_t{1} << 32), 0) << last_error();
+  void* p = stitch_malloc(1000, 0, nullptr);
+  EXPECT_NE(p, nullptr) << last_error();
+  stitch_free(p, 1000, 0, nullptr);
+  EXPECT_EQ(stitch_record_history(0, 0), 0) << last_error();
 }
 
 // ---- configure -------------------------------------------------------------------------------------
@@ -463,6 +540,77 @@ TEST(CApiFreshProcess, BadAllocConfIsReportedByTheFirstCall) {
         const std::string e = last_error();
         if (!contains(e, "STITCH_ALLOC_CONF") || !contains(e, "bogus_key")) std::_Exit(51);
         std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+TEST(CApiFreshProcess, EveryCallBeforeConfigurationFailsCleanlyWithoutAGpu) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        unsetenv("STITCH_ALLOC_CONF");
+        int host = 0;
+        char buf[8] = "x";
+        // Without configuration the backend is CUDA; without a GPU every call fails and says so.
+        // (With a GPU they succeed, which is right too.)
+        const bool gpu = stitch_empty_cache(-1) == 0;
+        if (!gpu) {
+          if (!contains(last_error(), "CUDA")) std::_Exit(70);
+          if (stitch_stat(0, "num_ooms") != -1 || !contains(last_error(), "CUDA")) std::_Exit(71);
+          if (stitch_set_memory_fraction(0.5, 0) == 0) std::_Exit(72);
+          if (stitch_reset_peak_stats(-1) == 0) std::_Exit(73);
+          if (stitch_record_stream(&host, stream(1)) == 0) std::_Exit(74);
+          if (stitch_memory_summary(0, buf, sizeof buf) != 0 || buf[0] != '\0') std::_Exit(75);
+          stitch_free(&host, sizeof host, 0, nullptr);
+          if (!contains(last_error(), "CUDA")) std::_Exit(76);
+          if (stitch_dump_snapshot("/nonexistent/x.pickle") == 0) std::_Exit(77);
+          // Nothing was fixed by the failed calls: the simulated device can still be chosen.
+          if (stitch_configure("backend:sim,sim_capacity_mb:64") != 0) std::_Exit(78);
+          void* p = stitch_malloc(1000, 0, nullptr);
+          if (p == nullptr) std::_Exit(79);
+          stitch_free(p, 1000, 0, nullptr);
+          if (last_error() != "") std::_Exit(80);
+        }
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// The C API has no shutdown: it keeps working while the process exits, e.g. for memory freed by
+// static destructors or atexit handlers, after the main thread's thread_local objects (where
+// errors are kept) are gone. Under AddressSanitizer a use of destroyed state fails this test.
+void* g_exit_block = nullptr;
+int g_exit_status = 90;
+struct FreesAtExit {
+  ~FreesAtExit() {
+    // Runs after std::exit() has destroyed the main thread's thread_local objects.
+    if (g_exit_block == nullptr) std::_Exit(91);
+    stitch_free(g_exit_block, 1000, 0, nullptr);
+    if (last_error() != "") std::_Exit(92);
+    stitch_free(g_exit_block, 1000, 0, nullptr);  // double free: an error, kept and readable
+    if (!contains(last_error(), "double free")) std::_Exit(93);
+    if (stitch_malloc(std::size_t{1} << 40, 0, nullptr) != nullptr) std::_Exit(94);
+    if (!contains(last_error(), "out of memory")) std::_Exit(95);
+    void* p = stitch_malloc(5000, 0, nullptr);
+    if (p == nullptr || last_error() != "") std::_Exit(96);
+    stitch_free(p, 5000, 0, nullptr);
+    if (stitch_configure("max_split_size_mb:64") != 0) std::_Exit(97);
+    if (stitch_stat(0, "allocation.all.current") != 0) std::_Exit(98);
+    std::_Exit(g_exit_status);
+  }
+};
+
+TEST(CApiFreshProcess, CallsWhileTheProcessExitsKeepWorking) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        if (stitch_configure("backend:sim,sim_capacity_mb:64") != 0) std::_Exit(81);
+        g_exit_block = stitch_malloc(1000, 0, nullptr);
+        // A long error (an OOM report) is on the heap when the thread_local text is destroyed.
+        if (stitch_malloc(std::size_t{1} << 40, 0, nullptr) != nullptr) std::_Exit(82);
+        static FreesAtExit at_exit;  // destroyed by std::exit, after the thread_locals
+        g_exit_status = 0;
+        std::exit(83);  // the destructor above decides the exit code
       },
       ::testing::ExitedWithCode(0), "");
 }

@@ -500,6 +500,55 @@ TEST(FaultInjection, FailedSegmentReleaseKeepsTheSegmentCached) {
   EXPECT_EQ(h.sim().usage(0).used, 0u);
 }
 
+// Two failures in a row: a page map fails and so does the unmap that undoes the page mapped
+// before it. The range stays mapped behind the bookkeeping's back; it must be unmapped later,
+// not block every later empty_cache (releasing its reservation) and leak its page.
+TEST(FaultInjection, FailedUnmapWhileUndoingAFailedMapIsRetried) {
+  Harness h(/*expandable=*/true);
+  h.sim().inject_fault(SimCall::map, 2, SimFault::error);
+  h.sim().inject_fault(SimCall::unmap, 1, SimFault::error);
+  EXPECT_THROW((void)h.a().allocate(50 * MiB, S(1)), backend_error);  // three 20 MiB pages
+  EXPECT_EQ(h.sim().faults_fired(), 2u);
+  h.a().validate();
+  EXPECT_EQ(h.a().stat(0, "reserved_bytes.all.current"), 0);
+  EXPECT_NO_THROW(h.a().empty_cache());
+  EXPECT_EQ(h.sim().usage(0).used, 0u);
+  EXPECT_EQ(h.sim().usage(0).mappings, 0u);
+  EXPECT_EQ(h.sim().usage(0).reservations, 0u);
+  // The same range can be mapped again.
+  void* p = h.a().allocate(50 * MiB, S(1));
+  ASSERT_NE(p, nullptr);
+  h.a().deallocate(p);
+  h.a().empty_cache();
+  EXPECT_EQ(h.sim().usage(0).used, 0u);
+}
+// The same double failure while stitching: mapping the new range fails, and so does unmapping
+// its already mapped pages.
+TEST(FaultInjection, FailedUnmapWhileUndoingAStitchIsRetried) {
+  SimBackend::Options options;
+  options.capacity = 16 * MiB;  // eight 2 MiB pages
+  auto sim = std::make_shared<SimBackend>(options);
+  Allocator a(Config::parse("backend:sim,expandable_segments:True,stitching:True"), sim);
+  void* p[4];
+  for (int i = 0; i < 4; ++i) p[i] = a.allocate(4 * MiB, S(1 + i % 2));  // two streams
+  a.deallocate(p[0]);
+  a.deallocate(p[2]);  // 8 MiB free: only a stitch of both streams' pages can serve 8 MiB
+  sim->inject_fault(SimCall::map, 2, SimFault::error);
+  sim->inject_fault(SimCall::unmap, 2, SimFault::error);  // after unmapping the source run
+  EXPECT_THROW((void)a.allocate(8 * MiB, S(3)), backend_error);
+  EXPECT_EQ(sim->faults_fired(), 2u);
+  EXPECT_EQ(a.stat(0, "num_stitches"), 0);
+  a.validate();
+  a.deallocate(p[1]);
+  a.deallocate(p[3]);
+  EXPECT_NO_THROW(a.empty_cache());
+  a.validate();
+  const SimUsage u = sim->usage(0);
+  EXPECT_EQ(u.used, 0u);
+  EXPECT_EQ(u.mappings, 0u);
+  EXPECT_EQ(u.reservations, 0u);
+  EXPECT_EQ(u.physical_handles, 0u);
+}
 TEST(FaultInjection, BackendErrorDuringAllocationIsNotAnOom) {
   Harness h;
   h.sim().inject_fault(SimCall::allocate, 1, SimFault::error);

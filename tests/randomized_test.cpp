@@ -30,9 +30,15 @@
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
 #include "stitch/sim_backend.hpp"
+#include "support/data_pattern.hpp"
+#include "support/live_ranges.hpp"
 
 namespace stitch {
 namespace {
+
+using test::mix;
+using test::pattern_intact;
+using test::write_pattern;
 
 constexpr std::size_t KiB = std::size_t{1} << 10;
 constexpr std::size_t MiB = std::size_t{1} << 20;
@@ -51,52 +57,6 @@ stream_t S(int n) { return reinterpret_cast<stream_t>(static_cast<std::uintptr_t
 std::uint64_t env_or(const char* name, std::uint64_t fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
-}
-
-// ---- data pattern -------------------------------------------------------------------------------
-// Blocks up to 4 KiB: every word. Larger ones: the first and last 64 bytes plus one word every
-// 4 KiB, thinned out for blocks above 256 KiB to 64 words spread evenly over the block (touching
-// every page of every 64 MiB block would make the run page-fault bound).
-
-std::uint64_t mix(std::uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ULL;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
-
-template <typename Fn>
-void pattern_offsets(std::size_t size, Fn&& fn) {
-  const std::size_t words = size / 8;
-  if (size <= 4 * KiB) {
-    for (std::size_t w = 0; w < words; ++w) fn(w * 8);
-    return;
-  }
-  const std::size_t end = words * 8;
-  const std::size_t stride = size <= 256 * KiB ? 4 * KiB : (size / 64 + 4 * KiB - 1) / (4 * KiB) * (4 * KiB);
-  for (std::size_t off = 0; off < 64; off += 8) fn(off);                  // first 64 B
-  for (std::size_t off = stride; off + 64 + 8 <= end; off += stride) fn(off);
-  for (std::size_t off = end - 64; off < end; off += 8) fn(off);          // last 64 B
-}
-
-void write_pattern(void* p, std::size_t size, std::uint64_t seed) {
-  auto* base = static_cast<unsigned char*>(p);
-  pattern_offsets(size, [&](std::size_t off) {
-    const std::uint64_t v = mix(seed + off);
-    std::memcpy(base + off, &v, 8);
-  });
-}
-
-bool pattern_intact(const void* p, std::size_t size, std::uint64_t seed) {
-  const auto* base = static_cast<const unsigned char*>(p);
-  bool ok = true;
-  pattern_offsets(size, [&](std::size_t off) {
-    std::uint64_t v;
-    std::memcpy(&v, base + off, 8);
-    ok = ok && v == mix(seed + off);
-  });
-  return ok;
 }
 
 /// 512 B .. 64 MiB, mostly small.
@@ -231,23 +191,14 @@ class Stress {
   // Live-range bookkeeping (per device, under one mutex).
   void add_range(const Block& b, std::size_t size) {
     std::lock_guard lock(ranges_mutex_);
-    auto& m = ranges_[static_cast<std::size_t>(b.device)];
-    const auto p = reinterpret_cast<std::uintptr_t>(b.ptr);
-    auto next = m.lower_bound(p);
-    bool overlap = next != m.end() && next->first < p + size;
-    if (next != m.begin()) {
-      auto prev = std::prev(next);
-      overlap = overlap || prev->first + prev->second > p;
-    }
-    if (overlap) {
+    if (!ranges_[static_cast<std::size_t>(b.device)].add(b.ptr, size)) {
       ++c_.overlaps;
       error("two live blocks overlap");
     }
-    m[p] = size;
   }
   void remove_range(const Block& b) {
     std::lock_guard lock(ranges_mutex_);
-    ranges_[static_cast<std::size_t>(b.device)].erase(reinterpret_cast<std::uintptr_t>(b.ptr));
+    ranges_[static_cast<std::size_t>(b.device)].remove(b.ptr);
   }
 
   bool take(std::mt19937_64& rng, Block& out, int thread) {
@@ -388,7 +339,7 @@ class Stress {
   std::unordered_map<void*, int> owners_;  ///< last thread that put a block in the pool
 
   std::mutex ranges_mutex_;
-  std::array<std::map<std::uintptr_t, std::size_t>, kDevices> ranges_;
+  std::array<test::LiveRanges, kDevices> ranges_;
 
   std::mutex held_mutex_;
   std::array<bool, kStreams> held_{};

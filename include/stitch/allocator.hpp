@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -66,7 +67,8 @@ class STITCH_EXPORT Allocator {
   /// Caps what `device` may reserve at `fraction` of its capacity (1.0 removes the cap).
   void set_memory_fraction(double fraction, int device);
   /// Applies tunables from a `key:value,...` string. Keys fixed at construction (backend,
-  /// sim_capacity_mb, sim_devices) may only be repeated with their current value.
+  /// sim_capacity_mb, sim_devices) may only be repeated with their current value. Safe to call
+  /// while other threads use the allocator (calls are serialised).
   void configure(std::string_view conf);
 
   /// A copy of `device`'s statistics.
@@ -108,7 +110,8 @@ class STITCH_EXPORT Allocator {
   void validate() const;
 
   [[nodiscard]] int device_count() const noexcept;
-  [[nodiscard]] const Config& config() const noexcept { return config_; }
+  /// A copy of the current settings (configure() may change them from another thread).
+  [[nodiscard]] Config config() const;
   [[nodiscard]] Backend& backend() const noexcept { return *backend_; }
 
   /// The per-device allocator (for diagnostics).
@@ -121,7 +124,11 @@ class STITCH_EXPORT Allocator {
   }
   [[noreturn]] void throw_bad_device(int device) const;
   void free_any_device(void* ptr, const stream_t* stream);
+  [[noreturn]] void reject_free(DeviceAllocator& counter, std::string message) const;
+  /// configure() with config_mutex_ held.
+  void configure_locked(std::string_view conf);
 
+  mutable std::mutex config_mutex_;  ///< guards config_ (read by snapshots, OOM and free paths)
   Config config_;
   std::shared_ptr<Backend> backend_;
   std::unique_ptr<std::unique_ptr<DeviceAllocator>[]> devices_;

@@ -3,6 +3,12 @@
 // Every entry point catches everything: no exception crosses the C boundary. The allocator is
 // built at first use from STITCH_ALLOC_CONF plus the stitch_configure() calls made before it,
 // and deliberately never destroyed (callers may free memory from static destructors).
+//
+// There is no shutdown: the C API keeps working while the process exits (atexit handlers, static
+// destructors, other threads' thread_local destructors), so nothing it touches may be destroyed
+// before the process is gone. The allocator and the early configuration are never destroyed;
+// the error text lives in a thread_local whose destructor marks it gone, after which errors go
+// to a buffer without a destructor (see ErrorText).
 #include "stitch/stitch.h"
 
 #include <fmt/format.h>
@@ -11,18 +17,59 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
 
+#include "capi/c_api_testing.hpp"
 #include "stitch/allocator.hpp"
 #include "stitch/errors.hpp"
 
 namespace {
 
-std::mutex g_init_mutex;
+std::mutex g_init_mutex;  // trivially destructible (libstdc++): usable while the process exits
 std::atomic<stitch::Allocator*> g_allocator{nullptr};
-std::string g_early_conf;  // stitch_configure() strings applied before the allocator exists
-thread_local std::string t_error;
+
+// stitch_configure() strings applied before the allocator exists (under g_init_mutex). Never
+// destroyed: a static destructor may still configure.
+std::string& early_conf() {
+  static auto* conf = new std::string;
+  return *conf;
+}
+
+// This thread's last error. A thread's thread_local objects are destroyed before the process's
+// static destructors run, and those may still call the C API; once `t_error` is destroyed its
+// destructor sets `t_error_gone` (no destructor of its own, so it stays readable) and errors go
+// to `t_error_tail` (no destructor either; long messages are cut there).
+thread_local bool t_error_gone = false;
+thread_local char t_error_tail[512];
+struct ErrorText {
+  std::string text;
+  ~ErrorText() { t_error_gone = true; }
+};
+thread_local ErrorText t_error;
+
+void set_error(const char* message) noexcept {
+  if (!t_error_gone) {
+    try {
+      t_error.text = message;
+      return;
+    } catch (...) {  // no memory for the text: keep a cut copy
+    }
+  }
+  std::strncpy(t_error_tail, message, sizeof t_error_tail - 1);
+  t_error_tail[sizeof t_error_tail - 1] = '\0';
+  if (!t_error_gone) t_error.text.clear();
+}
+
+void clear_error() noexcept {
+  t_error_tail[0] = '\0';
+  if (!t_error_gone) t_error.text.clear();
+}
+
+const char* last_error() noexcept {
+  return t_error_gone || t_error.text.empty() ? t_error_tail : t_error.text.c_str();
+}
 
 stitch::Config base_config() {
   const char* env = std::getenv("STITCH_ALLOC_CONF");
@@ -39,7 +86,7 @@ stitch::Allocator& allocator() {
   std::lock_guard lock(g_init_mutex);
   a = g_allocator.load(std::memory_order_relaxed);
   if (a == nullptr) {
-    const stitch::Config config = stitch::Config::parse(g_early_conf, base_config());
+    const stitch::Config config = stitch::Config::parse(early_conf(), base_config());
     a = new stitch::Allocator(config);  // throws: stays uninitialised, the next call retries
     g_allocator.store(a, std::memory_order_release);
   }
@@ -49,21 +96,28 @@ stitch::Allocator& allocator() {
 // Runs `fn`, turning any exception into t_error and `fail`.
 template <typename Fn, typename R>
 R guarded(Fn&& fn, R fail) noexcept {
-  t_error.clear();
+  clear_error();
   try {
     return fn();
   } catch (const std::exception& e) {
-    try {
-      t_error = e.what();
-    } catch (...) {
-    }
+    set_error(e.what());
   } catch (...) {
-    t_error = "stitch: unknown error";
+    set_error("stitch: unknown error");
   }
   return fail;
 }
 
 }  // namespace
+
+namespace stitch::detail {
+
+std::unique_ptr<Allocator> capi_exchange_allocator(std::unique_ptr<Allocator> next) {
+  std::lock_guard lock(g_init_mutex);
+  early_conf().clear();
+  return std::unique_ptr<Allocator>(g_allocator.exchange(next.release(), std::memory_order_acq_rel));
+}
+
+}  // namespace stitch::detail
 
 extern "C" {
 
@@ -91,9 +145,10 @@ int stitch_configure(const char* conf) {
       a->configure(conf);
       return 0;
     }
-    std::string combined = g_early_conf.empty() ? conf : g_early_conf + "," + conf;
+    std::string& early = early_conf();
+    std::string combined = early.empty() ? conf : early + "," + conf;
     (void)stitch::Config::parse(combined, base_config());  // validate now, apply at first use
-    g_early_conf = std::move(combined);
+    early = std::move(combined);
     return 0;
   }, 1);
 }
@@ -174,6 +229,6 @@ size_t stitch_memory_summary(int device, char* buf, size_t cap) {
   }, size_t{0});
 }
 
-const char* stitch_last_error(void) { return t_error.c_str(); }
+const char* stitch_last_error(void) { return last_error(); }
 
 }  // extern "C"

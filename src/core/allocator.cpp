@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "core/constants.hpp"
 #include "core/device_allocator.hpp"
 #include "diagnostics/snapshot_writer.hpp"
 #include "diagnostics/what_if.hpp"
@@ -50,16 +51,19 @@ void* Allocator::allocate(std::size_t bytes, stream_t stream, int device) {
   }
 }
 
-namespace {
-[[noreturn]] void reject_free(const Config& config, DeviceAllocator& counter, std::string message) {
+void Allocator::reject_free(DeviceAllocator& counter, std::string message) const {
   counter.count_invalid_free();
-  if (config.on_invalid_free == InvalidFreePolicy::abort) {
+  InvalidFreePolicy policy;
+  {
+    std::lock_guard lock(config_mutex_);
+    policy = config_.on_invalid_free;
+  }
+  if (policy == InvalidFreePolicy::abort) {
     std::fprintf(stderr, "stitch: %s (on_invalid_free:abort)\n", message.c_str());
     std::abort();
   }
   throw invalid_argument(std::move(message));
 }
-}  // namespace
 
 void Allocator::deallocate(void* ptr) { free_any_device(ptr, nullptr); }
 
@@ -72,7 +76,7 @@ void Allocator::free_any_device(void* ptr, const stream_t* stream) {
         FreeStatus::freed)
       return;
   }
-  reject_free(config_, *devices_[0],
+  reject_free(*devices_[0],
               fmt::format("free of {}: not a live allocation of stitch (unknown pointer, interior "
                           "pointer or double free)", ptr));
 }
@@ -81,11 +85,14 @@ void Allocator::deallocate(void* ptr, std::size_t bytes, int device, stream_t st
   if (ptr == nullptr) return;
   DeviceAllocator& home = checked_device(device);
   std::size_t actual = 0;
-  switch (home.free(ptr, bytes, &stream, &actual)) {
+  // kAnySize skips the size check, but a caller's size of -1 must still be checked: any size at
+  // or above kMaxRequest matches no allocation, so it is passed on as one that cannot match.
+  const std::size_t expected = bytes >= detail::kMaxRequest ? detail::kMaxRequest : bytes;
+  switch (home.free(ptr, expected, &stream, &actual)) {
     case FreeStatus::freed:
       return;
     case FreeStatus::wrong_size:
-      reject_free(config_, home,
+      reject_free(home,
                   fmt::format("free of {} with size {}, but it was allocated with size {}; "
                               "nothing was freed", ptr, bytes, actual));
     case FreeStatus::not_found:
@@ -93,11 +100,11 @@ void Allocator::deallocate(void* ptr, std::size_t bytes, int device, stream_t st
   }
   for (int d = 0; d < device_count_; ++d) {
     if (d != device && devices_[static_cast<std::size_t>(d)]->find(ptr))
-      reject_free(config_, *devices_[static_cast<std::size_t>(d)],  // counted by the owner
+      reject_free(*devices_[static_cast<std::size_t>(d)],  // counted by the owner
                   fmt::format("free of {} on device {}, but it was allocated on device {}; "
                               "nothing was freed", ptr, device, d));
   }
-  reject_free(config_, home,
+  reject_free(home,
               fmt::format("free of {} on device {}: not a live allocation of stitch (unknown "
                           "pointer, interior pointer or double free)", ptr, device));
 }
@@ -126,7 +133,17 @@ void Allocator::set_memory_fraction(double fraction, int device) {
   checked_device(device).set_memory_fraction(fraction);
 }
 
+Config Allocator::config() const {
+  std::lock_guard lock(config_mutex_);
+  return config_;
+}
+
 void Allocator::configure(std::string_view conf) {
+  std::lock_guard lock(config_mutex_);
+  configure_locked(conf);
+}
+
+void Allocator::configure_locked(std::string_view conf) {
   Config next = Config::parse(conf, config_);
   if (next.backend != config_.backend || next.sim_capacity_mb != config_.sim_capacity_mb ||
       next.sim_devices != config_.sim_devices)
@@ -155,12 +172,12 @@ Snapshot Allocator::snapshot() const {
   Snapshot snap;
   for (int d = 0; d < device_count_; ++d)
     snap.device_traces.push_back(devices_[static_cast<std::size_t>(d)]->snapshot(snap.segments));
-  snap.settings = config_.source;
-  snap.max_split_size = config_.max_split_size;
-  snap.garbage_collection_threshold = config_.garbage_collection_threshold;
-  snap.expandable_segments = config_.expandable_segments;
-  snap.roundup_power2_divisions.assign(config_.roundup_power2_divisions.begin(),
-                                       config_.roundup_power2_divisions.end());
+  const Config c = config();
+  snap.settings = c.source;
+  snap.max_split_size = c.max_split_size;
+  snap.garbage_collection_threshold = c.garbage_collection_threshold;
+  snap.expandable_segments = c.expandable_segments;
+  snap.roundup_power2_divisions.assign(c.roundup_power2_divisions.begin(), c.roundup_power2_divisions.end());
   return snap;
 }
 

@@ -43,8 +43,9 @@ void Allocator::record_history(bool enabled, std::size_t max_entries) {
   if (max_entries != 0) conf += fmt::format(",max_entries:{}", max_entries);
   // configure() records the string as the last configuration applied; the snapshot's
   // PYTORCH_CUDA_ALLOC_CONF should keep showing the user's settings instead.
+  std::lock_guard lock(config_mutex_);
   std::string source = config_.source;
-  configure(conf);
+  configure_locked(conf);
   config_.source = std::move(source);
 }
 

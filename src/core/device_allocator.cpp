@@ -38,7 +38,13 @@ DeviceAllocator::~DeviceAllocator() {
     } catch (...) {
     }
   }
-  // Physical pages whose release failed earlier get one more try.
+  // Stray mappings and physical pages whose release failed earlier get one more try.
+  for (const auto& [va, bytes] : stray_mappings_) {
+    try {
+      backend_.unmap(device_, va, bytes);
+    } catch (...) {
+    }
+  }
   for (phys_handle_t h : orphan_handles_) {
     try {
       backend_.release_physical(device_, h);

@@ -168,6 +168,10 @@ class DeviceAllocator {
   Block* grow_expandable(Pool& pool, stream_t stream, std::size_t rounded);
   Segment* create_expandable(Pool& pool, stream_t stream, std::size_t min_bytes);
   bool map_pages(Segment* segment, std::size_t first, std::size_t count);
+  /// Unmaps `bytes` at `va` while undoing; if that fails too, files the range as stray.
+  void unmap_or_stray(char* va, std::size_t bytes) noexcept;
+  /// Retries the unmap of every stray range; throws (keeping the rest) if one fails again.
+  void unmap_strays();
   void release_expandable_pages();
   void unmap_free_pages(Block* block);
   /// Bookkeeping only: bytes [start, end) of `block`'s segment (whole pages inside the free
@@ -204,13 +208,12 @@ class DeviceAllocator {
   void move_out(const std::vector<detail::PageRun>& plan, std::vector<MovedPage>& moved,
                 std::vector<Segment*>& sources);
   /// Maps the moved pages, then the fresh ones, side by side from `at` (one page each) and
-  /// returns their handles in that order. On a failure unmaps what it mapped, maps the moved
-  /// pages back where they were, releases the fresh ones and rethrows; `clean` is false if the
-  /// unmap failed too (stray mappings remain at `at`).
+  /// returns their handles in that order. On a failure unmaps what it mapped (a range whose
+  /// unmap fails too is filed as stray), maps the moved pages back where they were, releases the
+  /// fresh ones and rethrows.
   std::vector<phys_handle_t> map_side_by_side(char* at, std::size_t page,
                                               const std::vector<MovedPage>& moved,
-                                              const std::vector<phys_handle_t>& fresh,
-                                              bool& clean);
+                                              const std::vector<phys_handle_t>& fresh);
   /// Dissolves the stitched segments among `sources` that no longer hold a mapped page.
   void dissolve_emptied(const std::vector<Segment*>& sources) noexcept;
   void map_back(Segment* segment, std::size_t index, phys_handle_t handle) noexcept;
@@ -264,6 +267,10 @@ class DeviceAllocator {
   std::size_t outstanding_events_ = 0;
   std::vector<event_t> event_pool_;
   std::vector<phys_handle_t> orphan_handles_;  ///< pages whose release failed: retried later
+  /// Ranges still mapped because their unmap failed while undoing a failed map (the bookkeeping
+  /// already calls them unmapped): unmapped again before the next map and before reservations
+  /// are released, so that a second failure costs neither a leak nor a stuck reservation.
+  std::vector<std::pair<char*, std::size_t>> stray_mappings_;
 };
 
 }  // namespace stitch

@@ -59,15 +59,32 @@ DeviceAllocator::Segment* DeviceAllocator::create_expandable(Pool& pool, stream_
   return segment;
 }
 
+void DeviceAllocator::unmap_or_stray(char* va, std::size_t bytes) noexcept {
+  try {
+    backend_.unmap(device_, va, bytes);
+  } catch (...) {  // the caller's first error is what it reports; this one is retried later
+    try {
+      stray_mappings_.emplace_back(va, bytes);
+    } catch (...) {  // no memory to remember it: the range stays mapped until the device goes
+    }
+  }
+}
+
+void DeviceAllocator::unmap_strays() {
+  while (!stray_mappings_.empty()) {
+    const auto [va, bytes] = stray_mappings_.back();
+    backend_.unmap(device_, va, bytes);  // throws: still stray, retried next time
+    stray_mappings_.pop_back();
+  }
+}
+
 bool DeviceAllocator::map_pages(Segment* segment, std::size_t first, std::size_t count) {
   // All or nothing: on out-of-memory or an error every page mapped here is undone.
+  unmap_strays();  // a stray range may lie where these pages go
   std::size_t done = 0;
   auto undo = [&] {
     for (std::size_t i = first; i < first + done; ++i) {
-      try {
-        backend_.unmap(device_, segment->base + i * segment->page, segment->page);
-      } catch (...) {  // keep undoing; the first error is what the caller sees
-      }
+      unmap_or_stray(segment->base + i * segment->page, segment->page);
       try {
         backend_.release_physical(device_, segment->pages[i]);
       } catch (...) {
@@ -240,7 +257,8 @@ void DeviceAllocator::mark_unmapped(Block* block, std::size_t start, std::size_t
 }
 
 void DeviceAllocator::release_expandable_pages() {
-  // First, pages whose release failed before.
+  // First, ranges whose unmap and pages whose release failed before.
+  unmap_strays();
   for (auto it = orphan_handles_.begin(); it != orphan_handles_.end();) {
     backend_.release_physical(device_, *it);  // throws: still orphaned, retried next time
     it = orphan_handles_.erase(it);

@@ -204,24 +204,18 @@ void DeviceAllocator::move_out(const std::vector<Run>& plan, std::vector<MovedPa
 
 std::vector<phys_handle_t> DeviceAllocator::map_side_by_side(
     char* at, std::size_t page, const std::vector<MovedPage>& moved,
-    const std::vector<phys_handle_t>& fresh, bool& clean) {
+    const std::vector<phys_handle_t>& fresh) {
   std::vector<phys_handle_t> handles;
   handles.reserve(moved.size() + fresh.size());
   for (const MovedPage& m : moved) handles.push_back(m.handle);
   handles.insert(handles.end(), fresh.begin(), fresh.end());
-  clean = true;
   std::size_t mapped = 0;
   try {
+    unmap_strays();  // a stray range may lie where these pages go
     for (; mapped < handles.size(); ++mapped)
       backend_.map(device_, at + mapped * page, page, handles[mapped]);
   } catch (...) {
-    if (mapped > 0) {
-      try {
-        backend_.unmap(device_, at, mapped * page);
-      } catch (...) {
-        clean = false;  // the range keeps stray mappings
-      }
-    }
+    if (mapped > 0) unmap_or_stray(at, mapped * page);
     for (auto it = moved.rbegin(); it != moved.rend(); ++it)
       map_back(it->segment, it->index, it->handle);
     for (phys_handle_t h : fresh) release_or_orphan(h);
@@ -289,11 +283,10 @@ bool DeviceAllocator::map_reused_pages(Block* target, std::size_t count) {
     release_fresh();
     throw;
   }
-  // On a failure everything is undone; after two faults in a row (!clean) stray mappings stay
-  // in `target`'s pages, which remain unmapped in the bookkeeping.
-  bool clean = true;
+  // On a failure everything is undone; after two faults in a row stray mappings stay in
+  // `dest`'s pages (unmapped in the bookkeeping) until unmap_strays() succeeds.
   const std::vector<phys_handle_t> handles =
-      map_side_by_side(dest->base + first * page, page, moved, fresh, clean);
+      map_side_by_side(dest->base + first * page, page, moved, fresh);
   for (std::size_t i = 0; i < count; ++i) dest->pages[first + i] = handles[i];
   ++stats_.num_page_reuses;
   dissolve_emptied(sources);
@@ -387,12 +380,12 @@ DeviceAllocator::Block* DeviceAllocator::stitch_pages(Pool& pool, stream_t strea
 
   // 5. Map the moved pages, then the fresh ones, side by side into the new range.
   std::vector<phys_handle_t> handles;
-  bool range_clean = true;
   try {
-    handles = map_side_by_side(static_cast<char*>(va), page, moved, fresh, range_clean);
+    handles = map_side_by_side(static_cast<char*>(va), page, moved, fresh);
   } catch (...) {  // the pages are back where they were, the fresh ones released
-    // With stray mappings left (a second failure) the range can be neither released nor used.
-    if (range_clean) release_or_keep(pool, stream, va, pages * page, page);
+    // With stray mappings left (a second failure), release_or_keep keeps the range as an empty
+    // stitched segment, given back once the stray unmap succeeds.
+    release_or_keep(pool, stream, va, pages * page, page);
     throw;
   }
 

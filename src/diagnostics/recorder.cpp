@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <new>
 #include <cstdlib>
 #include <string>
 
@@ -37,16 +38,16 @@ void Recorder::configure(bool enabled, std::size_t max_entries, bool stacks, boo
     dropped_ = 0;
   }
   if (capacity == capacity_) return;
-  // Keep the newest entries that still fit.
+  // Keep the newest entries that still fit. The ring grows as entries come (max_entries may be
+  // up to 2^32: reserving it up front would ask for terabytes).
   std::vector<Raw> kept;
   if (capacity != 0) {
     const std::size_t keep = count_ < capacity ? count_ : capacity;
     dropped_ += count_ - keep;
-    kept.reserve(capacity);
+    kept.reserve(keep);
     for (std::size_t i = count_ - keep; i < count_; ++i)
       kept.push_back(ring_[(next_ + capacity_ - count_ + i) % capacity_]);
     count_ = keep;
-    kept.resize(capacity);
     next_ = keep % capacity;
   } else {
     count_ = next_ = 0;
@@ -56,6 +57,13 @@ void Recorder::configure(bool enabled, std::size_t max_entries, bool stacks, boo
 }
 
 void Recorder::record(TraceAction action, const void* addr, std::size_t size, stream_t stream) {
+  if (next_ == ring_.size()) {  // still growing (next_ < capacity_)
+    try {
+      ring_.emplace_back();
+    } catch (const std::bad_alloc&) {
+      return;  // no host memory for the entry: the history misses it, the allocator goes on
+    }
+  }
   Raw& r = ring_[next_];
   r.action = action;
   r.addr = reinterpret_cast<std::uintptr_t>(addr);

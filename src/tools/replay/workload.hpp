@@ -66,8 +66,9 @@ struct Workload {
 /// that the trace never allocated.
 Workload workload_from_snapshot(const Snapshot& snapshot, std::string name);
 
-/// Reads a file: a snapshot pickle (PyTorch's or stitch's), a stitch JSON snapshot, or an RMM
-/// logging_resource_adaptor CSV (Thread,Time,Action,Pointer,Size,Stream). Throws stitch::error
+/// Reads a file: a snapshot pickle (PyTorch's or stitch's) or an RMM logging_resource_adaptor
+/// CSV (Thread,Time,Action,Pointer,Size,Stream); a JSON snapshot is refused with a message that
+/// asks for the pickle form (stitch writes JSON snapshots but has no JSON reader). Throws stitch::error
 /// naming the file (and the offset or line) for unreadable or malformed input.
 Workload read_workload(const std::string& path);
 
