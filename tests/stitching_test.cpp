@@ -755,7 +755,9 @@ TEST(Stitching, FaultsWhileReusingPagesLeaveAConsistentState) {
       {SimCall::map, F::error},                {SimCall::create_physical, F::error},
       {SimCall::create_physical, F::out_of_memory}};
   std::uint64_t fired = 0;
-  for (const auto& [call, fault] : faults) {
+  for (const auto& call_fault : faults) {
+    const SimCall call = call_fault.first;  // (clang 14 cannot capture structured bindings)
+    const F fault = call_fault.second;
     for (std::uint64_t nth : {1, 2, 4, 7}) {
       SCOPED_TRACE(std::string(to_string(call)) + " fault " + std::to_string(nth));
       Fixture f(2048);
