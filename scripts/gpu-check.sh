@@ -3,7 +3,8 @@
 #
 # On a machine with one GPU: builds stitch in Release with the CUDA back end (sm_90) into
 # build-gpu, runs the whole ctest suite (CUDA tests included), runs stitch_gpu_bench (stitch vs
-# cudaMalloc, cudaMallocAsync and PyTorch's allocator; raw VMM costs) and writes OUTDIR/report.md
+# cudaMalloc, cudaMallocAsync and PyTorch's allocator; raw VMM costs; the cost of a stitch, its
+# own step line "stitch-cost", from the same run and JSON) and writes OUTDIR/report.md
 # next to the raw numbers (gpu_bench*.json) and the logs. Meant to finish within 8 minutes on an
 # H200. It goes on past a failing step, records it in the report, and exits non-zero at the end
 # if any step failed (1) or no GPU was found (2).
@@ -276,6 +277,7 @@ elif [ $have_gpu = no ]; then
   [ -s "$OUT/gpu_bench.json" ] && bench_json+=("$OUT/gpu_bench.json")
   if [ $rc -eq 0 ]; then
     record bench skipped $((SECONDS - t0)) "$(head -1 "$BENCH_LOG")"
+    record stitch-cost skipped 0 "needs a GPU"
   else
     record bench "$(status_of_rc $rc)" $((SECONDS - t0)) "rc=$rc without a GPU (expected 0)"
   fi
@@ -308,6 +310,15 @@ else
     [ -s "$OUT/gpu_bench_torch_expandable.json" ] && bench_json+=("$OUT/gpu_bench_torch_expandable.json")
     record bench-torch-expandable "$(status_of_rc $rc)" $((SECONDS - t0)) "PyTorch with expandable_segments:True"
   fi
+  # The stitch_cost/* benchmarks (benchmarks/gpu/stitch_cost.cpp) ran above, in the same binary
+  # with fixed iteration counts: their own line, from the JSON.
+  sc=""
+  [ ${#bench_json[@]} -gt 0 ] && [ -n "$PYTHON" ] &&
+    sc=$(timeout 30 "$PYTHON" "$ROOT/scripts/gpu_report.py" --stitch-cost-status "${bench_json[@]}" 2>&1)
+  case "$sc" in
+    ok$'\t'*|failed$'\t'*) record stitch-cost "${sc%%$'\t'*}" 0 "${sc#*$'\t'}" ;;
+    *) record stitch-cost failed 0 "no status (no benchmark JSON or python3): $(echo "$sc" | tail -1)" ;;
+  esac
 fi
 
 # ---- 7b. PyTorch end to end: the example trains with each allocator; a deliberate OOM ---------------

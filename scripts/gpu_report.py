@@ -5,20 +5,24 @@ step log, the ctest log and nvidia-smi's output) into one markdown report. Stand
   gpu_report.py --out report.md [--bench-json F ...] [--steps F] [--ctest-log F]
                 [--nvidia-smi F] [--no-gpu REASON]
   gpu_report.py --self-test FIXTURE.json     # checks the report built from a hand-made JSON
+  gpu_report.py --stitch-cost-status F ...   # 'STATUS<TAB>DETAIL' of the stitch_cost benchmarks
 
 Benchmark names (see benchmarks/gpu/gpu_bench.cpp): pair/<peer>/<size>, mixed/<peer>,
-changing/<peer>, vmm/<call>/<size>; Google Benchmark appends /real_time, /manual_time,
+changing/<peer>, vmm/<call>/<size>, stitch_cost/<op>/<N>pages (its section: gpu_report_stitch.py,
+number formats: gpu_report_format.py); Google Benchmark appends /real_time, /manual_time,
 /iterations:N, /repeats:N and, for aggregates, _median etc. (the median is used).
 Time per operation is 1e9 / items_per_second (one item = one allocator call); ratios are
 stitch ÷ peer, so below 1 is better for stitch, for time and for peak reserved bytes alike.
 """
 import argparse
 import json
-import math
 import os
 import re
 import sys
 import tempfile
+
+from gpu_report_format import fmt_bytes, fmt_ns, fmt_ratio, ratio
+import gpu_report_stitch
 
 PEERS = ["cudaMalloc", "cudaMallocAsync", "torch", "torch_expandable", "stitch", "stitch_expandable"]
 STITCHES = ["stitch", "stitch_expandable"]
@@ -85,7 +89,7 @@ def key_of(entry):
 
 class Results:
     def __init__(self):
-        self.rows = {}       # key -> dict(ns_per_op, time_ns, peak, segments, error)
+        self.rows = {}       # key -> dict(ns_per_op, time_ns, peak, segments, counters, error)
         self.context = {}
         self.notes = []      # problems reading the inputs
         self.files = 0       # JSON files read
@@ -117,6 +121,8 @@ class Results:
                 row["ns_per_op"] = 1e9 / float(ips) if ips else None
                 row["peak"] = e.get("peak_reserved")
                 row["segments"] = e.get("peak_segments")
+                row["counters"] = {k: v for k, v in e.items()
+                                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
             old = self.rows.get(key)
             if old is None or (old["error"] and not row["error"]):
                 self.rows[key] = row
@@ -126,54 +132,6 @@ class Results:
 
 
 # ---- formatting -----------------------------------------------------------------------------------
-
-def fmt_ns(ns):
-    if ns is None or not isinstance(ns, (int, float)) or math.isnan(ns):
-        return "n/a"
-    if ns >= 1e6:
-        return f"{ns / 1e6:.3g} ms"
-    if ns >= 1e3:
-        return f"{ns / 1e3:.3g} µs"
-    return f"{ns:.3g} ns"
-
-
-def fmt_bytes(b):
-    if b is None or not isinstance(b, (int, float)) or math.isnan(b) or b < 0:
-        return "n/a"
-    if b >= 1 << 30:
-        return f"{b / (1 << 30):.3g} GiB"
-    if b >= 1 << 20:
-        return f"{b / (1 << 20):.3g} MiB"
-    return f"{b / (1 << 10):.3g} KiB"
-
-
-def num3(x):
-    """Three significant digits, without exponents for large values."""
-    return f"{x:.0f}" if x >= 1000 else f"{x:.3g}"
-
-
-def fmt_ratio(r, better, worse):
-    """'0.25× (4× faster)' — r is stitch ÷ peer."""
-    if r is None or r <= 0 or math.isnan(r):
-        return "n/a"
-    if abs(r - 1.0) < 0.005:
-        return f"{num3(r)}× (same)"
-    if r < 1:
-        return f"{num3(r)}× ({num3(1 / r)}× {better})"
-    return f"{num3(r)}× ({num3(r)}× {worse})"
-
-
-def ratio(a, b):
-    if a is None or b is None:
-        return None
-    try:
-        a, b = float(a), float(b)
-    except (TypeError, ValueError):
-        return None
-    if b <= 0 or math.isnan(a) or math.isnan(b):
-        return None
-    return a / b
-
 
 def cell_time(row):
     if row is None:
@@ -407,6 +365,7 @@ def build_report(res, steps, ctest_log, smi_path, no_gpu):
         lines.append("")
     if res.rows:
         vmm_section(res, lines)
+        gpu_report_stitch.section(res, lines)
 
     if res.notes:
         lines.append("## Input problems")
@@ -483,6 +442,19 @@ def self_test(fixture):
         expect(text, "| 4KiB | time per op | 5 µs | 50 ns | 100 ns | 25 ns | 40 ns |", "truncated JSON")
         expect(text, "truncated (the run stopped early)", "truncation noted")
 
+        # The stitch cost section, from synthetic stitch_cost entries (gpu_report_stitch.py).
+        sc = os.path.join(tmp, "stitch_cost.json")
+        with open(sc, "w") as f:
+            json.dump({"context": {}, "benchmarks": gpu_report_stitch.SELF_TEST_BENCHMARKS}, f)
+        ns = argparse.Namespace(bench_json=[sc], steps=None, ctest_log=None, nvidia_smi=None,
+                                no_gpu=None, out=out)
+        text = generate(ns)
+        for needle, what in gpu_report_stitch.SELF_TEST_EXPECT:
+            expect(text, needle, what)
+        st = stitch_cost_status([sc])
+        expect(st, "failed\t1 of 4 failed; stitch_cost/stitch/32pages: the request was not served",
+               "stitch cost status")
+
         # No device: the bench binary's stub JSON.
         stub = os.path.join(tmp, "stub.json")
         with open(stub, "w") as f:
@@ -503,6 +475,15 @@ def self_test(fixture):
     return 0
 
 
+def stitch_cost_status(paths):
+    """'STATUS<TAB>DETAIL' of the stitch_cost benchmarks in the JSON file(s), for gpu-check.sh."""
+    res = Results()
+    for p in paths:
+        res.add_file(p)
+    state, detail = gpu_report_stitch.status(res)
+    return f"{state}\t{detail}"
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="markdown report to write")
@@ -512,9 +493,14 @@ def main(argv):
     ap.add_argument("--nvidia-smi", help="nvidia-smi output")
     ap.add_argument("--no-gpu", help="why no GPU was found (the report says so)")
     ap.add_argument("--self-test", metavar="FIXTURE", help="check the report built from FIXTURE")
+    ap.add_argument("--stitch-cost-status", nargs="+", metavar="JSON",
+                    help="print 'STATUS<TAB>DETAIL' of the stitch_cost benchmarks and exit")
     args = ap.parse_args(argv)
     if args.self_test:
         return self_test(args.self_test)
+    if args.stitch_cost_status:
+        print(stitch_cost_status(args.stitch_cost_status))
+        return 0
     if not args.out:
         ap.error("--out is required")
     generate(args)

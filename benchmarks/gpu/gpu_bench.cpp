@@ -18,6 +18,8 @@
 //   vmm/<call>/<size>   cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease and the
 //                       whole cycle, at 2, 20 and 64 MiB (manual time of that call alone, mean
 //                       of 200 cycles)
+//   stitch_cost/<op>/<N>pages  what a stitch of N granules costs, and its dissolving, next to an
+//                       expandable-segment grow and cudaMalloc of the same bytes (stitch_cost.cpp)
 // Counters: peak_reserved (bytes), peak_segments (cudaMalloc'ed segments, where known), bytes.
 // The driver API is reached through cudaGetDriverEntryPointByVersion: libcuda is never linked.
 //
@@ -48,16 +50,16 @@
 #include "gpu_bench_config.h"  // generated: STITCH_BENCH_TORCH_NOTE, STITCH_BENCH_TORCH_VERSION
 #include "peers.hpp"
 #include "stitch/stitch.hpp"
+#include "stitch_cost.hpp"
 
 namespace stitch_bench {
 namespace {
 
-constexpr std::size_t kKiB = 1024;
-constexpr std::size_t kMiB = 1024 * 1024;
-
 std::string cuda_error_text(cudaError_t err) {
   return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
 }
+
+}  // namespace
 
 void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
@@ -65,6 +67,11 @@ void check(cudaError_t err, const char* what) {
     throw std::runtime_error(std::string(what) + " failed: " + cuda_error_text(err));
   }
 }
+
+namespace {
+
+constexpr std::size_t kKiB = 1024;
+constexpr std::size_t kMiB = 1024 * 1024;
 
 std::string no_device_reason() {
   int count = 0;
@@ -563,6 +570,7 @@ void register_all() {
           ->Unit(benchmark::kMicrosecond);
     }
   }
+  register_stitch_cost(g_stream);
 }
 
 void add_context() {

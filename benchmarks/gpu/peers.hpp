@@ -1,6 +1,7 @@
-// benchmarks/gpu/peers.hpp — the allocators stitch_gpu_bench compares, behind one interface.
-// gpu_bench.cpp implements cudaMalloc, cudaMallocAsync and stitch; torch_peer.cpp (compiled only
-// when CMake found PyTorch for python3) implements PyTorch's CUDACachingAllocator.
+// benchmarks/gpu/peers.hpp — the allocators stitch_gpu_bench compares, behind one interface, and
+// the CUDA error check its sources share. gpu_bench.cpp implements cudaMalloc, cudaMallocAsync,
+// stitch and check(); torch_peer.cpp (compiled only when CMake found PyTorch for python3)
+// implements PyTorch's CUDACachingAllocator.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,6 +12,10 @@
 #include <string>
 
 namespace stitch_bench {
+
+/// Throws std::runtime_error("<what> failed: <error name>: <error text>") unless `err` is
+/// cudaSuccess (clearing the runtime's last error first).
+void check(cudaError_t err, const char* what);
 
 /// One allocator under test, on device 0. Every method throws std::exception on failure.
 class Peer {

@@ -3,165 +3,20 @@
 // against a slow kernel on another stream; expandable segments growing and shrinking while
 // kernels run. Every test first asks the CUDA runtime for a device and skips (GTEST_SKIP) with
 // the reason when there is none, so the binary runs, lists and skips on a machine without a GPU
-// or driver. Nothing here runs on the simulated device.
-#include <cuda_runtime.h>
-#include <gtest/gtest.h>
-
-#include <algorithm>
+// or driver. Nothing here runs on the simulated device. Helpers: cuda_test_util.cuh.
 #include <atomic>
 #include <cmath>
-#include <cstdint>
-#include <cstdio>
 #include <mutex>
 #include <random>
-#include <stdexcept>
-#include <string>
 #include <thread>
-#include <vector>
 
-#include "stitch/stitch.hpp"
+#include "cuda_test_util.cuh"
 
 namespace {
 
-// ---- device checks ------------------------------------------------------------------------------
-
-/// "" when device 0 is usable, else why not (no driver, no device, ...).
-std::string no_device_reason() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + ": " +
-           cudaGetErrorString(err);
-  }
-  if (count <= 0) return "cudaGetDeviceCount reported 0 devices";
-  return "";
-}
-
-#define REQUIRE_CUDA_DEVICE()                                               \
-  do {                                                                      \
-    const std::string why_ = no_device_reason();                            \
-    if (!why_.empty()) GTEST_SKIP() << "no CUDA device: " << why_;          \
-  } while (0)
-
-#define CUDA_OK(expr)                                                                     \
-  do {                                                                                    \
-    const cudaError_t err_ = (expr);                                                      \
-    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorName(err_) << ": "       \
-                                 << cudaGetErrorString(err_);                             \
-  } while (0)
-
-/// For code that cannot use ASSERT (threads, helpers returning values): throws on failure.
-void cuda_check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorName(err) + ": " +
-                             cudaGetErrorString(err));
-  }
-}
-
-// ---- kernels ----------------------------------------------------------------------------------
-
-/// The byte at offset `i` of a block filled with `seed` (host and device agree).
-__host__ __device__ inline std::uint8_t pattern_byte(std::uint32_t seed, std::uint64_t i) {
-  std::uint32_t x = seed + static_cast<std::uint32_t>(i) * 2654435761u +
-                    static_cast<std::uint32_t>(i >> 32) * 0x85ebca6bu;
-  x ^= x >> 13;
-  x *= 0x5bd1e995u;
-  x ^= x >> 15;
-  return static_cast<std::uint8_t>(x);
-}
-
-__global__ void fill_kernel(std::uint8_t* p, std::uint64_t n, std::uint32_t seed) {
-  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
-  for (std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    p[i] = pattern_byte(seed, i);
-  }
-}
-
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-/// Busy-waits about `ns` nanoseconds (by %globaltimer). As a safety net, also stops after
-/// 4 clock cycles per requested nanosecond, so a timer that does not tick cannot hang the GPU.
-__global__ void spin_kernel(unsigned long long ns) {
-  const unsigned long long start = global_ns();
-  const long long start_clock = clock64();
-  const long long max_cycles = static_cast<long long>(ns) * 4;
-  while (global_ns() - start < ns) {
-    if (clock64() - start_clock > max_cycles) break;
-  }
-}
-
-void launch_fill(void* p, std::size_t n, std::uint32_t seed, cudaStream_t stream) {
-  if (n == 0) return;
-  const unsigned threads = 256;
-  const std::uint64_t wanted = (n + threads - 1) / threads;
-  const unsigned blocks = static_cast<unsigned>(std::min<std::uint64_t>(wanted, 2048));
-  fill_kernel<<<blocks, threads, 0, stream>>>(static_cast<std::uint8_t*>(p), n, seed);
-  cuda_check(cudaGetLastError(), "fill_kernel launch");
-}
-
-void launch_spin(unsigned long long ns, cudaStream_t stream) {
-  spin_kernel<<<1, 1, 0, stream>>>(ns);
-  cuda_check(cudaGetLastError(), "spin_kernel launch");
-}
-
-/// Copies the block to the host and compares every byte with the pattern of `seed`.
-/// Returns "" when all match, else a description of the first mismatch and the count.
-std::string verify_block(const void* p, std::size_t n, std::uint32_t seed) {
-  std::vector<std::uint8_t> host(n);
-  cuda_check(cudaMemcpy(host.data(), p, n, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
-  std::size_t bad = 0;
-  std::size_t first = n;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (host[i] != pattern_byte(seed, i)) {
-      if (bad == 0) first = i;
-      ++bad;
-    }
-  }
-  if (bad == 0) return "";
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "block %p (%zu bytes, seed %u): %zu bytes differ, first at offset %zu "
-                "(0x%02x, expected 0x%02x)",
-                p, n, seed, bad, first, host[first], pattern_byte(seed, first));
-  return buf;
-}
-
-std::int64_t stat(const stitch::Allocator& a, const char* key) {
-  const auto v = a.stat(0, key);
-  return v ? *v : -1;
-}
-
-struct Streams {
-  std::vector<cudaStream_t> s;
-  explicit Streams(int n) {
-    for (int i = 0; i < n; ++i) {
-      cudaStream_t st = nullptr;
-      cuda_check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
-      s.push_back(st);
-    }
-  }
-  ~Streams() {
-    for (cudaStream_t st : s) (void)cudaStreamDestroy(st);
-  }
-  Streams(const Streams&) = delete;
-  Streams& operator=(const Streams&) = delete;
-};
-
-constexpr std::size_t kMiB = std::size_t{1} << 20;
+using namespace stitch_cuda_test;
 
 // ---- (a) several streams writing, freeing and reallocating concurrently ----------------------------
-
-struct LiveBlock {
-  void* ptr = nullptr;
-  std::size_t size = 0;
-  std::uint32_t seed = 0;
-};
 
 TEST(CudaAllocator, MultiStreamStressEveryByteChecked) {
   REQUIRE_CUDA_DEVICE();
