@@ -74,10 +74,13 @@ STEPS=$WORK/steps.tsv
 BUILD_LOG=$OUT/build.log
 CTEST_LOG=$OUT/ctest.log
 BENCH_LOG=$OUT/bench.log
-SMI=$OUT/nvidia-smi.txt
+SMI=$WORK/nvidia-smi.txt  # copied into report.md, not a file of its own
+TRAIN_LOG=$OUT/train.log  # the PyTorch example's runs, then the deliberate OOM
 BENCH=$BUILD/benchmarks/gpu/stitch_gpu_bench
-# Only what this run writes is in OUTDIR afterwards (at most 8 files).
-rm -f "$OUT"/report.md "$OUT"/gpu_bench*.json "$BUILD_LOG" "$CTEST_LOG" "$BENCH_LOG" "$SMI"
+# Only what this run writes is in OUTDIR afterwards: at most 8 files (report.md, three
+# gpu_bench*.json, four logs), what the device tool brings back.
+rm -f "$OUT"/report.md "$OUT"/gpu_bench*.json "$BUILD_LOG" "$CTEST_LOG" "$BENCH_LOG" "$TRAIN_LOG" \
+  "$OUT"/nvidia-smi.txt "$OUT"/oom.log
 
 failures=0
 say() { echo "gpu-check [$((SECONDS - START))s]: $*"; }
@@ -327,7 +330,6 @@ fi
 if [ $have_gpu = yes ] && [ -n "$PYTHON" ] && "$PYTHON" -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1 \
    && [ "$(remaining)" -gt 60 ]; then
   t0=$SECONDS
-  TRAIN_LOG="$OUT/train.log"
   : >"$TRAIN_LOG"
   train_rc=0
   for mode in native stitch stitch-expandable stitching; do
@@ -347,7 +349,7 @@ if [ $have_gpu = yes ] && [ -n "$PYTHON" ] && "$PYTHON" -c "import torch; assert
 
   t0=$SECONDS
   # A deliberate out-of-memory inside PyTorch must raise a Python exception carrying the report.
-  STITCH_LIBRARY="$BUILD/libstitch.so" PYTHONPATH="$ROOT/python" timeout 60 "$PYTHON" - >"$OUT/oom.log" 2>&1 <<'PY'
+  STITCH_LIBRARY="$BUILD/libstitch.so" PYTHONPATH="$ROOT/python" timeout 60 "$PYTHON" - >"$WORK/oom.log" 2>&1 <<'PY'
 import torch, stitch.torch as st
 st.enable("per_process_memory_fraction:0.05")
 try:
@@ -361,7 +363,8 @@ except Exception as e:  # torch.OutOfMemoryError when raise_torch_oom translates
     raise SystemExit(0 if "out of memory" in str(e) else 1)
 PY
   rc=$?
-  record oom-in-pytorch "$(status_of_rc $rc)" $((SECONDS - t0)) "$(head -1 "$OUT/oom.log")"
+  { echo; echo "=== deliberate out of memory inside PyTorch (rc=$rc)"; cat "$WORK/oom.log"; } >>"$TRAIN_LOG"
+  record oom-in-pytorch "$(status_of_rc $rc)" $((SECONDS - t0)) "$(head -1 "$WORK/oom.log") (see train.log)"
 else
   record train-example skipped 0 "needs a GPU and python3 with CUDA torch"
 fi
