@@ -25,6 +25,7 @@
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
 #include "stitch/sim_backend.hpp"
+#include "support/data_pattern.hpp"
 
 namespace stitch {
 namespace {
@@ -121,42 +122,6 @@ const std::vector<Step>& workload() {
   return steps;
 }
 
-// ---- data patterns ---------------------------------------------------------------------------------
-
-std::uint64_t word(std::uint64_t seed, std::size_t off) {
-  std::uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ULL ^ off;
-  x ^= x >> 29;
-  x *= 0xBF58476D1CE4E5B9ULL;
-  return x ^ (x >> 32);
-}
-
-template <typename Fn>
-void offsets(std::size_t size, Fn&& fn) {
-  // Every word of small blocks; larger ones at most ~64 words, 4 KiB apart or more (touching
-  // every page of every block would make each of the hundreds of runs page-fault bound).
-  const std::size_t stride =
-      size <= 64 * KiB ? 8 : std::max<std::size_t>(4 * KiB, (size / 64 + 4 * KiB - 1) / (4 * KiB) * (4 * KiB));
-  for (std::size_t off = 0; off + 8 <= size; off += stride) fn(off);
-  if (size % 8 == 0) fn(size - 8);  // the last word (aligned: never overlaps another)
-}
-
-void fill(void* p, std::size_t size, std::uint64_t seed) {
-  offsets(size, [&](std::size_t off) {
-    const std::uint64_t w = word(seed, off);
-    std::memcpy(static_cast<char*>(p) + off, &w, 8);
-  });
-}
-
-bool intact(const void* p, std::size_t size, std::uint64_t seed) {
-  bool ok = true;
-  offsets(size, [&](std::size_t off) {
-    std::uint64_t w;
-    std::memcpy(&w, static_cast<const char*>(p) + off, 8);
-    ok = ok && w == word(seed, off);
-  });
-  return ok;
-}
-
 // ---- the harness -----------------------------------------------------------------------------------
 
 struct Live {
@@ -204,7 +169,7 @@ class Harness {
     for (int s = 1; s <= 3; ++s) sim_->release_stream(S(s));
     for (auto& slot : slots_) {
       if (!slot) continue;
-      if (!intact(slot->ptr, slot->size, slot->seed)) problem(out, "drain: data of a block changed");
+      if (!test::pattern_intact(slot->ptr, slot->size, slot->seed)) problem(out, "drain: data of a block changed");
       try {
         a_->deallocate(slot->ptr);
       } catch (const std::exception& e) {
@@ -254,7 +219,7 @@ class Harness {
             return;
           }
           const std::uint64_t seed = ++seed_;
-          fill(p, s.size, seed);
+          test::write_pattern(p, s.size, seed);
           *slot = Live{p, s.size, S(s.stream), seed};
           break;
         }
@@ -262,7 +227,7 @@ class Harness {
         case Op::free_on:
         case Op::free_sized: {
           const Live& l = **slot;
-          if (!intact(l.ptr, l.size, l.seed)) problem(out, where + "data changed before free");
+          if (!test::pattern_intact(l.ptr, l.size, l.seed)) problem(out, where + "data changed before free");
           if (s.op == Op::free) a_->deallocate(l.ptr);
           if (s.op == Op::free_on) a_->deallocate(l.ptr, S(s.stream));
           if (s.op == Op::free_sized) a_->deallocate(l.ptr, l.size, 0, l.stream);
@@ -309,7 +274,7 @@ class Harness {
     }
     for (const auto& slot : slots_) {
       if (!slot) continue;
-      if (!intact(slot->ptr, slot->size, slot->seed)) problem(out, where + "a live block lost its data");
+      if (!test::pattern_intact(slot->ptr, slot->size, slot->seed)) problem(out, where + "a live block lost its data");
       if (!a_->find(slot->ptr)) problem(out, where + "a live block is no longer allocated");
     }
   }

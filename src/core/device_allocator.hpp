@@ -159,6 +159,9 @@ class DeviceAllocator {
   // slow path (device_allocator_slow.cpp)
   Block* allocate_slow(Pool& pool, stream_t stream, std::size_t rounded, std::size_t requested);
   Block* alloc_segment(Pool& pool, stream_t stream, std::size_t bytes);
+  /// A new segment over [base, base + size) of `pool` and `stream`, linked into the segment
+  /// list, with one block over all of it as its head (returned; its segment is block->segment).
+  Block* link_new_segment(Pool& pool, stream_t stream, char* base, std::size_t size);
   void release_segment(Block* block);
   bool release_cached_blocks();
   bool release_available_cached_blocks(stream_t stream, std::size_t rounded);
@@ -167,6 +170,10 @@ class DeviceAllocator {
   // expandable segments (expandable.cpp)
   Block* grow_expandable(Pool& pool, stream_t stream, std::size_t rounded);
   Segment* create_expandable(Pool& pool, stream_t stream, std::size_t min_bytes);
+  /// A segment over the reserved, wholly unmapped range [va, va + bytes) in pages of `page`:
+  /// one unmapped block, filed in pool.unmapped (expandable; stitched when `stitched`).
+  Segment* adopt_unmapped_range(Pool& pool, stream_t stream, char* va, std::size_t bytes,
+                                std::size_t page, bool stitched);
   bool map_pages(Segment* segment, std::size_t first, std::size_t count);
   /// Unmaps `bytes` at `va` while undoing; if that fails too, files the range as stray.
   void unmap_or_stray(char* va, std::size_t bytes) noexcept;

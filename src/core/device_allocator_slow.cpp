@@ -49,23 +49,30 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(Pool& pool, stream_t stre
   return block;
 }
 
+DeviceAllocator::Block* DeviceAllocator::link_new_segment(Pool& pool, stream_t stream, char* base,
+                                                          std::size_t size) {
+  auto* segment = new Segment;
+  segment->base = base;
+  segment->size = size;
+  segment->stream = stream;
+  segment->small = pool.small;
+  segment->next = segments_;
+  if (segments_ != nullptr) segments_->prev = segment;
+  segments_ = segment;
+  Block* block = blocks_.create(base, size, stream, segment, pool.small);
+  segment->head = block;
+  return block;
+}
+
 DeviceAllocator::Block* DeviceAllocator::alloc_segment(Pool& pool, stream_t stream,
                                                        std::size_t bytes) {
   const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
   if (allowed_ && reserved + bytes > *allowed_) return nullptr;
   void* ptr = backend_.allocate(device_, bytes);  // throws backend_error for non-OOM failures
   if (ptr == nullptr) return nullptr;
-  auto* segment = new Segment;
-  segment->base = static_cast<char*>(ptr);
-  segment->size = bytes;
-  segment->stream = stream;
-  segment->small = pool.small;
+  Block* block = link_new_segment(pool, stream, static_cast<char*>(ptr), bytes);
+  Segment* segment = block->segment;
   segment->oversize = bytes >= config_.max_split_size;
-  segment->next = segments_;
-  if (segments_ != nullptr) segments_->prev = segment;
-  segments_ = segment;
-  Block* block = blocks_.create(segment->base, bytes, stream, segment, pool.small);
-  segment->head = block;
   ++stats_.num_device_alloc;
   add(stats_.segment, pool.small, 1);
   add(stats_.reserved_bytes, pool.small, static_cast<std::int64_t>(bytes));

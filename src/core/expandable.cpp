@@ -41,20 +41,19 @@ DeviceAllocator::Segment* DeviceAllocator::create_expandable(Pool& pool, stream_
       std::max(round_up(total + total / 8, page), round_up(min_bytes, page));
   void* va = backend_.reserve(device_, bytes, backend_.granularity(device_));
   if (va == nullptr) return nullptr;
-  auto* segment = new Segment;
-  segment->base = static_cast<char*>(va);
-  segment->size = bytes;
-  segment->stream = stream;
-  segment->small = pool.small;
+  return adopt_unmapped_range(pool, stream, static_cast<char*>(va), bytes, page, false);
+}
+
+DeviceAllocator::Segment* DeviceAllocator::adopt_unmapped_range(Pool& pool, stream_t stream,
+                                                                char* va, std::size_t bytes,
+                                                                std::size_t page, bool stitched) {
+  Block* block = link_new_segment(pool, stream, va, bytes);
+  Segment* segment = block->segment;
   segment->expandable = true;
+  segment->stitched = stitched;
   segment->page = page;
   segment->pages.assign(bytes / page, 0);
-  segment->next = segments_;
-  if (segments_ != nullptr) segments_->prev = segment;
-  segments_ = segment;
-  Block* block = blocks_.create(segment->base, bytes, stream, segment, pool.small);
   block->mapped = false;
-  segment->head = block;
   pool.unmapped.insert(block);
   return segment;
 }

@@ -121,22 +121,7 @@ void DeviceAllocator::release_or_keep(Pool& pool, stream_t stream, void* va, std
     return;
   } catch (...) {
   }
-  auto* segment = new Segment;
-  segment->base = static_cast<char*>(va);
-  segment->size = bytes;
-  segment->stream = stream;
-  segment->small = pool.small;
-  segment->expandable = true;
-  segment->stitched = true;
-  segment->page = page;
-  segment->pages.assign(bytes / segment->page, 0);
-  segment->next = segments_;
-  if (segments_ != nullptr) segments_->prev = segment;
-  segments_ = segment;
-  Block* block = blocks_.create(segment->base, bytes, stream, segment, pool.small);
-  block->mapped = false;
-  segment->head = block;
-  pool.unmapped.insert(block);
+  adopt_unmapped_range(pool, stream, static_cast<char*>(va), bytes, page, true);
 }
 
 bool DeviceAllocator::release_if_unmapped(Segment* segment) {
@@ -390,20 +375,12 @@ DeviceAllocator::Block* DeviceAllocator::stitch_pages(Pool& pool, stream_t strea
   }
 
   // 6. The stitched segment: one free block over the whole range.
-  auto* segment = new Segment;
-  segment->base = static_cast<char*>(va);
-  segment->size = pages * page;
-  segment->stream = stream;
-  segment->small = pool.small;
+  Block* block = link_new_segment(pool, stream, static_cast<char*>(va), pages * page);
+  Segment* segment = block->segment;
   segment->expandable = true;
   segment->stitched = true;
   segment->page = page;
   segment->pages = std::move(handles);
-  segment->next = segments_;
-  if (segments_ != nullptr) segments_->prev = segment;
-  segments_ = segment;
-  Block* block = blocks_.create(segment->base, segment->size, stream, segment, pool.small);
-  segment->head = block;
   trace(TraceAction::segment_map, va, segment->size, stream);
   ++stats_.num_device_alloc;
   ++stats_.num_stitches;
