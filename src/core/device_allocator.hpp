@@ -162,6 +162,8 @@ class DeviceAllocator {
   /// A new segment over [base, base + size) of `pool` and `stream`, linked into the segment
   /// list, with one block over all of it as its head (returned; its segment is block->segment).
   Block* link_new_segment(Pool& pool, stream_t stream, char* base, std::size_t size);
+  /// Takes `segment` out of the segment list and deletes it, with its only block `head`.
+  void unlink_segment(Segment* segment, Block* head) noexcept;
   void release_segment(Block* block);
   bool release_cached_blocks();
   bool release_available_cached_blocks(stream_t stream, std::size_t rounded);

@@ -92,10 +92,14 @@ void DeviceAllocator::release_segment(Block* block) {
   sub(stats_.segment, segment->small, 1);
   sub(stats_.reserved_bytes, segment->small, static_cast<std::int64_t>(segment->size));
   if (segment->oversize) stats_.oversize_segments.decrease(1);
+  unlink_segment(segment, block);
+}
+
+void DeviceAllocator::unlink_segment(Segment* segment, Block* head) noexcept {
   if (segment->prev != nullptr) segment->prev->next = segment->next;
   if (segment->next != nullptr) segment->next->prev = segment->prev;
   if (segments_ == segment) segments_ = segment->next;
-  blocks_.destroy(block);
+  blocks_.destroy(head);
   delete segment;
 }
 

@@ -273,16 +273,7 @@ void DeviceAllocator::release_expandable_pages() {
         backend_.synchronize_stream(device_, segment->stream);
         for (Block* b : candidates) unmap_free_pages(b);
       }
-      Block* head = segment->head;
-      if (!head->mapped && head->next == nullptr) {  // wholly unmapped: give the range back
-        backend_.release_reservation(device_, segment->base, segment->size);
-        pool_for(segment->small).unmapped.erase(head);
-        blocks_.destroy(head);
-        if (segment->prev != nullptr) segment->prev->next = segment->next;
-        if (segment->next != nullptr) segment->next->prev = segment->prev;
-        if (segments_ == segment) segments_ = segment->next;
-        delete segment;
-      }
+      release_if_unmapped(segment);  // wholly unmapped: the range goes back
     }
     segment = next_segment;
   }

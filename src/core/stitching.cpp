@@ -129,11 +129,7 @@ bool DeviceAllocator::release_if_unmapped(Segment* segment) {
   if (head->mapped || head->next != nullptr) return false;
   backend_.release_reservation(device_, segment->base, segment->size);  // throws: kept
   pool_for(segment->small).unmapped.erase(head);
-  blocks_.destroy(head);
-  if (segment->prev != nullptr) segment->prev->next = segment->next;
-  if (segment->next != nullptr) segment->next->prev = segment->prev;
-  if (segments_ == segment) segments_ = segment->next;
-  delete segment;
+  unlink_segment(segment, head);
   return true;
 }
 
