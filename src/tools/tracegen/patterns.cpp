@@ -241,6 +241,22 @@ std::pair<Tensor, Tensor> gpt_head(Net& n, const GptDims& d, const Gpt& g, Tenso
   return {logits, loss};
 }
 
+/// A Hugging Face causal LM's head and loss (Llama-style models): the untied lm_head in bf16, the
+/// logits upcast to fp32, log_softmax and nll_loss. Consumes `hn`; returns the loss.
+Tensor causal_lm_loss(Net& n, Tensor hn, Param* lm_head, Tensor labels, std::size_t tok,
+                      std::size_t vocab) {
+  const Tensor logits = n.linear("lm_head", hn, lm_head, tok * vocab * kBf16);
+  n.drop(hn);
+  const Tensor lf = n.op({"loss.logits.float()", {logits}, {}, {}, tok * vocab * kFp32});
+  n.drop(logits);
+  const Tensor lsm = n.op({"loss.log_softmax", {lf}, {}, {}, tok * vocab * kFp32, true});
+  n.drop(lf);
+  const Tensor loss =
+      n.op({"loss.nll_loss", {lsm}, {labels}, {}, kFp32, false, {{kFp32, "nll_loss.total_weight"}}});
+  n.drop(lsm);
+  return loss;
+}
+
 // ---- transformer-varlen ------------------------------------------------------------------------
 // Imitates nanoGPT-style GPT training (4 blocks of GPT-2-medium width, eager attention, AMP with
 // fp32 weights and bf16 matmuls, foreach AdamW, zero_grad(set_to_none=True)) on a dataset of
@@ -438,14 +454,7 @@ void lora(Trace& t, Rng& rng, std::size_t steps) {
     }
     const Tensor hn = rms("model.norm", x, norm);
     n.drop(x);
-    const Tensor logits = n.linear("lm_head", hn, lm_head, tok * vocab * kBf16);
-    n.drop(hn);
-    const Tensor lf = n.op({"loss.logits.float()", {logits}, {}, {}, tok * vocab * kFp32});
-    n.drop(logits);
-    const Tensor lsm = n.op({"loss.log_softmax", {lf}, {}, {}, tok * vocab * kFp32, true});
-    n.drop(lf);
-    const Tensor loss = n.op({"loss.nll_loss", {lsm}, {labels}, {}, kFp32, false, {{kFp32, "nll_loss.total_weight"}}});
-    n.drop(lsm);
+    const Tensor loss = causal_lm_loss(n, hn, lm_head, labels, tok, vocab);
     n.end_forward();
     ag.backward(loss);
     adam_step(t, all, kCompute);
@@ -745,14 +754,7 @@ void moe(Trace& t, Rng& rng, std::size_t steps) {
     }
     const Tensor hn = n.op({"model.norm", {x}, {x}, {norm}, act, false, {{tok * kFp32, "model.norm.rstd"}}});
     n.drop(x);
-    const Tensor logits = n.linear("lm_head", hn, lm_head, tok * vocab * kBf16);
-    n.drop(hn);
-    const Tensor lf = n.op({"loss.logits.float()", {logits}, {}, {}, tok * vocab * kFp32});
-    n.drop(logits);
-    const Tensor lsm = n.op({"loss.log_softmax", {lf}, {}, {}, tok * vocab * kFp32, true});
-    n.drop(lf);
-    const Tensor loss = n.op({"loss.nll_loss", {lsm}, {labels}, {}, kFp32, false, {{kFp32, "nll_loss.total_weight"}}});
-    n.drop(lsm);
+    const Tensor loss = causal_lm_loss(n, hn, lm_head, labels, tok, vocab);
     ag.backward(loss);
     adam_step(t, all, kCompute);
     zero_grad(t, all);
