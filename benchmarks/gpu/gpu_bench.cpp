@@ -47,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "diagnostics/snapshot_writer.hpp"  // json_escape
 #include "gpu_bench_config.h"  // generated: STITCH_BENCH_TORCH_NOTE, STITCH_BENCH_TORCH_VERSION
 #include "peers.hpp"
 #include "stitch/stitch.hpp"
@@ -606,20 +607,6 @@ void add_context() {
   }
 }
 
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += ' ';
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
 
 }  // namespace
 }  // namespace stitch_bench
@@ -646,12 +633,12 @@ int main(int argc, char** argv) {
     std::printf("stitch_gpu_bench: nothing measured (this is not an error on a machine without a GPU)\n");
     if (!out_path.empty()) {
       std::ofstream out(out_path);
-      out << "{\n  \"context\": {\n    \"stitch_no_device\": \"" << json_escape(why)
+      out << "{\n  \"context\": {\n    \"stitch_no_device\": \"" << stitch::detail::json_escape(why)
           << "\",\n    \"stitch_torch\": \"" <<
 #if defined(STITCH_BENCH_HAVE_TORCH)
-          json_escape("built against torch " STITCH_BENCH_TORCH_VERSION)
+          stitch::detail::json_escape("built against torch " STITCH_BENCH_TORCH_VERSION)
 #else
-          json_escape("skipped: " STITCH_BENCH_TORCH_NOTE)
+          stitch::detail::json_escape("skipped: " STITCH_BENCH_TORCH_NOTE)
 #endif
           << "\"\n  },\n  \"benchmarks\": []\n}\n";
     }

@@ -20,6 +20,29 @@
 
 namespace stitch::detail {
 
+void append_json_escaped(std::string& out, std::string_view raw) {
+  if (!valid_utf8(raw)) {
+    append_json_escaped(out, sanitize_utf8(raw));
+    return;
+  }
+  std::size_t plain = 0;  // start of the run of characters copied as they are
+  for (std::size_t i = 0; i < raw.size(); ++i) {
+    const auto c = static_cast<unsigned char>(raw[i]);
+    if (c >= 0x20 && c != '"' && c != '\\') continue;
+    out.append(raw.data() + plain, i - plain);
+    plain = i + 1;
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default: out += fmt::format("\\u{:04x}", c);
+    }
+  }
+  out.append(raw.data() + plain, raw.size() - plain);
+}
+
 namespace {
 
 // JSON with the PickleWriter's streaming interface. Compact, one trace entry or block per line.
@@ -115,28 +138,8 @@ class JsonWriter {
     scalar(std::string_view(buf, static_cast<std::size_t>(r.ptr - buf)));
   }
   void quoted(std::string_view raw) {
-    if (!valid_utf8(raw)) {
-      const std::string clean = sanitize_utf8(raw);
-      quoted(clean);
-      return;
-    }
     out_ += '"';
-    std::size_t plain = 0;  // start of the run of characters copied as they are
-    for (std::size_t i = 0; i < raw.size(); ++i) {
-      const auto c = static_cast<unsigned char>(raw[i]);
-      if (c >= 0x20 && c != '"' && c != '\\') continue;
-      out_.append(raw.data() + plain, i - plain);
-      plain = i + 1;
-      switch (c) {
-        case '"': out_ += "\\\""; break;
-        case '\\': out_ += "\\\\"; break;
-        case '\n': out_ += "\\n"; break;
-        case '\r': out_ += "\\r"; break;
-        case '\t': out_ += "\\t"; break;
-        default: out_ += fmt::format("\\u{:04x}", c);
-      }
-    }
-    out_.append(raw.data() + plain, raw.size() - plain);
+    append_json_escaped(out_, raw);
     out_ += '"';
   }
 

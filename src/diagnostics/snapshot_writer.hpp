@@ -51,6 +51,16 @@ struct FrameParts {
 /// "(file)" suffix becomes the name, with filename "??".
 FrameParts split_frame(std::string_view frame);
 
+/// Appends `raw` to `out` escaped for the inside of a JSON string literal (no quotes added):
+/// quote, backslash and control characters escaped; invalid UTF-8 is replaced first.
+void append_json_escaped(std::string& out, std::string_view raw);
+/// append_json_escaped() into a new string.
+inline std::string json_escape(std::string_view raw) {
+  std::string out;
+  append_json_escaped(out, raw);
+  return out;
+}
+
 /// The snapshot as pickle bytes.
 std::string snapshot_to_pickle(const Snapshot& snap, const SnapshotMeta& meta = {});
 /// The snapshot as JSON text (same structure; the pool id tuple becomes a list).

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 
+#include "diagnostics/snapshot_writer.hpp"  // json_escape
 #include "stitch/errors.hpp"
 
 namespace stitch::replay {
@@ -75,22 +76,6 @@ std::string format_table(const TraceReport& t) {
   return out;
 }
 
-namespace {
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<int>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-}  // namespace
 
 std::string format_json(const std::vector<TraceReport>& reports) {
   std::string out = "[";
@@ -98,7 +83,7 @@ std::string format_json(const std::vector<TraceReport>& reports) {
     const TraceReport& t = reports[i];
     out += fmt::format("{}{{\"trace\":\"{}\",\"device\":{},\"events\":{},\"initial_blocks\":{},"
                        "\"starts_empty\":{}",
-                       i ? "," : "", json_escape(t.trace), t.device, t.events, t.initial_blocks,
+                       i ? "," : "", detail::json_escape(t.trace), t.device, t.events, t.initial_blocks,
                        t.starts_empty ? "true" : "false");
     if (t.recorded_peak_reserved) out += fmt::format(",\"recorded_peak_reserved\":{}", *t.recorded_peak_reserved);
     if (t.fidelity)
@@ -113,7 +98,7 @@ std::string format_json(const std::vector<TraceReport>& reports) {
                          "\"reserved_over_requested\":{:.6f},\"peak_unallocated\":{},"
                          "\"largest_free_at_worst\":{},\"device_allocs\":{},\"device_frees\":{},"
                          "\"maps\":{},\"unmaps\":{},\"stream_syncs\":{},\"ooms\":{},\"events_per_second\":{:.0f}",
-                         j ? "," : "", json_escape(r.config), r.capacity, r.peak_requested,
+                         j ? "," : "", detail::json_escape(r.config), r.capacity, r.peak_requested,
                          r.peak_reserved, r.reserved_over_requested(), r.peak_unallocated,
                          r.largest_free_at_worst, r.device_allocs, r.device_frees, r.maps, r.unmaps,
                          r.stream_syncs, r.ooms, r.events_per_second());
@@ -149,7 +134,7 @@ std::string format_svg(const TraceReport& t) {
       "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       "<text x=\"{}\" y=\"18\">{} (device {}): solid = reserved, dashed = reserved but unallocated, "
       "grey = requested</text>\n",
-      kW, kH, kL, json_escape(t.trace), t.device);
+      kW, kH, kL, detail::json_escape(t.trace), t.device);
   out += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", kL, kH - kB, kW - kR, kH - kB);
   out += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", kL, kT, kL, kH - kB);
   for (int i = 0; i <= 4; ++i) {
@@ -173,7 +158,7 @@ std::string format_svg(const TraceReport& t) {
                     "stroke-dasharray=\"4 3\"");
     const std::string name = t.rows[i].result.config.empty() ? "(defaults)" : t.rows[i].result.config;
     out += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", kL + 10,
-                       kT + 16 * (static_cast<int>(i) + 1), colour, json_escape(name));
+                       kT + 16 * (static_cast<int>(i) + 1), colour, detail::json_escape(name));
   }
   out += "</svg>\n";
   return out;
