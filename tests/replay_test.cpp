@@ -326,6 +326,23 @@ TEST(ReplayDeterminism, TheSameReplayTwiceGivesIdenticalNumbers) {
   }
 }
 
+TEST(ReplayReport, SvgLabelsAreXmlEscaped) {
+  // Trace paths and config strings are free text; in the SVG they must stay character data.
+  rp::ReplayOptions o;
+  o.config = "expandable_segments:True";
+  o.sample_every = 50;
+  rp::ReplayResult r = rp::replay(generated("multistream", 3), o);
+  r.config = "a<b>&c";
+  rp::TraceReport report;
+  report.trace = "runs/R&D <v2>.pickle";
+  report.rows.push_back({r, std::nullopt, false});
+  const std::string svg = rp::format_svg(report);
+  EXPECT_NE(svg.find("runs/R&amp;D &lt;v2&gt;.pickle"), std::string::npos) << svg.substr(0, 400);
+  EXPECT_NE(svg.find(">a&lt;b&gt;&amp;c</text>"), std::string::npos);
+  EXPECT_EQ(svg.find("R&D"), std::string::npos);
+  EXPECT_EQ(svg.find("<v2>"), std::string::npos);
+}
+
 TEST(ReplayMinCapacity, FitsAtTheAnswerAndRunsOutOneStepBelow) {
   const rp::DeviceTrace t = generated("recompute", 3);
   const std::size_t step = 2 * MiB;

@@ -117,6 +117,22 @@ std::string format_json(const std::vector<TraceReport>& reports) {
   return out;
 }
 
+namespace {
+/// `s` as XML character data: the SVG labels are trace paths and config strings.
+std::string xml_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+}  // namespace
+
 std::string format_svg(const TraceReport& t) {
   // One panel: requested, reserved and reserved-but-unallocated of every config over the events.
   constexpr int kW = 900, kH = 420, kL = 70, kR = 20, kT = 30, kB = 40;
@@ -134,7 +150,7 @@ std::string format_svg(const TraceReport& t) {
       "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       "<text x=\"{}\" y=\"18\">{} (device {}): solid = reserved, dashed = reserved but unallocated, "
       "grey = requested</text>\n",
-      kW, kH, kL, detail::json_escape(t.trace), t.device);
+      kW, kH, kL, xml_escape(t.trace), t.device);
   out += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", kL, kH - kB, kW - kR, kH - kB);
   out += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", kL, kT, kL, kH - kB);
   for (int i = 0; i <= 4; ++i) {
@@ -158,7 +174,7 @@ std::string format_svg(const TraceReport& t) {
                     "stroke-dasharray=\"4 3\"");
     const std::string name = t.rows[i].result.config.empty() ? "(defaults)" : t.rows[i].result.config;
     out += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", kL + 10,
-                       kT + 16 * (static_cast<int>(i) + 1), colour, detail::json_escape(name));
+                       kT + 16 * (static_cast<int>(i) + 1), colour, xml_escape(name));
   }
   out += "</svg>\n";
   return out;
