@@ -21,14 +21,14 @@
 //   stitch_cost/<op>/<N>pages  what a stitch of N granules costs, and its dissolving, next to an
 //                       expandable-segment grow and cudaMalloc of the same bytes (stitch_cost.cpp)
 // Counters: peak_reserved (bytes), peak_segments (cudaMalloc'ed segments, where known), bytes.
-// The driver API is reached through cudaGetDriverEntryPointByVersion: libcuda is never linked.
+// The driver API is reached through the CUDA back end's entry-point table
+// (backends/cuda/driver_api.hpp, cudaGetDriverEntryPointByVersion): libcuda is never linked.
 //
 // Without a device it prints "no CUDA device: <reason>", writes a stub JSON to --benchmark_out
 // (context.stitch_no_device), and exits 0. --stitch_device_check prints the device and exits
 // 0 (device present) or 2 (none).
 #include <benchmark/benchmark.h>
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -47,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/driver_api.hpp"
 #include "diagnostics/snapshot_writer.hpp"  // json_escape
 #include "gpu_bench_config.h"  // generated: STITCH_BENCH_TORCH_NOTE, STITCH_BENCH_TORCH_VERSION
 #include "peers.hpp"
@@ -392,75 +393,40 @@ void bm_trace(benchmark::State& state, const std::string& name, const Trace& tra
 
 // ---- raw VMM costs ----------------------------------------------------------------------------
 
+/// The back end's driver entry points (backends/cuda/driver_api.hpp) and device 0's granularity.
 struct Vmm {
-  PFN_cuMemCreate_v10020 create = nullptr;
-  PFN_cuMemRelease_v10020 release = nullptr;
-  PFN_cuMemMap_v10020 map = nullptr;
-  PFN_cuMemUnmap_v10020 unmap = nullptr;
-  PFN_cuMemSetAccess_v10020 set_access = nullptr;
-  PFN_cuMemAddressReserve_v10020 reserve = nullptr;
-  PFN_cuMemAddressFree_v10020 address_free = nullptr;
-  PFN_cuMemGetAllocationGranularity_v10020 granularity = nullptr;
-  PFN_cuDeviceGet_v2000 device_get = nullptr;
-  PFN_cuDeviceGetAttribute_v2000 device_attribute = nullptr;
+  const stitch::cuda_driver::DriverApi* api = nullptr;
   std::string missing;  // "" when everything was found
   CUdevice device = 0;
   std::size_t granularity_min = 0;
   std::size_t granularity_recommended = 0;
 };
 
-template <class Fn>
-void load_entry(const char* symbol, unsigned version, Fn& out, std::string& missing) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t err =
-      cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &status);
-  if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || fn == nullptr) {
-    (void)cudaGetLastError();
-    missing += std::string(missing.empty() ? "" : ", ") + symbol;
-    return;
-  }
-  static_assert(sizeof(Fn) == sizeof(void*));
-  std::memcpy(&out, &fn, sizeof out);
-}
-
-CUmemAllocationProp vmm_prop(CUdevice device) {
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = static_cast<int>(device);
-  return prop;
-}
-
 const Vmm& vmm() {
   static const Vmm v = [] {
     Vmm v;
-    load_entry("cuMemCreate", 10020, v.create, v.missing);
-    load_entry("cuMemRelease", 10020, v.release, v.missing);
-    load_entry("cuMemMap", 10020, v.map, v.missing);
-    load_entry("cuMemUnmap", 10020, v.unmap, v.missing);
-    load_entry("cuMemSetAccess", 10020, v.set_access, v.missing);
-    load_entry("cuMemAddressReserve", 10020, v.reserve, v.missing);
-    load_entry("cuMemAddressFree", 10020, v.address_free, v.missing);
-    load_entry("cuMemGetAllocationGranularity", 10020, v.granularity, v.missing);
-    load_entry("cuDeviceGet", 2000, v.device_get, v.missing);
-    load_entry("cuDeviceGetAttribute", 2000, v.device_attribute, v.missing);
-    if (!v.missing.empty()) return v;
-    if (v.device_get(&v.device, 0) != CUDA_SUCCESS) {
+    v.api = &stitch::cuda_driver::driver_api();
+    const stitch::cuda_driver::DriverApi& api = *v.api;
+    if (!api.vmm_entry_points) {
+      v.missing = api.unavailable_reason;
+      return v;
+    }
+    if (api.device_get(&v.device, 0) != CUDA_SUCCESS) {
       v.missing = "cuDeviceGet(0) failed";
       return v;
     }
     int supported = 0;
-    if (v.device_attribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                           v.device) != CUDA_SUCCESS ||
+    if (api.device_get_attribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                 v.device) != CUDA_SUCCESS ||
         supported == 0) {
       v.missing = "device 0 does not support virtual memory management";
       return v;
     }
-    const CUmemAllocationProp prop = vmm_prop(v.device);
-    (void)v.granularity(&v.granularity_min, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-    (void)v.granularity(&v.granularity_recommended, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    const CUmemAllocationProp prop = stitch::cuda_driver::device_memory_prop(v.device);
+    (void)api.mem_get_allocation_granularity(&v.granularity_min, &prop,
+                                             CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    (void)api.mem_get_allocation_granularity(&v.granularity_recommended, &prop,
+                                             CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
     if (v.granularity_min == 0) v.missing = "cuMemGetAllocationGranularity failed";
     return v;
   }();
@@ -496,8 +462,8 @@ void bm_vmm(benchmark::State& state, VmmCall call, std::size_t bytes) {
     size = (bytes + v.granularity_min - 1) / v.granularity_min * v.granularity_min;
     check(cudaSetDevice(0), "cudaSetDevice");
     check(cudaFree(nullptr), "cudaFree(nullptr)");  // makes the primary context current here
-    cu_check(v.reserve(&va, size, v.granularity_min, 0, 0), "cuMemAddressReserve");
-    const CUmemAllocationProp prop = vmm_prop(v.device);
+    cu_check(v.api->mem_address_reserve(&va, size, v.granularity_min, 0, 0), "cuMemAddressReserve");
+    const CUmemAllocationProp prop = stitch::cuda_driver::device_memory_prop(v.device);
     CUmemAccessDesc access{};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = static_cast<int>(v.device);
@@ -513,18 +479,18 @@ void bm_vmm(benchmark::State& state, VmmCall call, std::size_t bytes) {
         cu_check(r, what);
       };
       CUmemGenericAllocationHandle handle = 0;
-      step(VmmCall::create, [&] { return v.create(&handle, size, &prop, 0); }, "cuMemCreate");
-      step(VmmCall::map, [&] { return v.map(va, size, 0, handle, 0); }, "cuMemMap");
-      step(VmmCall::set_access, [&] { return v.set_access(va, size, &access, 1); }, "cuMemSetAccess");
-      step(VmmCall::unmap, [&] { return v.unmap(va, size); }, "cuMemUnmap");
-      step(VmmCall::release, [&] { return v.release(handle); }, "cuMemRelease");
+      step(VmmCall::create, [&] { return v.api->mem_create(&handle, size, &prop, 0); }, "cuMemCreate");
+      step(VmmCall::map, [&] { return v.api->mem_map(va, size, 0, handle, 0); }, "cuMemMap");
+      step(VmmCall::set_access, [&] { return v.api->mem_set_access(va, size, &access, 1); }, "cuMemSetAccess");
+      step(VmmCall::unmap, [&] { return v.api->mem_unmap(va, size); }, "cuMemUnmap");
+      step(VmmCall::release, [&] { return v.api->mem_release(handle); }, "cuMemRelease");
       state.SetIterationTime(seconds);
     }
-    cu_check(v.address_free(va, size), "cuMemAddressFree");
+    cu_check(v.api->mem_address_free(va, size), "cuMemAddressFree");
     va = 0;
     state.counters["bytes"] = benchmark::Counter(static_cast<double>(size));
   } catch (const std::exception& e) {
-    if (va != 0) (void)v.address_free(va, size);
+    if (va != 0) (void)v.api->mem_address_free(va, size);
     state.SkipWithError(e.what());
   }
 }

@@ -23,6 +23,7 @@ namespace {
 using cuda_driver::describe;
 using cuda_driver::driver_api;
 using cuda_driver::DriverApi;
+using cuda_driver::device_memory_prop;
 
 /// Used when the device has no virtual-memory support (the real value comes from the driver).
 constexpr std::size_t kDefaultGranularity = std::size_t{2} << 20;
@@ -107,14 +108,6 @@ struct DeviceCaps {
   std::string no_vmm_reason;  ///< why vmm is false
 };
 
-CUmemAllocationProp physical_prop(CUdevice device) {
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = static_cast<int>(device);
-  return prop;
-}
 
 CUdeviceptr to_cu(const void* va) {
   return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(va));
@@ -202,7 +195,7 @@ class CudaBackend final : public Backend {
   [[nodiscard]] phys_handle_t create_physical(int device, std::size_t bytes) override {
     const std::string call = "cuMemCreate(" + bytes_text(bytes) + ")";
     const DriverApi& api = require_vmm(device, call);
-    const CUmemAllocationProp prop = physical_prop(caps_[device].cu_device);
+    const CUmemAllocationProp prop = device_memory_prop(caps_[device].cu_device);
     DeviceGuard guard(device, call, /*bind_context=*/true);
     CUmemGenericAllocationHandle handle = 0;
     const CUresult result = api.mem_create(&handle, bytes, &prop, 0);
@@ -354,7 +347,7 @@ class CudaBackend final : public Backend {
           "(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0)";
       return;
     }
-    const CUmemAllocationProp prop = physical_prop(cu_device);
+    const CUmemAllocationProp prop = device_memory_prop(cu_device);
     std::size_t granularity = 0;
     result = api.mem_get_allocation_granularity(&granularity, &prop,
                                                 CU_MEM_ALLOC_GRANULARITY_MINIMUM);

@@ -42,6 +42,17 @@ struct DriverApi {
 /// Call it only after the CUDA runtime has found a device (the driver is initialised then).
 [[nodiscard]] const DriverApi& driver_api() noexcept;
 
+/// The properties of the physical memory stitch creates: pinned device memory on `device`, no
+/// shareable handle.
+inline CUmemAllocationProp device_memory_prop(CUdevice device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = static_cast<int>(device);
+  return prop;
+}
+
 /// "CUDA_ERROR_OUT_OF_MEMORY (2): out of memory" — name, numeric code and description of a
 /// driver result (falls back to "CUresult 2" when cuGetErrorName is unavailable).
 [[nodiscard]] std::string describe(CUresult result);
