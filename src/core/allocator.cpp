@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "core/constants.hpp"
 #include "core/device_allocator.hpp"
 #include "diagnostics/snapshot_writer.hpp"
 #include "diagnostics/what_if.hpp"
@@ -72,7 +71,7 @@ void Allocator::deallocate(void* ptr, stream_t stream) { free_any_device(ptr, &s
 void Allocator::free_any_device(void* ptr, const stream_t* stream) {
   if (ptr == nullptr) return;
   for (int d = 0; d < device_count_; ++d) {
-    if (devices_[static_cast<std::size_t>(d)]->free(ptr, DeviceAllocator::kAnySize, stream) ==
+    if (devices_[static_cast<std::size_t>(d)]->free(ptr, nullptr, stream) ==
         FreeStatus::freed)
       return;
   }
@@ -85,10 +84,7 @@ void Allocator::deallocate(void* ptr, std::size_t bytes, int device, stream_t st
   if (ptr == nullptr) return;
   DeviceAllocator& home = checked_device(device);
   std::size_t actual = 0;
-  // kAnySize skips the size check, but a caller's size of -1 must still be checked: any size at
-  // or above kMaxRequest matches no allocation, so it is passed on as one that cannot match.
-  const std::size_t expected = bytes >= detail::kMaxRequest ? detail::kMaxRequest : bytes;
-  switch (home.free(ptr, expected, &stream, &actual)) {
+  switch (home.free(ptr, &bytes, &stream, &actual)) {
     case FreeStatus::freed:
       return;
     case FreeStatus::wrong_size:

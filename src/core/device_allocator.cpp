@@ -173,14 +173,14 @@ void DeviceAllocator::activate(Block* block, std::size_t requested) noexcept {
 
 // ---- freeing ------------------------------------------------------------------------------------
 
-FreeStatus DeviceAllocator::free(void* ptr, std::size_t expected_size, const stream_t* stream,
-                                 std::size_t* actual_size) {
+FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
+                                 const stream_t* stream, std::size_t* actual_size) {
   std::lock_guard lock(mutex_);
   const auto slot = live_.find_slot(ptr);
   if (slot == live_.npos) return FreeStatus::not_found;
   Block* block = live_.value_at(slot);
   if (actual_size != nullptr) *actual_size = block->requested;
-  if (expected_size != kAnySize && expected_size != block->requested)
+  if (expected_size != nullptr && *expected_size != block->requested)
     return FreeStatus::wrong_size;
   if (stream != nullptr && *stream != block->stream &&
       std::find(block->stream_uses.begin(), block->stream_uses.end(), *stream) ==

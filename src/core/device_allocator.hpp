@@ -55,13 +55,11 @@ class DeviceAllocator {
 
   /// Allocates `size` bytes for `stream`; throws out_of_memory or backend_error.
   void* malloc(std::size_t size, stream_t stream);
-  /// Frees `ptr` if this device owns it. `expected_size` (if not kAnySize) must equal the
-  /// requested size; `stream` (if not null and not the allocation stream) is treated as a last
-  /// use. The requested size is stored in `actual_size` when given.
-  FreeStatus free(void* ptr, std::size_t expected_size, const stream_t* stream,
+  /// Frees `ptr` if this device owns it. `expected_size` (if not null) must equal the requested
+  /// size; `stream` (if not null and not the allocation stream) is treated as a last use. The
+  /// requested size is stored in `actual_size` when given.
+  FreeStatus free(void* ptr, const std::size_t* expected_size, const stream_t* stream,
                   std::size_t* actual_size = nullptr);
-  /// free(): no size check (no request is this large: see kMaxRequest)
-  static constexpr std::size_t kAnySize = ~std::size_t{0};
   /// Adds `stream` as a user of the live block at `ptr`; false if this device does not own it.
   bool record_stream(void* ptr, stream_t stream);
   /// Returns every entirely free segment to the device (waits for outstanding events first).
