@@ -1,6 +1,7 @@
 // benchmarks/alloc_bench.cpp — CPU cost of stitch's allocator paths, with glibc malloc/free of the
 // same sizes in the same binary as the reference:
-//   *_pair       a warm cache-hit allocate + free of one size;
+//   *_pair       a warm cache-hit allocate + free of one size (*_pair_filed: with immediate
+//                reuse off, the general path of a hit);
 //   *_random     RMM random_allocations-style mixed workload (random sizes, random frees);
 //   *_threads    the cache-hit pair from several threads at once (each on its own stream).
 // stitch runs on the simulated device, so no device call is ever timed: this is the allocator.
@@ -11,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "core/device_allocator.hpp"
 #include "stitch/allocator.hpp"
 #include "stitch/sim_backend.hpp"
 #include "stitch/stitch.h"
@@ -50,6 +52,22 @@ void BM_stitch_pair(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_stitch_pair)->Apply(size_args);
+
+// The same pair with immediate reuse off: each free is completed at once (merged back into its
+// free neighbour) and each allocation searches the free index and splits again. That is the
+// cost of a cache hit whose free is not followed by a request of the same size on the stream.
+void BM_stitch_pair_filed(benchmark::State& state) {
+  const auto size = static_cast<std::size_t>(state.range(0));
+  stitch::Allocator a(stitch::Config::parse("backend:sim,sim_capacity_mb:65536"));
+  a.device(0).set_immediate_reuse(false);
+  a.deallocate(a.allocate(size));
+  for (auto _ : state) {
+    void* p = a.allocate(size);
+    benchmark::DoNotOptimize(p);
+    a.deallocate(p);
+  }
+}
+BENCHMARK(BM_stitch_pair_filed)->Arg(512)->Arg(1 << 20);
 
 // The recorder's cost: the same pair with record_history on (with and without native stacks),
 // in allocators of their own. BM_stitch_pair above is the recorder-off reference.

@@ -1,5 +1,6 @@
 // core/device_allocator.cpp — the per-device fast path: best-fit lookup, splitting, freeing and
-// coalescing, record_stream, and the public entry points of DeviceAllocator.
+// coalescing, immediate reuse of the last free, record_stream, and the public entry points of
+// DeviceAllocator.
 #include "core/device_allocator.hpp"
 #include "core/stat_update.hpp"
 
@@ -29,6 +30,7 @@ DeviceAllocator::~DeviceAllocator() {
   // caller's). Errors cannot be reported from a destructor, so they are dropped.
   try {
     std::lock_guard lock(mutex_);
+    complete_deferred();
     release_cached_blocks();
   } catch (...) {
   }
@@ -73,6 +75,7 @@ void DeviceAllocator::set_config(const Config& config, bool apply_fraction) {
   bool fraction_changed = false;
   {
     std::lock_guard lock(mutex_);
+    complete_deferred();  // the new tunables decide from here on
     // per_process_memory_fraction applies when it is set or changed, so a configure() of other
     // keys keeps a fraction set at run time with set_memory_fraction().
     fraction_changed = apply_fraction || !configured_ ||
@@ -105,11 +108,21 @@ void DeviceAllocator::set_memory_fraction(double fraction) {
 void* DeviceAllocator::malloc(std::size_t size, stream_t stream) {
   if (size == 0) return nullptr;
   std::unique_lock lock(mutex_);
-  if (size >= detail::kMaxRequest) raise_oom(size, size, size, false, stream);
-  if (outstanding_events_ != 0) process_events();
+  if (size >= detail::kMaxRequest) {
+    complete_deferred();
+    raise_oom(size, size, size, false, stream);
+  }
+  if (outstanding_events_ != 0) {
+    complete_deferred();
+    process_events();
+  }
   const std::size_t rounded = detail::round_size(size, config_.roundup_power2_divisions);
   const bool small = detail::is_small(rounded);
   Pool& pool = pool_for(small);
+  if (deferred_ != nullptr) {
+    if (Block* again = reuse_deferred(pool, stream, rounded, size)) return again->ptr;
+    complete_deferred_now();
+  }
   Block* block = get_free_block(pool, stream, rounded);
   if (block == nullptr) block = allocate_slow(pool, stream, rounded, size);
   block = take_found_block(pool, block, rounded);
@@ -127,16 +140,14 @@ DeviceAllocator::Block* DeviceAllocator::get_free_block(Pool& pool, stream_t str
   Block* block = *it;
   // Oversize blocks (>= max_split_size) are never split: they serve only requests of at least
   // max_split_size, and only within max_non_split_rounding of their size.
-  const std::size_t max_split = config_.max_split_size;
-  if (rounded < max_split && block->size >= max_split) return nullptr;
-  if (rounded >= max_split && block->size >= rounded + config_.max_non_split_rounding)
-    return nullptr;
+  if (!may_serve(block->size, rounded)) return nullptr;
   return block;  // still in the index: take_found_block takes it out
 }
 
-bool DeviceAllocator::should_split(const Block* block, std::size_t rounded) const noexcept {
-  const std::size_t remaining = block->size - rounded;
-  if (block->small || block->segment->expandable) return remaining >= kMinBlockSize;
+bool DeviceAllocator::should_split(bool small, bool expandable, std::size_t block_size,
+                                   std::size_t rounded) const noexcept {
+  const std::size_t remaining = block_size - rounded;
+  if (small || expandable) return remaining >= kMinBlockSize;
   return rounded < config_.max_split_size && remaining > kSmallSize;
 }
 
@@ -162,13 +173,17 @@ DeviceAllocator::Block* DeviceAllocator::take_found_block(Pool& pool, Block* blo
   return block;
 }
 
-void DeviceAllocator::activate(Block* block, std::size_t requested) noexcept {
+void DeviceAllocator::mark_allocated(Block* block, std::size_t requested) noexcept {
   block->allocated = true;
   block->requested = requested;
   block->oversize = block->size >= config_.max_split_size;
+  if (block->oversize) stats_.oversize_allocations.increase(1);
+}
+
+void DeviceAllocator::activate(Block* block, std::size_t requested) noexcept {
+  mark_allocated(block, requested);
   hot_.allocated_block(block->small, static_cast<std::int64_t>(block->size),
                        static_cast<std::int64_t>(requested));
-  if (block->oversize) stats_.oversize_allocations.increase(1);
 }
 
 // ---- freeing ------------------------------------------------------------------------------------
@@ -176,6 +191,7 @@ void DeviceAllocator::activate(Block* block, std::size_t requested) noexcept {
 FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
                                  const stream_t* stream, std::size_t* actual_size) {
   std::lock_guard lock(mutex_);
+  complete_deferred();  // first: it may be this block's neighbour
   const auto slot = live_.find_slot(ptr);
   if (slot == live_.npos) return FreeStatus::not_found;
   Block* block = live_.value_at(slot);
@@ -188,19 +204,94 @@ FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
     block->stream_uses.push_back(*stream);  // freed on another stream: that was its last use
   }
   if (!block->stream_uses.empty()) insert_events(block);  // may throw; nothing changed then
-  live_.erase_at(slot);
+  // Without events, the free is completed lazily: the next allocation may take the block
+  // straight back (reuse_deferred). With a free neighbour in front, the filed block would start
+  // elsewhere, so it could not come back. A deferred block stays in the live table, not
+  // allocated, until its free completes.
+  const bool defer = block->event_count == 0 && immediate_reuse_ &&
+                     (block->prev == nullptr || !block->prev->in_index);
+  if (!defer) live_.erase_at(slot);
   trace(TraceAction::free_requested, block->ptr, block->requested, block->stream);
   block->allocated = false;
-  hot_.freed_block(block->small, static_cast<std::int64_t>(block->size), block->event_count != 0);
   if (block->oversize) stats_.oversize_allocations.decrease(1);
   block->oversize = false;
+  if (defer) {
+    trace(TraceAction::free_completed, block->ptr, block->requested, block->stream);
+    deferred_ = block;
+    return FreeStatus::freed;
+  }
+  hot_.freed_block(block->small, static_cast<std::int64_t>(block->size), block->event_count != 0);
   if (block->event_count == 0) free_block(block);
   return FreeStatus::freed;
+}
+
+void DeviceAllocator::complete_deferred_now() {
+  Block* block = deferred_;
+  deferred_ = nullptr;
+  live_.erase(block->ptr);
+  hot_.freed_block(block->small, static_cast<std::int64_t>(block->size), false);
+  file_free_block(block);
+}
+
+DeviceAllocator::Block* DeviceAllocator::reuse_deferred(Pool& pool, stream_t stream,
+                                                        std::size_t rounded,
+                                                        std::size_t requested) {
+  // Completing the free would file the block merged with its free successor, if any (its
+  // predecessor is not free: free() checked, and nothing has changed since). The request
+  // would then get this block back exactly when the filed block is the best fit, may serve
+  // the request, and is split (merged) or taken whole (alone) at the block's own size.
+  Block* block = deferred_;
+  if (block->stream != stream || block->size != rounded || block->small != pool.small)
+    return nullptr;
+  Block* next = block->next != nullptr && block->next->in_index ? block->next : nullptr;
+  const std::size_t filed = block->size + (next != nullptr ? next->size : 0);
+  const bool expandable = block->segment->expandable;
+  if (!may_serve(filed, rounded)) return nullptr;
+  if (next != nullptr && !should_split(block->small, expandable, filed, rounded)) return nullptr;
+  auto it = pool.index.lower_bound(detail::FreeKey{stream, rounded, nullptr});
+  if (it != pool.index.end() && *it == next) ++it;  // `next` is part of the filed block
+  if (it != pool.index.end() &&
+      !detail::FreeOrder::less(stream, filed, block->ptr, (*it)->stream, (*it)->size, (*it)->ptr))
+    return nullptr;
+
+  // Taken back: the statistics of the completed free and the allocation in one.
+  // The filing would stamp the filed block's GC age, but no one reads it: the taken block is
+  // allocated again and its free successor stays split (GC ages only whole free segments) until
+  // its next merge, which stamps it anew.
+  ++pool.calls;  // as get_free_block counts
+  const bool small = block->small;
+  hot_.reallocated_block(small, static_cast<std::int64_t>(block->size),
+                         static_cast<std::int64_t>(block->requested),
+                         static_cast<std::int64_t>(requested));
+  if (!expandable) {
+    // inactive_split: the filing's net change followed by the take's (see insert_free and
+    // take_found_block), which undoes it.
+    if (next != nullptr) {
+      if (block->prev != nullptr || next->next != nullptr) {  // the merged block is split
+        hot_.inactive_split_bytes.rise_and_fall(small, static_cast<std::int64_t>(block->size));
+      } else {
+        hot_.inactive_split.fall_and_rise(small, 1);
+        hot_.inactive_split_bytes.fall_and_rise(small, static_cast<std::int64_t>(next->size));
+      }
+    } else if (block->is_split()) {
+      hot_.inactive_split.rise_and_fall(small, 1);
+      hot_.inactive_split_bytes.rise_and_fall(small, static_cast<std::int64_t>(block->size));
+    }
+  }
+  deferred_ = nullptr;
+  ++immediate_reuses_;
+  mark_allocated(block, requested);  // still in the live table
+  trace(TraceAction::alloc, block->ptr, requested, stream);
+  return block;
 }
 
 void DeviceAllocator::free_block(Block* block) {
   // The block is neither allocated nor waiting for events: it leaves the active set.
   trace(TraceAction::free_completed, block->ptr, block->requested, block->stream);
+  file_free_block(block);
+}
+
+void DeviceAllocator::file_free_block(Block* block) {
   hot_.inactive_block(block->small, static_cast<std::int64_t>(block->requested));
   block->requested = 0;
   block->stream_uses.clear();
@@ -261,10 +352,21 @@ DeviceAllocator::Block* DeviceAllocator::insert_free(Pool& pool, Block* block) {
   return survivor;
 }
 
+void DeviceAllocator::set_immediate_reuse(bool on) {
+  std::lock_guard lock(mutex_);
+  complete_deferred();
+  immediate_reuse_ = on;
+}
+
+std::uint64_t DeviceAllocator::immediate_reuses() const {
+  std::lock_guard lock(mutex_);
+  return immediate_reuses_;
+}
+
 bool DeviceAllocator::record_stream(void* ptr, stream_t stream) {
   std::lock_guard lock(mutex_);
   Block* block = live_.find(ptr);
-  if (block == nullptr) return false;
+  if (block == nullptr || !block->allocated) return false;  // (or the deferred free)
   if (stream == block->stream) return true;  // its own stream is ordered already
   if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
       block->stream_uses.end())
@@ -276,6 +378,7 @@ bool DeviceAllocator::record_stream(void* ptr, stream_t stream) {
 
 DeviceStats DeviceAllocator::stats() const {
   std::lock_guard lock(mutex_);
+  complete_deferred();
   return stats_locked();
 }
 
@@ -287,12 +390,14 @@ DeviceStats DeviceAllocator::stats_locked() const noexcept {
 
 void DeviceAllocator::reset_peak_stats() {
   std::lock_guard lock(mutex_);
+  complete_deferred();
   stats_.reset_peak();
   hot_.reset_peak();
 }
 
 void DeviceAllocator::reset_accumulated_stats() {
   std::lock_guard lock(mutex_);
+  complete_deferred();
   stats_.reset_accumulated();
   hot_.reset_accumulated();
 }
@@ -305,17 +410,19 @@ void DeviceAllocator::count_invalid_free() {
 std::optional<Allocator::BlockInfo> DeviceAllocator::find(const void* ptr) const {
   std::lock_guard lock(mutex_);
   const Block* block = live_.find(ptr);
-  if (block == nullptr) return std::nullopt;
+  if (block == nullptr || !block->allocated) return std::nullopt;  // (or the deferred free)
   return Allocator::BlockInfo{device_, block->requested, block->size, block->stream};
 }
 
 void DeviceAllocator::validate() const {
   std::lock_guard lock(mutex_);
+  complete_deferred();
   validate_locked();
 }
 
 void DeviceAllocator::empty_cache() {
   std::lock_guard lock(mutex_);
+  complete_deferred();
   release_cached_blocks();
 }
 

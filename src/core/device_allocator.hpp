@@ -83,6 +83,14 @@ class DeviceAllocator {
 
   [[nodiscard]] int device() const noexcept { return device_; }
 
+  /// Immediate reuse (on by default): a free is completed lazily, so that an allocation of the
+  /// same size on the same stream that comes next takes the block straight back when the
+  /// completed free would have led to the very same block (see reuse_deferred). Off, every free
+  /// files its block at once. Results are identical either way; tests compare the two.
+  void set_immediate_reuse(bool on);
+  /// Allocations served by taking a deferred free straight back, so far.
+  [[nodiscard]] std::uint64_t immediate_reuses() const;
+
  private:
   using Block = detail::Block;
   using Segment = detail::Segment;
@@ -99,14 +107,43 @@ class DeviceAllocator {
 
   // fast path (device_allocator.cpp)
   Block* get_free_block(Pool& pool, stream_t stream, std::size_t rounded);
+  /// get_free_block's policy: may a free block of `block_size` serve `rounded` bytes?
+  /// (Oversize blocks, >= max_split_size, serve only oversize requests close to their size.)
+  [[nodiscard]] bool may_serve(std::size_t block_size, std::size_t rounded) const noexcept {
+    const std::size_t max_split = config_.max_split_size;
+    if (rounded < max_split) return block_size < max_split;
+    return block_size < rounded + config_.max_non_split_rounding;
+  }
+  /// The deferred free (see set_immediate_reuse) taken back for a request of `requested` bytes
+  /// (`rounded`) on `stream` when filing it and then serving the request would hand out this
+  /// very block and leave everything else as it is; nullptr otherwise (nothing changed then).
+  [[gnu::always_inline]] inline Block* reuse_deferred(Pool& pool, stream_t stream,
+                                                      std::size_t rounded, std::size_t requested);
+  /// Completes the deferred free, if any: its statistics and its filing in the free index.
+  /// Every path that looks at or changes the blocks, other than malloc and free, calls it first.
+  void complete_deferred() {
+    if (deferred_ != nullptr) complete_deferred_now();
+  }
+  void complete_deferred_now();
+  /// complete_deferred for the const queries: completing the free changes the representation
+  /// only, never what any query reports (the object itself is never const).
+  void complete_deferred() const { const_cast<DeviceAllocator*>(this)->complete_deferred(); }
   /// Takes the free, indexed `block` out of the index for `rounded` bytes, splitting off the
   /// rest when the policy says so; returns the block to hand out.
   Block* take_found_block(Pool& pool, Block* block, std::size_t rounded);
   /// Marks `block` allocated for a request of `requested` bytes and counts it.
   [[gnu::always_inline]] inline void activate(Block* block, std::size_t requested) noexcept;
+  /// activate without the fast path's statistics (the caller moves those).
+  [[gnu::always_inline]] inline void mark_allocated(Block* block, std::size_t requested) noexcept;
 
-  [[nodiscard]] bool should_split(const Block* block, std::size_t rounded) const noexcept;
+  [[nodiscard]] bool should_split(const Block* block, std::size_t rounded) const noexcept {
+    return should_split(block->small, block->segment->expandable, block->size, rounded);
+  }
+  [[nodiscard]] bool should_split(bool small, bool expandable, std::size_t block_size,
+                                  std::size_t rounded) const noexcept;
   [[gnu::always_inline]] inline void free_block(Block* block);
+  /// free_block's work after the trace: the block leaves the active set and is filed.
+  void file_free_block(Block* block);
   /// A new block for the first `bytes` of `b`, linked in before it. `b` keeps its address and
   /// size: the caller moves them (through the free index when `b` is in it).
   Block* link_new_front(Block* b, std::size_t bytes) {
@@ -264,6 +301,11 @@ class DeviceAllocator {
   Pool small_{&index_nodes_, true};
   Pool large_{&index_nodes_, false};
   detail::PtrMap<Block> live_;
+  /// A block freed by the caller whose free is not completed yet (see set_immediate_reuse): not
+  /// allocated, but still in live_; not in the free index; its statistics not yet moved.
+  Block* deferred_ = nullptr;
+  bool immediate_reuse_ = true;
+  std::uint64_t immediate_reuses_ = 0;
   Segment* segments_ = nullptr;  ///< intrusive list of every segment
   DeviceStats stats_;      ///< every statistic except the fast path's (hot_)
   detail::HotStats hot_;   ///< allocation, active, requested and inactive-split counters

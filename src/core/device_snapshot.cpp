@@ -13,6 +13,7 @@ const char* state_of(const detail::Block* b) {
 
 std::vector<TraceEntry> DeviceAllocator::snapshot(std::vector<SegmentSnapshot>& out) {
   std::lock_guard lock(mutex_);
+  complete_deferred();
   trace(TraceAction::snapshot, nullptr, 0, nullptr);
   for (const Segment* s = segments_; s != nullptr; s = s->next) {
     // A plain segment is one snapshot segment; an expandable one gives one per mapped run.

@@ -25,12 +25,29 @@ struct PoolCounter {
   std::int64_t all_peak = 0;
 
   [[nodiscard]] std::int64_t current() const noexcept { return pool[0].current + pool[1].current; }
-  void add(bool small, std::int64_t n) noexcept {
+  [[gnu::always_inline]] void add(bool small, std::int64_t n) noexcept {
     pool[small ? 0 : 1].increase(n);
     const std::int64_t total = current();
     if (total > all_peak) all_peak = total;
   }
-  void sub(bool small, std::int64_t n) noexcept { pool[small ? 0 : 1].decrease(n); }
+  [[gnu::always_inline]] void sub(bool small, std::int64_t n) noexcept {
+    pool[small ? 0 : 1].decrease(n);
+  }
+  /// The value rose by `n` and fell back (a free and re-allocation that cancelled out, see
+  /// DeviceAllocator::reuse_deferred): running sums and peaks as if both steps were applied.
+  [[gnu::always_inline]] void rise_and_fall(bool small, std::int64_t n) noexcept {
+    Stat& s = pool[small ? 0 : 1];
+    s.allocated += n;
+    s.freed += n;
+    if (s.current + n > s.peak) s.peak = s.current + n;
+    if (current() + n > all_peak) all_peak = current() + n;
+  }
+  /// The value fell by `n` and rose back: the running sums move, the peaks cannot.
+  [[gnu::always_inline]] void fall_and_rise(bool small, std::int64_t n) noexcept {
+    Stat& s = pool[small ? 0 : 1];
+    s.allocated += n;
+    s.freed += n;
+  }
   void reset_peak() noexcept {
     for (Stat& s : pool) s.reset_peak();
     all_peak = current();
@@ -100,6 +117,21 @@ struct HotStats {
   void allocated_block(bool small, std::int64_t bytes, std::int64_t requested) noexcept {
     allocation.add(small, 1);
     allocated_bytes.add(small, bytes);
+    requested_bytes.add(small, requested);
+    if (pending.current() != 0) {
+      active.note(allocation, pending, small);
+      active_bytes.note(allocated_bytes, pending_bytes, small);
+    }
+  }
+  /// A block freed without events and handed out again (for `requested` bytes, it had
+  /// `old_requested`) before anything observed the free: freed_block, inactive_block and
+  /// allocated_block in one, with the same result.
+  [[gnu::always_inline]] void reallocated_block(bool small, std::int64_t bytes,
+                                                std::int64_t old_requested,
+                                                std::int64_t requested) noexcept {
+    allocation.fall_and_rise(small, 1);
+    allocated_bytes.fall_and_rise(small, bytes);
+    requested_bytes.sub(small, old_requested);
     requested_bytes.add(small, requested);
     if (pending.current() != 0) {
       active.note(allocation, pending, small);

@@ -1,0 +1,310 @@
+// Immediate reuse (DeviceAllocator::set_immediate_reuse) must change nothing anyone can see. Two
+// allocators, one with it on (the default) and one with it off, get the same random operations,
+// biased towards "free, then allocate the same size again" so that reuse happens often: every
+// allocation must succeed or fail in both, and at random checkpoints every statistic and the
+// whole block layout (snapshot, as offsets within each segment) must be equal. The configs cover
+// the small and large pools, max_split_size and rounding, expandable segments, stitching, a
+// memory fraction with garbage collection, out of memory, and blocks that wait for events on
+// other streams.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/device_allocator.hpp"
+#include "stitch/allocator.hpp"
+#include "stitch/config.hpp"
+#include "stitch/errors.hpp"
+#include "stitch/sim_backend.hpp"
+
+namespace stitch {
+namespace {
+
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+stream_t S(int n) { return reinterpret_cast<stream_t>(static_cast<std::uintptr_t>(n) * 0x10); }
+
+/// The simulated device with addresses that depend only on the calls made: each allocation or
+/// reservation gets the next free range of a private address space, never reused, and calls are
+/// translated to the simulated device's real addresses. Best fit breaks ties by address, so two
+/// allocators can be compared only where the same calls give the same addresses (the real
+/// ones come from mmap, which also serves the heap). The core never reads the memory, and this
+/// test does not either.
+class FixedAddressBackend final : public Backend {
+ public:
+  explicit FixedAddressBackend(std::shared_ptr<SimBackend> sim) : sim_(std::move(sim)) {}
+
+  const char* name() const noexcept override { return "sim"; }
+  int device_count() override { return sim_->device_count(); }
+  MemoryInfo memory_info(int d) override { return sim_->memory_info(d); }
+  std::size_t granularity(int d) override { return sim_->granularity(d); }
+  bool supports_virtual_memory(int d) override { return sim_->supports_virtual_memory(d); }
+  void* allocate(int d, std::size_t bytes) override {
+    return expose(sim_->allocate(d, bytes), bytes);
+  }
+  void deallocate(int d, void* ptr, std::size_t bytes) override {
+    sim_->deallocate(d, forget(ptr), bytes);
+  }
+  void* reserve(int d, std::size_t bytes, std::size_t alignment) override {
+    return expose(sim_->reserve(d, bytes, alignment), bytes);
+  }
+  void release_reservation(int d, void* va, std::size_t bytes) override {
+    sim_->release_reservation(d, forget(va), bytes);
+  }
+  phys_handle_t create_physical(int d, std::size_t bytes) override {
+    return sim_->create_physical(d, bytes);
+  }
+  void release_physical(int d, phys_handle_t h) override { sim_->release_physical(d, h); }
+  void map(int d, void* va, std::size_t bytes, phys_handle_t h) override {
+    sim_->map(d, real(va), bytes, h);
+  }
+  void unmap(int d, void* va, std::size_t bytes) override { sim_->unmap(d, real(va), bytes); }
+  event_t create_event(int d) override { return sim_->create_event(d); }
+  void destroy_event(int d, event_t e) override { sim_->destroy_event(d, e); }
+  void record_event(int d, event_t e, stream_t s) override { sim_->record_event(d, e, s); }
+  bool query_event(int d, event_t e) override { return sim_->query_event(d, e); }
+  void synchronize_event(int d, event_t e) override { sim_->synchronize_event(d, e); }
+  void synchronize_stream(int d, stream_t s) override { sim_->synchronize_stream(d, s); }
+
+ private:
+  static constexpr std::uintptr_t kAlign = std::uintptr_t{2} << 20;
+  void* expose(void* real_ptr, std::size_t bytes) {
+    const std::uintptr_t fake = next_;
+    next_ += (bytes + 2 * kAlign - 1) / kAlign * kAlign;  // a gap between ranges
+    ranges_[fake] = reinterpret_cast<std::uintptr_t>(real_ptr);
+    return reinterpret_cast<void*>(fake);
+  }
+  void* real(void* fake_ptr) const {
+    const auto f = reinterpret_cast<std::uintptr_t>(fake_ptr);
+    auto it = std::prev(ranges_.upper_bound(f));
+    return reinterpret_cast<void*>(it->second + (f - it->first));
+  }
+  void* forget(void* fake_ptr) {
+    void* r = real(fake_ptr);
+    ranges_.erase(reinterpret_cast<std::uintptr_t>(fake_ptr));
+    return r;
+  }
+
+  std::shared_ptr<SimBackend> sim_;
+  std::uintptr_t next_ = std::uintptr_t{1} << 44;
+  std::map<std::uintptr_t, std::uintptr_t> ranges_;  ///< exposed start -> real start
+};
+
+struct Side {
+  std::shared_ptr<SimBackend> sim;
+  std::unique_ptr<Allocator> alloc;
+
+  Side(const std::string& conf, std::size_t capacity, bool immediate_reuse) {
+    SimBackend::Options o;
+    o.capacity = capacity;
+    sim = std::make_shared<SimBackend>(o);
+    alloc = std::make_unique<Allocator>(Config::parse(conf),
+                                        std::make_shared<FixedAddressBackend>(sim));
+    alloc->device(0).set_immediate_reuse(immediate_reuse);
+  }
+  /// nullptr on out of memory.
+  void* allocate(std::size_t bytes, stream_t stream) {
+    try {
+      return alloc->allocate(bytes, stream);
+    } catch (const out_of_memory&) {
+      return nullptr;
+    }
+  }
+};
+
+/// The snapshot with addresses as offsets within their segment (the two allocators get their
+/// memory at different addresses).
+std::string layout(const Allocator& a) {
+  std::string out;
+  for (const SegmentSnapshot& s : a.snapshot().segments) {
+    out += "segment " + std::to_string(s.total_size) + " " + std::to_string(s.stream) + " " +
+           s.segment_type + (s.is_expandable ? " expandable" : "") + ":";
+    for (const BlockSnapshot& b : s.blocks)
+      out += " " + std::to_string(b.address - s.address) + "+" + std::to_string(b.size) + "/" +
+             std::to_string(b.requested_size) + "/" + b.state;
+    out += "\n";
+  }
+  return out;
+}
+
+std::string stats_text(const Allocator& a) {
+  std::string out;
+  a.stats(0).for_each([&](const std::string& key, std::int64_t v) {
+    out += key + "=" + std::to_string(v) + "\n";
+  });
+  return out;
+}
+
+struct Live {
+  void* on;
+  void* off;
+  std::size_t bytes;
+  stream_t stream;
+};
+
+using Params = std::tuple<const char*, std::size_t /*capacity MiB*/>;
+
+class ImmediateReuse : public ::testing::TestWithParam<Params> {};
+
+TEST_P(ImmediateReuse, ChangesNothingObservable) {
+  const std::string conf = std::string("backend:sim,") + std::get<0>(GetParam());
+  const std::size_t capacity = std::get<1>(GetParam()) * MiB;
+  Side on(conf, capacity, true);
+  Side off(conf, capacity, false);
+
+  std::mt19937_64 rng(20261201);
+  auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
+  auto random_size = [&]() -> std::size_t {
+    switch (pick(10)) {
+      case 0: return 1 + pick(511);                 // below the minimum block
+      case 1: return (2 + pick(30)) * MiB + pick(MiB);  // large pool
+      case 2: return (1 + pick(1000)) * KiB;         // up to the small pool's limit
+      default: return 512 * (1 + pick(64));          // small, block-sized
+    }
+  };
+
+  std::vector<Live> live;
+  std::vector<stream_t> held;
+  int ooms = 0;
+  auto alloc_both = [&](std::size_t bytes, stream_t stream) {
+    void* a = on.allocate(bytes, stream);
+    void* b = off.allocate(bytes, stream);
+    ASSERT_EQ(a == nullptr, b == nullptr) << "one allocator ran out of memory, the other did not";
+    if (a == nullptr) {
+      ++ooms;
+      return;
+    }
+    live.push_back({a, b, bytes, stream});
+  };
+  auto free_at = [&](std::size_t i) {
+    const Live l = live[i];
+    live[i] = live.back();
+    live.pop_back();
+    on.alloc->deallocate(l.on, l.stream);
+    off.alloc->deallocate(l.off, l.stream);
+  };
+  auto compare = [&](const char* where, int op) {
+    ASSERT_EQ(stats_text(*on.alloc), stats_text(*off.alloc)) << where << ", op " << op;
+    ASSERT_EQ(layout(*on.alloc), layout(*off.alloc)) << where << ", op " << op;
+  };
+
+  constexpr int kOps = 30000;
+  int next_check = 1 + static_cast<int>(pick(80));
+  for (int op = 0; op < kOps; ++op) {
+    const std::size_t r = pick(100);
+    const stream_t stream = S(1 + static_cast<int>(pick(3)));
+    if (r < 35 || live.empty()) {
+      alloc_both(random_size(), stream);
+    } else if (r < 75) {
+      // Free the newest block and, usually, ask for about the same again on its stream.
+      const Live last = live.back();
+      free_at(live.size() - 1);
+      const std::size_t q = pick(10);
+      if (q < 7) {
+        std::size_t bytes = last.bytes;
+        if (q == 6 && bytes > 512) bytes -= 1 + pick(511);  // same rounding, another request
+        alloc_both(bytes, q == 5 ? S(1 + static_cast<int>(pick(3))) : last.stream);
+      }
+    } else if (r < 93) {
+      free_at(pick(live.size()));
+    } else if (r < 96) {
+      // A block used on another stream, whose work is held: its free waits for an event.
+      Live& l = live[pick(live.size())];
+      const stream_t other = S(1 + static_cast<int>(pick(3)));
+      if (other != l.stream) {
+        on.sim->hold_stream(other);
+        off.sim->hold_stream(other);
+        held.push_back(other);
+        on.alloc->record_stream(l.on, other);
+        off.alloc->record_stream(l.off, other);
+      }
+    } else if (r < 98) {
+      for (stream_t s : held) {
+        on.sim->release_stream(s);
+        off.sim->release_stream(s);
+      }
+      held.clear();
+    } else if (r < 99) {
+      on.alloc->empty_cache(0);
+      off.alloc->empty_cache(0);
+    } else {
+      on.alloc->reset_peak_stats(0);
+      off.alloc->reset_peak_stats(0);
+    }
+    if (HasFatalFailure()) return;
+    if (op == next_check) {
+      compare("checkpoint", op);
+      if (HasFatalFailure()) return;
+      next_check = op + 1 + static_cast<int>(pick(80));
+    }
+  }
+  while (!live.empty()) free_at(live.size() - 1);
+  for (stream_t s : held) {
+    on.sim->release_stream(s);
+    off.sim->release_stream(s);
+  }
+  compare("end", kOps);
+  on.alloc->validate();
+  off.alloc->validate();
+
+  // The comparison means something only if reuse happened, often.
+  const std::uint64_t reuses = on.alloc->device(0).immediate_reuses();
+  EXPECT_EQ(off.alloc->device(0).immediate_reuses(), 0u);
+  EXPECT_GT(reuses, static_cast<std::uint64_t>(kOps / 20)) << "reuses: " << reuses;
+  std::printf("[ reuse    ] %s: %llu immediate reuses, %d out-of-memory results\n",
+              std::get<0>(GetParam()), static_cast<unsigned long long>(reuses), ooms);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, ImmediateReuse,
+    ::testing::Values(Params{"max_split_size_mb:20000", 4096},
+                      Params{"max_split_size_mb:24,roundup_power2_divisions:4", 4096},
+                      Params{"expandable_segments:True", 4096},
+                      Params{"expandable_segments:True,stitching:True", 160},
+                      Params{"garbage_collection_threshold:0.6,per_process_memory_fraction:0.8", 192},
+                      Params{"roundup_power2_divisions:2", 48}));
+
+// The pair a training loop repeats (free, then the same size again) is taken straight back, in
+// the small and the large pool, and any other request in between completes the free first.
+TEST(ImmediateReuseUnit, SameSizeComesBackAndOtherRequestsSeeTheFreedBlock) {
+  Side side("backend:sim", 4096 * MiB, true);
+  Allocator& a = *side.alloc;
+  DeviceAllocator& dev = a.device(0);
+  void* keep = a.allocate(4096);
+  void* p = a.allocate(4096);
+  a.deallocate(p);
+  EXPECT_EQ(a.allocate(4000), p);  // same rounding: taken back
+  EXPECT_EQ(dev.immediate_reuses(), 1u);
+  a.deallocate(p);
+  EXPECT_EQ(a.stats(0).allocation[kAll].current, 1);  // reading completes the free
+  EXPECT_EQ(a.allocate(4096), p);                     // then best fit finds it as usual
+  EXPECT_EQ(dev.immediate_reuses(), 1u);
+  a.deallocate(p);
+  void* q = a.allocate(2048);  // another size: the free completes, best fit reuses its place
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(dev.immediate_reuses(), 1u);
+  a.deallocate(q);
+  void* other_stream = a.allocate(4096, S(1));  // another stream: never the freed block
+  EXPECT_NE(other_stream, p);
+  a.deallocate(other_stream, S(1));
+  void* big = a.allocate(12 * MiB);
+  a.deallocate(big);
+  EXPECT_EQ(a.allocate(12 * MiB), big);
+  EXPECT_EQ(dev.immediate_reuses(), 2u);
+  a.deallocate(big);
+  a.deallocate(keep);
+  a.validate();
+  a.empty_cache(0);
+  EXPECT_EQ(a.stats(0).reserved_bytes[kAll].current, 0);
+}
+
+}  // namespace
+}  // namespace stitch
