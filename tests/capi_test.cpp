@@ -382,6 +382,22 @@ TEST(CApi, StatKnownKeysClearTheError) {
   EXPECT_GE(stitch_stat(0, "num_alloc_retries"), 0);
 }
 
+TEST(CApi, SuccessfulCallsClearTheError) {
+  use_sim();
+  int host = 0;
+  stitch_free(&host, sizeof host, 0, nullptr);
+  EXPECT_NE(last_error(), "");
+  void* p = stitch_malloc(4096, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(last_error(), "");  // a successful malloc clears it
+  EXPECT_EQ(stitch_malloc(0, 0, nullptr), nullptr);
+  EXPECT_EQ(last_error(), "");
+  stitch_free(&host, sizeof host, 0, nullptr);
+  EXPECT_NE(last_error(), "");  // and the next error is reported again
+  stitch_free(p, 4096, 0, nullptr);
+  EXPECT_EQ(last_error(), "");  // a successful free clears it
+}
+
 TEST(CApi, ResetPeakStats) {
   use_sim();
   void* p[3];

@@ -23,6 +23,7 @@
 namespace stitch {
 
 class DeviceAllocator;
+enum class FreeStatus;
 
 /// Creates the backend a configuration names (`backend:sim` or `backend:cuda`).
 /// Throws stitch::backend_error if it is unavailable (e.g. "no CUDA device"); never substitutes
@@ -125,6 +126,11 @@ class STITCH_EXPORT Allocator {
   [[noreturn]] void throw_bad_device(int device) const;
   void free_any_device(void* ptr, const stream_t* stream);
   [[noreturn]] void reject_free(DeviceAllocator& counter, std::string message) const;
+  /// deallocate(ptr, bytes, device, stream) found no such allocation on `device` (`status`):
+  /// says why (wrong size, another device, unknown) and throws.
+  [[noreturn, gnu::noinline]] void reject_sized_free(DeviceAllocator& home, FreeStatus status, void* ptr,
+                                           std::size_t bytes, int device,
+                                           std::size_t actual) const;
   /// configure() with config_mutex_ held.
   void configure_locked(std::string_view conf);
 

@@ -42,6 +42,7 @@ std::string& early_conf() {
 // destructor sets `t_error_gone` (no destructor of its own, so it stays readable) and errors go
 // to `t_error_tail` (no destructor either; long messages are cut there).
 thread_local bool t_error_gone = false;
+thread_local bool t_error_set = false;  // an error is stored: successful calls skip the clearing
 thread_local char t_error_tail[512];
 struct ErrorText {
   std::string text;
@@ -50,6 +51,7 @@ struct ErrorText {
 thread_local ErrorText t_error;
 
 void set_error(const char* message) noexcept {
+  t_error_set = true;
   if (!t_error_gone) {
     try {
       t_error.text = message;
@@ -62,12 +64,20 @@ void set_error(const char* message) noexcept {
   if (!t_error_gone) t_error.text.clear();
 }
 
-void clear_error() noexcept {
+[[gnu::noinline]] void clear_stored_error() noexcept {
+  t_error_set = false;
   t_error_tail[0] = '\0';
   if (!t_error_gone) t_error.text.clear();
 }
 
+// Cheap when there is nothing to clear (the common case): one thread-local flag, no access to
+// t_error (a thread_local with a destructor goes through an initialisation wrapper).
+void clear_error() noexcept {
+  if (t_error_set) clear_stored_error();
+}
+
 const char* last_error() noexcept {
+  if (!t_error_set) return "";
   return t_error_gone || t_error.text.empty() ? t_error_tail : t_error.text.c_str();
 }
 
@@ -80,17 +90,21 @@ stitch::Config base_config() {
   }
 }
 
-stitch::Allocator& allocator() {
-  stitch::Allocator* a = g_allocator.load(std::memory_order_acquire);
-  if (a != nullptr) return *a;
+[[gnu::noinline]] stitch::Allocator& create_allocator() {
   std::lock_guard lock(g_init_mutex);
-  a = g_allocator.load(std::memory_order_relaxed);
+  stitch::Allocator* a = g_allocator.load(std::memory_order_relaxed);
   if (a == nullptr) {
     const stitch::Config config = stitch::Config::parse(early_conf(), base_config());
     a = new stitch::Allocator(config);  // throws: stays uninitialised, the next call retries
     g_allocator.store(a, std::memory_order_release);
   }
   return *a;
+}
+
+stitch::Allocator& allocator() {
+  stitch::Allocator* a = g_allocator.load(std::memory_order_acquire);
+  if (a != nullptr) [[likely]] return *a;
+  return create_allocator();
 }
 
 // Runs `fn`, turning any exception into t_error and `fail`.

@@ -90,16 +90,16 @@ void Allocator::deallocate(void* ptr, std::size_t bytes, int device, stream_t st
   if (ptr == nullptr) return;
   DeviceAllocator& home = checked_device(device);
   std::size_t actual = 0;
-  switch (home.free(ptr, &bytes, &stream, &actual)) {
-    case FreeStatus::freed:
-      return;
-    case FreeStatus::wrong_size:
-      reject_free(home,
-                  fmt::format("free of {} with size {}, but it was allocated with size {}; "
-                              "nothing was freed", ptr, bytes, actual));
-    case FreeStatus::not_found:
-      break;
-  }
+  const FreeStatus status = home.free(ptr, &bytes, &stream, &actual);
+  if (status != FreeStatus::freed) [[unlikely]]
+    reject_sized_free(home, status, ptr, bytes, device, actual);
+}
+
+void Allocator::reject_sized_free(DeviceAllocator& home, FreeStatus status, void* ptr,
+                                  std::size_t bytes, int device, std::size_t actual) const {
+  if (status == FreeStatus::wrong_size)
+    reject_free(home, fmt::format("free of {} with size {}, but it was allocated with size {}; "
+                                  "nothing was freed", ptr, bytes, actual));
   for (int d = 0; d < device_count_; ++d) {
     if (d != device && devices_[static_cast<std::size_t>(d)]->find(ptr))
       reject_free(*devices_[static_cast<std::size_t>(d)],  // counted by the owner
