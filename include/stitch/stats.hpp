@@ -59,6 +59,8 @@ struct STITCH_EXPORT DeviceStats {
   std::int64_t num_stitches = 0;          ///< stitched ranges made (stitching:True; each is one
                                           ///< reserve, one unmap per source run, one map per page)
   std::int64_t stitched_bytes = 0;        ///< bytes of the stitched ranges made, summed
+  std::int64_t num_immediate_reuses = 0;  ///< allocations that took the last free straight
+                                          ///< back (a free then the same size on its stream)
   std::int64_t num_page_reuses = 0;       ///< grows served partly by moving the stream's free
                                           ///< pages (stitch_reuse_pages; each is one stream sync,
                                           ///< one unmap per source run, one map per page)

@@ -279,7 +279,7 @@ DeviceAllocator::Block* DeviceAllocator::reuse_deferred(Pool& pool, stream_t str
     }
   }
   deferred_ = nullptr;
-  ++immediate_reuses_;
+  ++stats_.num_immediate_reuses;
   mark_allocated(block, requested);  // still in the live table
   trace(TraceAction::alloc, block->ptr, requested, stream);
   return block;
@@ -356,11 +356,6 @@ void DeviceAllocator::set_immediate_reuse(bool on) {
   std::lock_guard lock(mutex_);
   complete_deferred();
   immediate_reuse_ = on;
-}
-
-std::uint64_t DeviceAllocator::immediate_reuses() const {
-  std::lock_guard lock(mutex_);
-  return immediate_reuses_;
 }
 
 bool DeviceAllocator::record_stream(void* ptr, stream_t stream) {

@@ -88,8 +88,6 @@ class DeviceAllocator {
   /// completed free would have led to the very same block (see reuse_deferred). Off, every free
   /// files its block at once. Results are identical either way; tests compare the two.
   void set_immediate_reuse(bool on);
-  /// Allocations served by taking a deferred free straight back, so far.
-  [[nodiscard]] std::uint64_t immediate_reuses() const;
 
  private:
   using Block = detail::Block;
@@ -305,7 +303,6 @@ class DeviceAllocator {
   /// allocated, but still in live_; not in the free index; its statistics not yet moved.
   Block* deferred_ = nullptr;
   bool immediate_reuse_ = true;
-  std::uint64_t immediate_reuses_ = 0;
   Segment* segments_ = nullptr;  ///< intrusive list of every segment
   DeviceStats stats_;      ///< every statistic except the fast path's (hot_)
   detail::HotStats hot_;   ///< allocation, active, requested and inactive-split counters
