@@ -70,12 +70,6 @@ void Allocator::deallocate(void* ptr, stream_t stream) { free_any_device(ptr, &s
 
 void Allocator::free_any_device(void* ptr, const stream_t* stream) {
   if (ptr == nullptr) return;
-  if (device_count_ == 1) {  // the common case: no search
-    if (devices_[0]->free(ptr, nullptr, stream) == FreeStatus::freed) return;
-    reject_free(*devices_[0],
-                fmt::format("free of {}: not a live allocation of stitch (unknown pointer, "
-                            "interior pointer or double free)", ptr));
-  }
   for (int d = 0; d < device_count_; ++d) {
     if (devices_[static_cast<std::size_t>(d)]->free(ptr, nullptr, stream) ==
         FreeStatus::freed)
