@@ -57,14 +57,6 @@ bool pages_intact(const void* p, std::size_t n, std::uint64_t seed) {
   return true;
 }
 
-std::size_t largest_free_block(const stitch::Allocator& a) {
-  std::size_t largest = 0;
-  for (const stitch::SegmentSnapshot& s : a.snapshot().segments)
-    for (const stitch::BlockSnapshot& b : s.blocks)
-      if (b.state == "inactive") largest = std::max<std::size_t>(largest, b.size);
-  return largest;
-}
-
 std::size_t pending_blocks(const stitch::Allocator& a) {
   std::size_t n = 0;
   for (const stitch::SegmentSnapshot& s : a.snapshot().segments)

@@ -17,10 +17,12 @@
 #include "stitch/allocator.hpp"
 #include "stitch/errors.hpp"
 #include "stitch/sim_backend.hpp"
+#include "support/stitch_scenario.hpp"
 
 namespace {
 
 using stitch::SimCall;
+using stitch::test::largest_free_block;
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr std::size_t kG = 2 * kMiB;  // the simulator's granularity: one stitching page
 
@@ -158,15 +160,6 @@ std::size_t free_granule_bytes(const stitch::Allocator& a) {
   return total;
 }
 
-/// Largest free block, from a snapshot.
-std::size_t largest_free(const stitch::Allocator& a) {
-  std::size_t largest = 0;
-  for (const stitch::SegmentSnapshot& s : a.snapshot().segments)
-    for (const stitch::BlockSnapshot& b : s.blocks)
-      if (b.state == "inactive") largest = std::max<std::size_t>(largest, b.size);
-  return largest;
-}
-
 /// Whether some mapped segment of the snapshot covers `p`.
 bool covers(const stitch::Allocator& a, const void* p) {
   const auto at = reinterpret_cast<std::uintptr_t>(p);
@@ -276,7 +269,7 @@ TEST(Stitching, ScatteredHolesServeALargeRequest) {
   Fixture f(1024, kNoReuse);
   f.fill_device();
   f.free_every_other();
-  const std::size_t hole = largest_free(*f.alloc);
+  const std::size_t hole = largest_free_block(*f.alloc);
   const std::size_t free_pages = free_granule_bytes(*f.alloc);
   ASSERT_LT(hole, 10 * kMiB);
   ASSERT_GT(free_pages, 300 * kMiB);
@@ -691,7 +684,7 @@ void six_mib_holes(Fixture& f, stitch::stream_t stream) {
 TEST(Stitching, GrowingReusesTheStreamsFreePagesFirst) {
   Fixture f(2048);
   six_mib_holes(f, nullptr);
-  ASSERT_LT(largest_free(*f.alloc), 10 * kMiB);
+  ASSERT_LT(largest_free_block(*f.alloc), 10 * kMiB);
   const auto reserved = f.stat("reserved_bytes.all.current");
   const auto maps = f.sim->call_count(SimCall::map);
   const auto unmaps = f.sim->call_count(SimCall::unmap);

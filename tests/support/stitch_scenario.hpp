@@ -48,6 +48,15 @@ inline void cap_reserved(Allocator& alloc, std::size_t bytes, int device = 0) {
   alloc.set_memory_fraction(std::min(1.0, static_cast<double>(bytes) / total), device);
 }
 
+/// The largest free ("inactive") block of the allocator's snapshot.
+inline std::size_t largest_free_block(const Allocator& alloc) {
+  std::size_t largest = 0;
+  for (const SegmentSnapshot& s : alloc.snapshot().segments)
+    for (const BlockSnapshot& b : s.blocks)
+      if (b.state == "inactive") largest = std::max<std::size_t>(largest, b.size);
+  return largest;
+}
+
 inline std::size_t reserved_now(const Allocator& alloc, int device = 0) {
   const auto v = alloc.stat(device, "reserved_bytes.all.current");
   return v ? static_cast<std::size_t>(*v) : 0;
