@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "diagnostics/pickle_reader.hpp"
+#include "tools/formats/pickle_reader.hpp"
 #include "stitch/errors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -1,4 +1,4 @@
-// Tests of the out-of-memory what-if check (diagnostics/what_if.hpp): on crafted failures on the
+// Tests of the out-of-memory what-if check (replay/what_if.hpp): on crafted failures on the
 // simulated device, the report names a configuration exactly when replaying the same workload
 // under it really serves the request; both workload sources (recorded history, layout now);
 // the switch-off key; the fallbacks when the history is incomplete; no escape from the OOM path.
@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "diagnostics/what_if.hpp"
+#include "replay/what_if.hpp"
 #include "stitch/allocator.hpp"
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
@@ -355,24 +355,15 @@ TEST(OomWhatIf, LeavesTheFailingAllocatorAsItWas) {
 
 TEST(OomWhatIf, AFailingReplayStillGivesTheReport) {
   // A check whose simulated device cannot be built (granularity 3 is not a power of two).
-  detail::OomFacts facts;
-  facts.requested = facts.rounded = facts.alloc_size = 8 * MiB;
-  facts.device_total = 200 * MiB;
+  detail::OomCapture capture;
+  capture.facts.requested = capture.facts.rounded = capture.facts.alloc_size = 8 * MiB;
+  capture.facts.device_total = 200 * MiB;
   auto input = std::make_shared<detail::WhatIfInput>();
   input->granularity = 3;
-  bool thrown = false;
-  try {
-    detail::throw_oom(facts, Config{}, input, false);
-  } catch (const out_of_memory& e) {
-    thrown = true;
-    const std::string report = detail::complete_oom_report(e);
-    EXPECT_TRUE(contains(report, "What-if: not run: the replay failed: sim: granularity 3"))
-        << report;
-    EXPECT_TRUE(contains(report, "CUDA out of memory. Tried to allocate 8.00 MiB")) << report;
-  }
-  EXPECT_TRUE(thrown);
-  // Any other out_of_memory is left as it is.
-  EXPECT_EQ(detail::complete_oom_report(out_of_memory("plain")), "");
+  capture.what_if = input;
+  const std::string report = replay::oom_message(capture);
+  EXPECT_TRUE(contains(report, "What-if: not run: the replay failed: sim: granularity 3")) << report;
+  EXPECT_TRUE(contains(report, "CUDA out of memory. Tried to allocate 8.00 MiB")) << report;
 }
 
 }  // namespace

@@ -11,7 +11,7 @@
 #include <random>
 #include <string>
 
-#include "diagnostics/pickle_reader.hpp"
+#include "tools/formats/pickle_reader.hpp"
 #include "diagnostics/pickle_writer.hpp"
 #include "diagnostics/snapshot_writer.hpp"
 #include "stitch/errors.hpp"

@@ -1,4 +1,4 @@
-// Tests of the replay engine (src/tools/replay): reading RMM logs and snapshot pickles (hostile and
+// Tests of the replay (src/replay, src/tools/replay): reading RMM logs and snapshot pickles (hostile and
 // broken ones included), reconstructing the state at the start of a trace, determinism, the
 // minimum-capacity search, the fidelity of a replay to what a recording allocator did (on a trace
 // stitch itself recorded, and on real PyTorch traces when /work/shared/traces is there), and
@@ -96,7 +96,7 @@ fs::path real_dir() {
   return "/work/shared/traces";
 }
 
-rp::DeviceTrace generated(const std::string& pattern, std::size_t steps, std::uint64_t seed = 1) {
+rp::DeviceWorkload generated(const std::string& pattern, std::size_t steps, std::uint64_t seed = 1) {
   tg::Options o;
   o.steps = steps;
   rp::Workload w = rp::workload_from_snapshot(tg::generate(pattern, seed, o), pattern);
@@ -126,13 +126,13 @@ TEST(ReplayRmmCsv, ParsesAGoodLog) {
                            "140245,10:00:00.000005,free,0x7e0000000000,4096,0x0\n";
   const rp::Workload w = rp::workload_from_rmm_csv(text, "log.csv");
   ASSERT_EQ(w.devices.size(), 1u);
-  const rp::DeviceTrace& t = w.devices[0];
+  const rp::DeviceWorkload& t = w.devices[0];
   ASSERT_EQ(t.events.size(), 4u);  // the failed allocation is not an event
-  EXPECT_EQ(t.events[0].action, TraceAction::alloc);
+  EXPECT_EQ(t.events[0].kind, rp::Event::Kind::alloc);
   EXPECT_EQ(t.events[0].addr, 0x7f0000000000u);
   EXPECT_EQ(t.events[0].size, 1048576u);
   EXPECT_EQ(t.events[1].stream, 0x5au);
-  EXPECT_EQ(t.events[2].action, TraceAction::free_requested);
+  EXPECT_EQ(t.events[2].kind, rp::Event::Kind::free);  // free_requested: no free_completed in RMM logs
   // A block freed before the log began was live at its start.
   ASSERT_EQ(t.initial.size(), 1u);
   EXPECT_EQ(t.initial[0].addr, 0x7e0000000000u);
@@ -244,7 +244,7 @@ TEST(ReplayStartState, RecordingThatBeganMidRun) {
   };
   const rp::Workload w = rp::workload_from_snapshot(s, "mid");
   ASSERT_EQ(w.devices.size(), 1u);
-  const rp::DeviceTrace& t = w.devices[0];
+  const rp::DeviceWorkload& t = w.devices[0];
   EXPECT_FALSE(t.starts_empty);
   ASSERT_EQ(t.initial.size(), 2u);
   EXPECT_EQ(t.initial[0].addr, 0x10000u);  // address order
@@ -277,7 +277,7 @@ TEST(ReplayStartState, RecordingFromAnEmptyAllocator) {
                                             block(0x401000, 8192, 8000, "active_allocated"),
                                             block(0x403000, 2 * MiB - 0x3000, 0, "inactive")}),
                 segment(0x9000000, 20 * MiB, {block(0x9000000, 20 * MiB, 20 * MiB, "active_allocated")})};
-  const rp::DeviceTrace t = rp::workload_from_snapshot(s, "empty").devices.at(0);
+  const rp::DeviceWorkload t = rp::workload_from_snapshot(s, "empty").devices.at(0);
   EXPECT_TRUE(t.starts_empty);
   EXPECT_TRUE(t.initial.empty());
   EXPECT_TRUE(t.cached_segments.empty());
@@ -308,7 +308,7 @@ void expect_same(const rp::ReplayResult& a, const rp::ReplayResult& b) {
 }
 
 TEST(ReplayDeterminism, TheSameReplayTwiceGivesIdenticalNumbers) {
-  const rp::DeviceTrace t = generated("multistream", 3);
+  const rp::DeviceWorkload t = generated("multistream", 3);
   for (const std::string config : {"", "expandable_segments:True", "max_split_size_mb:64"}) {
     SCOPED_TRACE(config);
     rp::ReplayOptions o;
@@ -344,7 +344,7 @@ TEST(ReplayReport, SvgLabelsAreXmlEscaped) {
 }
 
 TEST(ReplayMinCapacity, FitsAtTheAnswerAndRunsOutOneStepBelow) {
-  const rp::DeviceTrace t = generated("recompute", 3);
+  const rp::DeviceWorkload t = generated("recompute", 3);
   const std::size_t step = 2 * MiB;
   for (const std::string config : {"", "expandable_segments:True"}) {
     SCOPED_TRACE(config);
@@ -374,7 +374,7 @@ TEST(ReplayMinCapacity, FitsAtTheAnswerAndRunsOutOneStepBelow) {
 TEST(ReplayFidelity, ReproducesAStitchRecordingExactly) {
   for (const std::string pattern : {"transformer-varlen", "multistream"}) {
     SCOPED_TRACE(pattern);
-    const rp::DeviceTrace t = generated(pattern, 2, 3);
+    const rp::DeviceWorkload t = generated(pattern, 2, 3);
     stitch::SimBackend::Options so;
     so.capacity = std::size_t{1} << 40;
     auto sim = std::make_shared<stitch::SimBackend>(so);
@@ -383,9 +383,9 @@ TEST(ReplayFidelity, ReproducesAStitchRecordingExactly) {
                         sim);
     std::unordered_map<std::uintptr_t, void*> live;
     for (const rp::Event& e : t.events) {
-      if (e.action == TraceAction::alloc) {
+      if (e.kind == rp::Event::Kind::alloc) {
         live[e.addr] = a.allocate(e.size, reinterpret_cast<stitch::stream_t>(e.stream), 0);
-      } else if (e.action == TraceAction::free_completed) {
+      } else if (e.kind == rp::Event::Kind::free) {
         a.deallocate(live.at(e.addr));
         live.erase(e.addr);
       }
@@ -395,7 +395,7 @@ TEST(ReplayFidelity, ReproducesAStitchRecordingExactly) {
     a.dump_snapshot(path);
     const rp::Workload back = rp::read_workload(path);
     ASSERT_EQ(back.devices.size(), 1u);
-    const rp::DeviceTrace& r = back.devices[0];
+    const rp::DeviceWorkload& r = back.devices[0];
     EXPECT_TRUE(r.starts_empty);
     EXPECT_TRUE(r.initial.empty());
     ASSERT_TRUE(r.recorded_peak_reserved.has_value());
@@ -420,7 +420,7 @@ TEST(ReplayGeneratedTraces, ShippedTracesReplayWithPrincipledOrderings) {
     SCOPED_TRACE(name);
     const rp::Workload w = rp::read_workload(entry.path().string());
     ASSERT_EQ(w.devices.size(), 1u);
-    const rp::DeviceTrace& t = w.devices[0];
+    const rp::DeviceWorkload& t = w.devices[0];
     EXPECT_TRUE(t.starts_empty);
     EXPECT_FALSE(rp::fidelity(t).has_value());  // nothing recorded to compare with
     for (const std::string config : {"", "expandable_segments:True"}) {
@@ -469,7 +469,7 @@ TEST(ReplayRealTraces, FidelityWithinOnePercentOnTracesThatStartEmpty) {
     SCOPED_TRACE(name);
     const rp::Workload w = rp::read_workload(path.string());
     ASSERT_EQ(w.devices.size(), 1u);
-    const rp::DeviceTrace& t = w.devices[0];
+    const rp::DeviceWorkload& t = w.devices[0];
     if (empty_start) {
       EXPECT_TRUE(t.initial.empty()) << "no block can be live before the first event";
       const auto f = rp::fidelity(t);

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "diagnostics/pickle_reader.hpp"
+#include "tools/formats/pickle_reader.hpp"
 #include "diagnostics/snapshot_writer.hpp"
 #include "stitch/allocator.hpp"
 #include "stitch/errors.hpp"

@@ -16,7 +16,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "diagnostics/pickle_reader.hpp"
+#include "tools/formats/pickle_reader.hpp"
 #include "stitch/errors.hpp"
 #include "tools/replay/workload.hpp"
 #include "tools/tracegen/builder.hpp"
@@ -170,7 +170,11 @@ TEST(TracegenPatterns, EveryPatternIsWellFormedAndSizedForQuickReplays) {
     ASSERT_EQ(w.devices.size(), 1u);
     EXPECT_TRUE(w.devices[0].starts_empty);
     EXPECT_TRUE(w.devices[0].initial.empty());
-    EXPECT_TRUE(w.devices[0].has_free_completed);
+    // Blocks become reusable at their free_completed, not at free_requested.
+    const auto& ev = w.devices[0].events;
+    for (std::size_t i = 0; i < ev.size(); ++i)
+      if (ev[i].kind == stitch::replay::Event::Kind::free)
+        ASSERT_EQ(events[i].action, TraceAction::free_completed) << i;
     EXPECT_FALSE(w.devices[0].recorded_peak_reserved.has_value());
     if (p.name == "multistream") {
       EXPECT_EQ(c.streams.size(), 3u);

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "stitch/backend.hpp"
+#include "stitch/block_info.hpp"
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
 #include "stitch/snapshot.hpp"
@@ -23,12 +24,9 @@
 namespace stitch {
 
 class DeviceAllocator;
-enum class FreeStatus;
-
-/// Creates the backend a configuration names (`backend:sim` or `backend:cuda`).
-/// Throws stitch::backend_error if it is unavailable (e.g. "no CUDA device"); never substitutes
-/// another backend.
-STITCH_EXPORT std::shared_ptr<Backend> make_backend(const Config& config);
+namespace detail {
+struct OomCapture;
+}  // namespace detail
 
 /// A caching device allocator. Thread-safe: any thread may allocate and free on any device.
 class STITCH_EXPORT Allocator {
@@ -79,13 +77,8 @@ class STITCH_EXPORT Allocator {
   void reset_peak_stats(int device);
   void reset_accumulated_stats(int device);
 
-  /// What stitch knows about a live allocation.
-  struct BlockInfo {
-    int device = -1;
-    std::size_t requested = 0;  ///< bytes asked for
-    std::size_t size = 0;       ///< bytes of the block (after rounding)
-    stream_t stream = nullptr;  ///< allocation stream
-  };
+  /// What stitch knows about a live allocation (stitch/block_info.hpp).
+  using BlockInfo = stitch::BlockInfo;
   /// The live allocation starting at `ptr` (interior pointers are not found).
   [[nodiscard]] std::optional<BlockInfo> find(const void* ptr) const;
 
@@ -126,11 +119,13 @@ class STITCH_EXPORT Allocator {
   [[noreturn]] void throw_bad_device(int device) const;
   void free_any_device(void* ptr, const stream_t* stream);
   [[noreturn]] void reject_free(DeviceAllocator& counter, std::string message) const;
-  /// deallocate(ptr, bytes, device, stream) found no such allocation on `device` (`status`):
-  /// says why (wrong size, another device, unknown) and throws.
-  [[noreturn, gnu::noinline]] void reject_sized_free(DeviceAllocator& home, FreeStatus status, void* ptr,
-                                           std::size_t bytes, int device,
-                                           std::size_t actual) const;
+  /// deallocate(ptr, bytes, device, stream) found no such allocation on `device` (or one of
+  /// another size, `wrong_size`): says why (wrong size, another device, unknown) and throws.
+  [[noreturn, gnu::noinline]] void reject_sized_free(DeviceAllocator& home, bool wrong_size, void* ptr,
+                                                     std::size_t bytes, int device,
+                                                     std::size_t actual) const;
+  /// allocate() failed: the oom_snapshot dump, the what-if check, then the report is thrown.
+  [[noreturn, gnu::noinline]] void fail_allocation(const detail::OomCapture& oom);
   /// configure() with config_mutex_ held.
   void configure_locked(std::string_view conf);
 

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 namespace stitch {
 
@@ -83,5 +84,12 @@ class STITCH_EXPORT Backend {
   /// Blocks until all work queued on `stream` has completed.
   virtual void synchronize_stream(int device, stream_t stream) = 0;
 };
+
+struct Config;
+
+/// Creates the backend a configuration names (`backend:sim` or `backend:cuda`).
+/// Throws stitch::backend_error if it is unavailable (e.g. "no CUDA device"); never substitutes
+/// another backend.
+STITCH_EXPORT std::shared_ptr<Backend> make_backend(const Config& config);
 
 }  // namespace stitch

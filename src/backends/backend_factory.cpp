@@ -1,7 +1,8 @@
 // backends/backend_factory.cpp — turns a Config's `backend:` key into a Backend instance.
 #include <memory>
 
-#include "stitch/allocator.hpp"
+#include "stitch/backend.hpp"
+#include "stitch/config.hpp"
 #include "stitch/errors.hpp"
 #include "stitch/sim_backend.hpp"
 

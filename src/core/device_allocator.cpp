@@ -105,12 +105,14 @@ void DeviceAllocator::set_memory_fraction(double fraction) {
 
 // ---- allocation ---------------------------------------------------------------------------------
 
-void* DeviceAllocator::malloc(std::size_t size, stream_t stream) {
+void* DeviceAllocator::malloc(std::size_t size, stream_t stream,
+                              std::unique_ptr<detail::OomCapture>& oom) {
   if (size == 0) return nullptr;
   std::unique_lock lock(mutex_);
   if (size >= detail::kMaxRequest) {
     complete_deferred();
-    raise_oom(size, size, size, false, stream);
+    capture_oom(size, size, size, false, stream, oom);
+    return nullptr;
   }
   if (outstanding_events_ != 0) {
     complete_deferred();
@@ -124,7 +126,10 @@ void* DeviceAllocator::malloc(std::size_t size, stream_t stream) {
     complete_deferred_now();
   }
   Block* block = get_free_block(pool, stream, rounded);
-  if (block == nullptr) block = allocate_slow(pool, stream, rounded, size);
+  if (block == nullptr) {
+    block = allocate_slow(pool, stream, rounded, size, oom);
+    if (block == nullptr) return nullptr;
+  }
   block = take_found_block(pool, block, rounded);
   activate(block, size);
   live_.insert(block->ptr, block);
@@ -402,11 +407,11 @@ void DeviceAllocator::count_invalid_free() {
   ++stats_.num_invalid_frees;
 }
 
-std::optional<Allocator::BlockInfo> DeviceAllocator::find(const void* ptr) const {
+std::optional<BlockInfo> DeviceAllocator::find(const void* ptr) const {
   std::lock_guard lock(mutex_);
   const Block* block = live_.find(ptr);
   if (block == nullptr || !block->allocated) return std::nullopt;  // (or the deferred free)
-  return Allocator::BlockInfo{device_, block->requested, block->size, block->stream};
+  return BlockInfo{device_, block->requested, block->size, block->stream};
 }
 
 void DeviceAllocator::validate() const {

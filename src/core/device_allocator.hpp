@@ -24,8 +24,9 @@
 #include "core/ptr_map.hpp"
 #include "core/spin_lock.hpp"
 #include "diagnostics/recorder.hpp"
-#include "stitch/allocator.hpp"
+#include "core/oom_capture.hpp"
 #include "stitch/backend.hpp"
+#include "stitch/block_info.hpp"
 #include "stitch/config.hpp"
 #include "stitch/snapshot.hpp"
 #include "stitch/stats.hpp"
@@ -33,7 +34,6 @@
 namespace stitch {
 
 namespace detail {
-struct WhatIfInput;
 
 /// Whole pages [first, first + count) (page indices in its segment) inside a free block.
 struct PageRun {
@@ -53,8 +53,10 @@ class DeviceAllocator {
   DeviceAllocator(const DeviceAllocator&) = delete;
   DeviceAllocator& operator=(const DeviceAllocator&) = delete;
 
-  /// Allocates `size` bytes for `stream`; throws out_of_memory or backend_error.
-  void* malloc(std::size_t size, stream_t stream);
+  /// Allocates `size` bytes for `stream`. When the request cannot be served it returns nullptr
+  /// with what the device knew in `oom` (the caller reports it, after this device's lock is
+  /// released); nullptr with `oom` left empty for 0 bytes. Throws backend_error.
+  void* malloc(std::size_t size, stream_t stream, std::unique_ptr<detail::OomCapture>& oom);
   /// Frees `ptr` if this device owns it. `expected_size` (if not null) must equal the requested
   /// size; `stream` (if not null and not the allocation stream) is treated as a last use. The
   /// requested size is stored in `actual_size` when given.
@@ -77,7 +79,7 @@ class DeviceAllocator {
   void reset_peak_stats();
   void reset_accumulated_stats();
   void count_invalid_free();
-  [[nodiscard]] std::optional<Allocator::BlockInfo> find(const void* ptr) const;
+  [[nodiscard]] std::optional<BlockInfo> find(const void* ptr) const;
   /// Throws stitch::error on the first broken invariant (see Allocator::validate).
   void validate() const;
 
@@ -190,7 +192,10 @@ class DeviceAllocator {
   void complete_pending(Block* block);
 
   // slow path (device_allocator_slow.cpp)
-  Block* allocate_slow(Pool& pool, stream_t stream, std::size_t rounded, std::size_t requested);
+  /// New memory for a request the cache cannot serve, through the out-of-memory ladder; nullptr
+  /// with `oom` filled when even the last resort fails.
+  Block* allocate_slow(Pool& pool, stream_t stream, std::size_t rounded, std::size_t requested,
+                       std::unique_ptr<detail::OomCapture>& oom);
   Block* alloc_segment(Pool& pool, stream_t stream, std::size_t bytes);
   /// A new segment over [base, base + size) of `pool` and `stream`, linked into the segment
   /// list, with one block over all of it as its head (returned; its segment is block->segment).
@@ -267,13 +272,17 @@ class DeviceAllocator {
   void process_events();
   void synchronize_and_free_events();
   event_t get_event();
-  [[noreturn]] void raise_oom(std::size_t requested, std::size_t rounded, std::size_t alloc_size,
-                              bool small, stream_t stream);
+  /// Counts a failed request and captures its facts (and a what-if check's input) in `oom`.
+  void capture_oom(std::size_t requested, std::size_t rounded, std::size_t alloc_size, bool small,
+                   stream_t stream, std::unique_ptr<detail::OomCapture>& oom);
   [[nodiscard]] std::size_t largest_free_block() const;
 
   // the out-of-memory what-if check's input (device_what_if.cpp)
-  /// The workload to replay and the device's shape, for a request on `stream` that failed.
+  /// The workload's raw material and the device's shape, for a request on `stream` that failed.
   [[nodiscard]] std::shared_ptr<const detail::WhatIfInput> what_if_input(stream_t stream) const;
+  /// Appends every mapped run of every segment to `out` as a snapshot segment (newest segment
+  /// first, or oldest first); the lock is held.
+  void segments_locked(std::vector<SegmentSnapshot>& out, bool oldest_first) const;
   /// Why the recorded history cannot be replayed as the whole workload ("" when it can).
   [[nodiscard]] std::string history_gap() const;
 

@@ -8,7 +8,6 @@
 #include "core/stat_update.hpp"
 #include "core/size_policy.hpp"
 #include "diagnostics/oom_report.hpp"
-#include "diagnostics/what_if.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch {
@@ -17,8 +16,8 @@ using detail::add;
 using detail::sub;
 
 DeviceAllocator::Block* DeviceAllocator::allocate_slow(Pool& pool, stream_t stream,
-                                                       std::size_t rounded,
-                                                       std::size_t requested) {
+                                                       std::size_t rounded, std::size_t requested,
+                                                       std::unique_ptr<detail::OomCapture>& oom) {
   // New memory comes from a new segment or, with expandable segments, from mapping more pages.
   const bool expandable = config_.expandable_segments;
   const std::size_t page = expandable ? page_size(pool.small) : 0;
@@ -45,7 +44,7 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(Pool& pool, stream_t stre
     block = get_free_block(pool, stream, rounded);  // a pending block may have become free
     if (block == nullptr) block = grow();
   }
-  if (block == nullptr) raise_oom(requested, rounded, alloc_size, pool.small, stream);
+  if (block == nullptr) capture_oom(requested, rounded, alloc_size, pool.small, stream, oom);
   return block;
 }
 
@@ -250,10 +249,12 @@ std::size_t DeviceAllocator::largest_free_block() const {
   return largest;
 }
 
-void DeviceAllocator::raise_oom(std::size_t requested, std::size_t rounded, std::size_t alloc_size,
-                                bool small, stream_t stream) {
+void DeviceAllocator::capture_oom(std::size_t requested, std::size_t rounded,
+                                  std::size_t alloc_size, bool small, stream_t stream,
+                                  std::unique_ptr<detail::OomCapture>& oom) {
   ++stats_.num_ooms;
-  detail::OomFacts f;
+  oom = std::make_unique<detail::OomCapture>();
+  detail::OomFacts& f = oom->facts;
   f.device = device_;
   f.requested = requested;
   f.rounded = rounded;
@@ -299,17 +300,15 @@ void DeviceAllocator::raise_oom(std::size_t requested, std::size_t rounded, std:
                               recorder_.alloc_frames(address)});
   }
   // The what-if check replays the workload later, outside this lock (Allocator::allocate).
-  std::shared_ptr<const detail::WhatIfInput> what_if;
-  bool capture_failed = false;
-  if (detail::what_if_wanted(f, config_)) {
+  oom->what_if_enabled = config_.oom_what_if;
+  if (detail::what_if_wanted(f, config_.oom_what_if)) {
     try {
-      what_if = what_if_input(stream);
+      oom->what_if = what_if_input(stream);
     } catch (...) {
-      capture_failed = true;
+      oom->capture_failed = true;
     }
   }
   trace(TraceAction::oom, reinterpret_cast<const void*>(f.device_free), alloc_size, stream);
-  detail::throw_oom(std::move(f), config_, std::move(what_if), capture_failed);
 }
 
 }  // namespace stitch

@@ -15,7 +15,15 @@ std::vector<TraceEntry> DeviceAllocator::snapshot(std::vector<SegmentSnapshot>& 
   std::lock_guard lock(mutex_);
   complete_deferred();
   trace(TraceAction::snapshot, nullptr, 0, nullptr);
-  for (const Segment* s = segments_; s != nullptr; s = s->next) {
+  segments_locked(out, /*oldest_first=*/false);
+  return recorder_.entries();
+}
+
+void DeviceAllocator::segments_locked(std::vector<SegmentSnapshot>& out, bool oldest_first) const {
+  const Segment* first = segments_;  // the list is newest first
+  if (oldest_first)
+    while (first != nullptr && first->next != nullptr) first = first->next;
+  for (const Segment* s = first; s != nullptr; s = oldest_first ? s->prev : s->next) {
     // A plain segment is one snapshot segment; an expandable one gives one per mapped run.
     SegmentSnapshot* cur = nullptr;
     for (const Block* b = s->head; b != nullptr; b = b->next) {
@@ -47,7 +55,6 @@ std::vector<TraceEntry> DeviceAllocator::snapshot(std::vector<SegmentSnapshot>& 
       cur->blocks.push_back(std::move(block));
     }
   }
-  return recorder_.entries();
 }
 
 }  // namespace stitch

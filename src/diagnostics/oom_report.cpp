@@ -33,6 +33,15 @@ std::size_t usable_bytes(const OomFacts& f, std::size_t* others) {
   return limit;
 }
 
+bool provably_too_big(const OomFacts& f) {
+  std::size_t others = 0;
+  return f.allocated + f.rounded > usable_bytes(f, &others);
+}
+
+bool what_if_wanted(const OomFacts& f, bool enabled) {
+  return enabled && f.device_info_known && f.requested < kAbsurdRequest && !provably_too_big(f);
+}
+
 namespace {
 
 // Room the device (within the cap) still gives this allocator.
@@ -64,7 +73,7 @@ OomVerdict classify_oom(const OomFacts& f) {
 }
 
 std::string format_oom(const OomFacts& f, const std::string& what_if) {
-  if (f.requested >= (std::size_t{1} << 60)) {
+  if (f.requested >= kAbsurdRequest) {
     return fmt::format("CUDA out of memory. Tried to allocate more than 1EB memory (asked for {} "
                        "bytes on device {}).",
                        f.requested, f.device);

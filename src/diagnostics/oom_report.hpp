@@ -66,8 +66,20 @@ OomVerdict classify_oom(const OomFacts& facts);
 /// (stored in `others`), capped by the memory fraction. Needs device_info_known.
 std::size_t usable_bytes(const OomFacts& facts, std::size_t* others);
 
+/// Whether an OOM with these facts gets a what-if check (replay/what_if.hpp): `enabled`
+/// (oom_what_if), the device's memory known, and the request not provably too big for any
+/// configuration (live data plus the request within what the allocator may use).
+bool what_if_wanted(const OomFacts& facts, bool enabled);
+
+/// The request can be served by no configuration: what is live plus the request already exceed
+/// what this allocator may use.
+bool provably_too_big(const OomFacts& facts);
+
+/// Requests from this size on are reported as "more than 1EB" and never checked.
+inline constexpr std::size_t kAbsurdRequest = std::size_t{1} << 60;
+
 /// The full report: PyTorch's first line, then the verdict with its evidence, the what-if
-/// paragraph `what_if` (diagnostics/what_if.hpp; "" for none), and the largest live blocks.
+/// paragraph `what_if` (replay/what_if.hpp; "" for none), and the largest live blocks.
 std::string format_oom(const OomFacts& facts, const std::string& what_if = {});
 
 }  // namespace stitch::detail

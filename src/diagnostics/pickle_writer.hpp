@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "diagnostics/pickle_reader.hpp"
+#include "diagnostics/py_value.hpp"
 
 namespace stitch::detail {
 

@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
       continue;
     }
     if (w.devices.empty()) std::fprintf(stderr, "stitch-replay: %s: no allocation events\n", path.c_str());
-    for (const DeviceTrace& t : w.devices) {
+    for (const DeviceWorkload& t : w.devices) {
       if (only_device >= 0 && t.device != only_device) continue;
       TraceReport report;
       report.trace = path;

@@ -14,7 +14,7 @@ namespace {
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 }  // namespace
 
-PeakBreakdown breakdown_at_peak(const DeviceTrace& trace, const ReplayOptions& options,
+PeakBreakdown breakdown_at_peak(const DeviceWorkload& trace, const ReplayOptions& options,
                                 const ReplayResult& peak) {
   PeakBreakdown b;
   b.event = peak.peak_reserved_event;

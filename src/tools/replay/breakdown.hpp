@@ -30,7 +30,7 @@ struct PeakBreakdown {
 /// Replays `trace` under `options` to the peak of reserved memory (found by `peak`, a replay
 /// with the same options) and splits up the excess. Page sizes follow the configuration:
 /// 2 MiB (the granule) in the small pool and, with stitching, in the large pool; 20 MiB else.
-PeakBreakdown breakdown_at_peak(const DeviceTrace& trace, const ReplayOptions& options,
+PeakBreakdown breakdown_at_peak(const DeviceWorkload& trace, const ReplayOptions& options,
                                 const ReplayResult& peak);
 
 /// One line: "excess X MiB = rounding ... + ...".

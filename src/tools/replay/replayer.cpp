@@ -1,107 +1,42 @@
-// tools/replay/replayer.cpp — drives a stitch::Allocator on a SimBackend with a trace's events.
+// tools/replay/replayer.cpp — measures replays of a device's workload (replay/engine.hpp).
 #include "tools/replay/replayer.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <chrono>
 #include <map>
-#include <memory>
-#include <unordered_map>
 
-#include "stitch/allocator.hpp"
-#include "stitch/errors.hpp"
+#include "replay/engine.hpp"
 #include "stitch/sim_backend.hpp"
 
 namespace stitch::replay {
 
 namespace {
 
-// The simulated device never touches the memory here: pointers are placeholders.
-struct Run {
-  Run(const DeviceTrace& t, const ReplayOptions& o) : trace(t), options(o) {
-    SimBackend::Options so;
-    so.capacity = o.capacity;
-    sim = std::make_shared<SimBackend>(so);
-    const std::string conf = o.config.empty() ? "backend:sim" : "backend:sim," + o.config;
-    alloc = std::make_unique<Allocator>(Config::parse(conf), sim);
+// The engine's setup for `options` (the simulated device never touches the memory here).
+Setup setup_of(const ReplayOptions& o, std::size_t history = 0) {
+  Setup s;
+  s.config = Config::parse(o.config.empty() ? "backend:sim" : "backend:sim," + o.config);
+  if (history != 0) {
+    s.config.record_history = true;
+    s.config.max_entries = history;
   }
+  s.capacity = o.capacity;
+  s.warm_start = o.warm_start;
+  return s;
+}
 
-  stream_t stream_of(std::uintptr_t s) const { return reinterpret_cast<stream_t>(s); }
-
-  void allocate(std::uintptr_t addr, std::size_t size, std::uintptr_t stream) {
-    if (size == 0) return;
-    try {
-      void* p = alloc->allocate(size, stream_of(stream), 0);
-      live[addr] = p;
-      requested += size;
-      sizes[addr] = size;
-    } catch (const out_of_memory&) {
-      ++ooms;
-    }
-  }
-  void release(std::uintptr_t addr) {
-    auto it = live.find(addr);
-    if (it == live.end()) return;  // its allocation failed (OOM) or it was never seen
-    alloc->deallocate(it->second);
-    live.erase(it);
-    requested -= sizes[addr];
-    sizes.erase(addr);
-  }
-
-  const DeviceTrace& trace;
-  const ReplayOptions& options;
-  std::shared_ptr<SimBackend> sim;
-  std::unique_ptr<Allocator> alloc;
-  std::unordered_map<std::uintptr_t, void*> live;
-  std::unordered_map<std::uintptr_t, std::size_t> sizes;
-  std::size_t requested = 0;
-  std::size_t ooms = 0;
-};
-
-std::size_t largest_free(const Allocator& a) {
+std::size_t largest_free(const Replay& run) {
   std::size_t largest = 0;
-  for (const SegmentSnapshot& s : a.snapshot().segments)
+  for (const SegmentSnapshot& s : run.snapshot().segments)
     for (const BlockSnapshot& b : s.blocks)
       if (b.state == "inactive") largest = std::max(largest, b.size);
   return largest;
 }
 
-// Replays events [0, stop) (all when stop == SIZE_MAX); calls `each` after every event.
-template <typename Each>
-void drive(Run& run, std::size_t stop, Each&& each) {
-  const DeviceTrace& t = run.trace;
-  if (run.options.warm_start) {
-    // Create the segments the recording allocator held, then free them: they stay cached.
-    std::vector<void*> held;
-    for (const InitialSegment& s : t.cached_segments) {
-      // 1 MiB lands in the small pool's 2 MiB segments; larger sizes get their own segment.
-      const std::size_t size = s.small ? (std::size_t{1} << 20) : s.size;
-      try {
-        held.push_back(run.alloc->allocate(size, run.stream_of(s.stream), 0));
-      } catch (const out_of_memory&) {
-        ++run.ooms;
-      }
-    }
-    for (void* p : held) run.alloc->deallocate(p);
-  }
-  for (const InitialBlock& b : t.initial) run.allocate(b.addr, b.size, b.stream);
-  const TraceAction release =
-      t.has_free_completed ? TraceAction::free_completed : TraceAction::free_requested;
-  const std::size_t n = std::min(stop, t.events.size());
-  for (std::size_t i = 0; i < n; ++i) {
-    const Event& e = t.events[i];
-    if (e.action == TraceAction::alloc) {
-      run.allocate(e.addr, e.size, e.stream);
-    } else if (e.action == release) {
-      run.release(e.addr);
-    }
-    each(i);
-  }
-}
-
 }  // namespace
 
-ReplayResult replay(const DeviceTrace& trace, const ReplayOptions& options) {
+ReplayResult replay(const DeviceWorkload& trace, const ReplayOptions& options) {
   ReplayResult r;
   r.config = options.config;
   r.capacity = options.capacity;
@@ -109,17 +44,12 @@ ReplayResult replay(const DeviceTrace& trace, const ReplayOptions& options) {
   std::size_t worst_event = 0;
   const auto start = std::chrono::steady_clock::now();
   {
-    ReplayOptions with_history = options;
-    with_history.config += std::string(options.config.empty() ? "" : ",") +
-                           "record_history:True,max_entries:" +
-                           std::to_string(2 * trace.events.size() + 16);
-    Run run(trace, with_history);
-    r.peak_requested = run.requested;
-    drive(run, SIZE_MAX, [&](std::size_t i) {
-      const DeviceStats s = run.alloc->stats(0);
+    Replay run(trace, setup_of(options, 2 * trace.events.size() + 16));
+    run.run(SIZE_MAX, [&](std::size_t i) {
+      const DeviceStats s = run.stats();
       const auto reserved = static_cast<std::size_t>(s.reserved_bytes[kAll].current);
       const auto allocated = static_cast<std::size_t>(s.allocated_bytes[kAll].current);
-      r.peak_requested = std::max(r.peak_requested, run.requested);
+      r.peak_requested = std::max(r.peak_requested, run.requested());
       if (reserved > r.peak_reserved) {
         r.peak_reserved = reserved;
         r.peak_reserved_event = i + 1;
@@ -129,18 +59,19 @@ ReplayResult replay(const DeviceTrace& trace, const ReplayOptions& options) {
         worst_event = i + 1;
       }
       if (options.sample_every != 0 && i % options.sample_every == 0)
-        r.series.push_back(Sample{i, run.requested, reserved, allocated});
+        r.series.push_back(Sample{i, run.requested(), reserved, allocated});
       if (options.progress && i % options.progress_every == 0) options.progress(i, r.events);
     });
-    const DeviceStats s = run.alloc->stats(0);
+    const DeviceStats s = run.stats();
     r.peak_reserved = std::max(r.peak_reserved, static_cast<std::size_t>(s.reserved_bytes[kAll].peak));
-    r.maps = static_cast<std::int64_t>(run.sim->call_count(SimCall::map));
-    r.unmaps = static_cast<std::int64_t>(run.sim->call_count(SimCall::unmap));
-    r.stream_syncs = static_cast<std::int64_t>(run.sim->call_count(SimCall::synchronize_stream));
-    r.device_allocs = static_cast<std::int64_t>(run.sim->call_count(SimCall::allocate));
-    r.device_frees = static_cast<std::int64_t>(run.sim->call_count(SimCall::deallocate));
-    r.ooms = run.ooms;
-    const Snapshot history = run.alloc->snapshot();
+    const SimBackend& sim = run.sim();
+    r.maps = static_cast<std::int64_t>(sim.call_count(SimCall::map));
+    r.unmaps = static_cast<std::int64_t>(sim.call_count(SimCall::unmap));
+    r.stream_syncs = static_cast<std::int64_t>(sim.call_count(SimCall::synchronize_stream));
+    r.device_allocs = static_cast<std::int64_t>(sim.call_count(SimCall::allocate));
+    r.device_frees = static_cast<std::int64_t>(sim.call_count(SimCall::deallocate));
+    r.ooms = run.failures();
+    const Snapshot history = run.snapshot();
     for (const TraceEntry& e : history.device_traces[0])
       if (e.action == TraceAction::segment_alloc || e.action == TraceAction::segment_map)
         r.segments.push_back(e.size);
@@ -149,31 +80,31 @@ ReplayResult replay(const DeviceTrace& trace, const ReplayOptions& options) {
   if (options.progress) options.progress(r.events, r.events);
   // Second pass to the worst moment, to see how the free memory was split up then.
   if (r.peak_unallocated > 0) {
-    Run run(trace, options);
-    drive(run, worst_event, [](std::size_t) {});
-    r.largest_free_at_worst = largest_free(*run.alloc);
+    Replay run(trace, setup_of(options));
+    run.run(worst_event);
+    r.largest_free_at_worst = largest_free(run);
   }
   return r;
 }
 
-Snapshot snapshot_after(const DeviceTrace& trace, const ReplayOptions& options, std::size_t events,
+Snapshot snapshot_after(const DeviceWorkload& trace, const ReplayOptions& options, std::size_t events,
                         std::size_t& requested) {
-  Run run(trace, options);
-  drive(run, events, [](std::size_t) {});
-  requested = run.requested;
-  return run.alloc->snapshot();
+  Replay run(trace, setup_of(options));
+  run.run(events);
+  requested = run.requested();
+  return run.snapshot();
 }
 
-std::optional<std::size_t> min_capacity(const DeviceTrace& trace, const std::string& config,
+std::optional<std::size_t> min_capacity(const DeviceWorkload& trace, const std::string& config,
                                         std::size_t upper, std::size_t step) {
   auto fits = [&](std::size_t capacity) {
     ReplayOptions o;
     o.config = config;
     o.capacity = capacity;
     // A cheap single pass: only OOMs matter here.
-    Run run(trace, o);
-    drive(run, SIZE_MAX, [](std::size_t) {});
-    return run.ooms == 0;
+    Replay run(trace, setup_of(o));
+    run.run();
+    return run.failures() == 0;
   };
   upper = (upper + step - 1) / step * step;
   if (!fits(upper)) return std::nullopt;
@@ -190,7 +121,7 @@ std::optional<std::size_t> min_capacity(const DeviceTrace& trace, const std::str
   return hi * step;
 }
 
-std::optional<Fidelity> fidelity(const DeviceTrace& trace) {
+std::optional<Fidelity> fidelity(const DeviceWorkload& trace) {
   if (!trace.recorded_peak_reserved || *trace.recorded_peak_reserved == 0) return std::nullopt;
   ReplayOptions o;
   o.warm_start = true;

@@ -1,5 +1,5 @@
-// tools/replay/replayer.hpp — replays a device trace through stitch on the simulated device and
-// measures what the configuration reserved, how fragmented it got and whether it fit.
+// tools/replay/replayer.hpp — measures replays (replay/engine.hpp) of a device's workload: what a
+// configuration reserved, how fragmented it got and whether it fit.
 #pragma once
 
 #include <cstddef>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "stitch/snapshot.hpp"
-#include "tools/replay/workload.hpp"
+#include "replay/workload.hpp"
 
 namespace stitch::replay {
 
@@ -23,7 +23,7 @@ struct ReplayOptions {
   /// Record the series (requested, reserved, allocated) every `sample_every` events for plots;
   /// 0: no series.
   std::size_t sample_every = 0;
-  /// Start with the recording allocator's cached segments (DeviceTrace::cached_segments), to
+  /// Start with the recording allocator's cached segments (DeviceWorkload::cached_segments), to
   /// reproduce the recorded run rather than compare configurations from an empty device.
   bool warm_start = false;
 };
@@ -63,16 +63,16 @@ struct ReplayResult {
 };
 
 /// Replays one device's trace. Deterministic: the same trace and options give the same numbers.
-ReplayResult replay(const DeviceTrace& trace, const ReplayOptions& options);
+ReplayResult replay(const DeviceWorkload& trace, const ReplayOptions& options);
 
 /// The allocator's snapshot after replaying the first `events` events (from the trace's
 /// starting state); `requested` receives the live requested bytes then.
-Snapshot snapshot_after(const DeviceTrace& trace, const ReplayOptions& options, std::size_t events,
+Snapshot snapshot_after(const DeviceWorkload& trace, const ReplayOptions& options, std::size_t events,
                         std::size_t& requested);
 
 /// Smallest capacity (a multiple of `step`) on which the trace replays without an OOM, found by
 /// bisection between peak requested and `upper`; nullopt if it does not fit even in `upper`.
-std::optional<std::size_t> min_capacity(const DeviceTrace& trace, const std::string& config,
+std::optional<std::size_t> min_capacity(const DeviceWorkload& trace, const std::string& config,
                                         std::size_t upper, std::size_t step = std::size_t{2} << 20);
 
 /// How closely a replay with PyTorch's default settings reproduces the recorded segments.
@@ -83,6 +83,6 @@ struct Fidelity {
   double segment_agreement = 0.0;  ///< shared segment sizes / max(count recorded, replayed)
 };
 /// Replays with PyTorch's defaults from the recorded starting state (warm start) and compares.
-std::optional<Fidelity> fidelity(const DeviceTrace& trace);
+std::optional<Fidelity> fidelity(const DeviceWorkload& trace);
 
 }  // namespace stitch::replay

@@ -1,4 +1,4 @@
-// core/allocator_diagnostics.cpp — Allocator::dump_snapshot, memory_summary, record_history and
+// api/allocator_diagnostics.cpp — Allocator::dump_snapshot, memory_summary, record_history and
 // the oom_snapshot hook.
 #include <fmt/format.h>
 

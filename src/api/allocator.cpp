@@ -1,5 +1,6 @@
-// core/allocator.cpp — stitch::Allocator: one DeviceAllocator per device over one backend, plus
-// the checks on caller input (bad device, unknown pointer, double free, wrong size).
+// api/allocator.cpp — stitch::Allocator: one DeviceAllocator per device over one backend, plus
+// the checks on caller input (bad device, unknown pointer, double free, wrong size) and the
+// out-of-memory report.
 #include "stitch/allocator.hpp"
 
 #include <fmt/format.h>
@@ -9,7 +10,7 @@
 
 #include "core/device_allocator.hpp"
 #include "diagnostics/snapshot_writer.hpp"
-#include "diagnostics/what_if.hpp"
+#include "replay/what_if.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch {
@@ -39,15 +40,18 @@ void Allocator::throw_bad_device(int device) const {
 DeviceAllocator& Allocator::device(int device) const { return checked_device(device); }
 
 void* Allocator::allocate(std::size_t bytes, stream_t stream, int device) {
-  try {
-    return checked_device(device).malloc(bytes, stream);
-  } catch (const out_of_memory& e) {
-    detail::on_out_of_memory(*this);  // oom_snapshot: best effort, never masks the OOM
-    // The what-if check, now that the device lock is released; "" leaves the report as it is.
-    std::string report = detail::complete_oom_report(e);
-    if (report.empty()) throw;
-    throw out_of_memory(std::move(report));
-  }
+  std::unique_ptr<detail::OomCapture> oom;
+  void* p = checked_device(device).malloc(bytes, stream, oom);
+  if (oom) [[unlikely]] fail_allocation(*oom);
+  return p;
+}
+
+void Allocator::fail_allocation(const detail::OomCapture& oom) {
+  detail::on_out_of_memory(*this);  // oom_snapshot: best effort, never masks the OOM
+  // The what-if check, now that the device lock is released.
+  std::string report = replay::oom_message(oom);
+  if (report.empty()) throw out_of_memory("CUDA out of memory (the report could not be written).");
+  throw out_of_memory(std::move(report));
 }
 
 void Allocator::reject_free(DeviceAllocator& counter, std::string message) const {
@@ -86,12 +90,12 @@ void Allocator::deallocate(void* ptr, std::size_t bytes, int device, stream_t st
   std::size_t actual = 0;
   const FreeStatus status = home.free(ptr, &bytes, &stream, &actual);
   if (status != FreeStatus::freed) [[unlikely]]
-    reject_sized_free(home, status, ptr, bytes, device, actual);
+    reject_sized_free(home, status == FreeStatus::wrong_size, ptr, bytes, device, actual);
 }
 
-void Allocator::reject_sized_free(DeviceAllocator& home, FreeStatus status, void* ptr,
+void Allocator::reject_sized_free(DeviceAllocator& home, bool wrong_size, void* ptr,
                                   std::size_t bytes, int device, std::size_t actual) const {
-  if (status == FreeStatus::wrong_size)
+  if (wrong_size)
     reject_free(home, fmt::format("free of {} with size {}, but it was allocated with size {}; "
                                   "nothing was freed", ptr, bytes, actual));
   for (int d = 0; d < device_count_; ++d) {
@@ -111,7 +115,7 @@ void Allocator::record_stream(void* ptr, stream_t stream) {
   throw invalid_argument(fmt::format("record_stream of {}: not a live allocation of stitch", ptr));
 }
 
-std::optional<Allocator::BlockInfo> Allocator::find(const void* ptr) const {
+std::optional<BlockInfo> Allocator::find(const void* ptr) const {
   for (int d = 0; d < device_count_; ++d)
     if (auto info = devices_[static_cast<std::size_t>(d)]->find(ptr)) return info;
   return std::nullopt;

@@ -1,0 +1,92 @@
+// replay/engine.hpp — the one replay loop: drives a fresh device allocator on its own simulated
+// device with a workload's events. stitch-replay measures its runs with it, and the
+// out-of-memory what-if check replays a failing device's workload with it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+
+#include "replay/workload.hpp"
+#include "stitch/config.hpp"
+#include "stitch/snapshot.hpp"
+#include "stitch/stats.hpp"
+
+namespace stitch {
+class DeviceAllocator;
+class SimBackend;
+}  // namespace stitch
+
+namespace stitch::replay {
+
+/// How a workload is replayed.
+struct Setup {
+  /// The allocator's settings. The backend keys are ignored (the device is simulated), and so
+  /// are oom_snapshot, record_stacks and oom_what_if (a replay checks nothing of its own OOMs).
+  Config config;
+  std::size_t capacity = std::size_t{1} << 40;     ///< the simulated device's size
+  std::size_t granularity = std::size_t{2} << 20;  ///< its page size
+  /// Start with the recording allocator's cached segments (DeviceWorkload::cached_segments),
+  /// to reproduce the recorded run rather than compare configurations from an empty device.
+  bool warm_start = false;
+  bool retry_failed = false;     ///< `failed` events: the request is tried again (freed if served)
+  bool honour_releases = false;  ///< `release` events: empty_cache()
+};
+
+/// One replay in progress. Deterministic: the same workload and setup give the same run.
+class Replay {
+ public:
+  Replay(const DeviceWorkload& workload, const Setup& setup);
+  ~Replay();
+  Replay(const Replay&) = delete;
+  Replay& operator=(const Replay&) = delete;
+
+  /// Builds the state at the start: the cached segments (warm start), then the initial blocks.
+  void start();
+  /// Replays `e`; false when it is an allocation that failed (counted in failures()).
+  bool step(const Event& e);
+  /// start(), then events [0, stop) (all of them when stop is past the end), calling `each(i)`
+  /// after event i.
+  template <typename Each>
+  void run(std::size_t stop, Each&& each) {
+    start();
+    const std::size_t n = stop < workload_.events.size() ? stop : workload_.events.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      step(workload_.events[i]);
+      each(i);
+    }
+  }
+  void run(std::size_t stop = SIZE_MAX) {
+    run(stop, [](std::size_t) {});
+  }
+  /// Allocates `size` bytes on `stream` outside the workload; false on out of memory.
+  bool try_allocate(std::size_t size, std::uintptr_t stream);
+
+  [[nodiscard]] std::size_t requested() const noexcept { return requested_; }  ///< live bytes asked for
+  [[nodiscard]] std::size_t failures() const noexcept { return failures_; }  ///< failed allocations
+  [[nodiscard]] DeviceStats stats() const;
+  /// The replayed device's segments (and its history, when the setup records it).
+  [[nodiscard]] Snapshot snapshot() const;
+  [[nodiscard]] const SimBackend& sim() const noexcept { return *sim_; }
+  [[nodiscard]] DeviceAllocator& device() noexcept { return *device_; }
+
+ private:
+  void* allocate(std::size_t size, std::uintptr_t stream);
+  void allocate_block(std::uintptr_t addr, std::size_t size, std::uintptr_t stream);
+  void free_block(std::uintptr_t addr);
+
+  const DeviceWorkload& workload_;
+  Setup setup_;
+  std::shared_ptr<SimBackend> sim_;
+  std::unique_ptr<DeviceAllocator> device_;
+  struct Live {
+    void* ptr;
+    std::size_t size;
+  };
+  std::unordered_map<std::uintptr_t, Live> live_;  ///< recorded address -> replayed block
+  std::size_t requested_ = 0;
+  std::size_t failures_ = 0;
+};
+
+}  // namespace stitch::replay
