@@ -125,7 +125,8 @@ class STITCH_EXPORT Allocator {
                                                      std::size_t bytes, int device,
                                                      std::size_t actual) const;
   /// allocate() failed: the oom_snapshot dump, the what-if check, then the report is thrown.
-  [[noreturn, gnu::noinline]] void fail_allocation(const detail::OomCapture& oom);
+  /// (Takes ownership of `failure`.)
+  [[noreturn, gnu::noinline]] void fail_allocation(detail::OomCapture* failure);
   /// configure() with config_mutex_ held.
   void configure_locked(std::string_view conf);
 

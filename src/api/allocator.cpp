@@ -40,16 +40,16 @@ void Allocator::throw_bad_device(int device) const {
 DeviceAllocator& Allocator::device(int device) const { return checked_device(device); }
 
 void* Allocator::allocate(std::size_t bytes, stream_t stream, int device) {
-  std::unique_ptr<detail::OomCapture> oom;
-  void* p = checked_device(device).malloc(bytes, stream, oom);
-  if (oom) [[unlikely]] fail_allocation(*oom);
-  return p;
+  const DeviceAllocator::Allocation a = checked_device(device).malloc(bytes, stream);
+  if (a.failure != nullptr) [[unlikely]] fail_allocation(a.failure);
+  return a.ptr;
 }
 
-void Allocator::fail_allocation(const detail::OomCapture& oom) {
+void Allocator::fail_allocation(detail::OomCapture* failure) {
+  const std::unique_ptr<detail::OomCapture> oom(failure);
   detail::on_out_of_memory(*this);  // oom_snapshot: best effort, never masks the OOM
   // The what-if check, now that the device lock is released.
-  std::string report = replay::oom_message(oom);
+  std::string report = replay::oom_message(*oom);
   if (report.empty()) throw out_of_memory("CUDA out of memory (the report could not be written).");
   throw out_of_memory(std::move(report));
 }

@@ -105,14 +105,13 @@ void DeviceAllocator::set_memory_fraction(double fraction) {
 
 // ---- allocation ---------------------------------------------------------------------------------
 
-void* DeviceAllocator::malloc(std::size_t size, stream_t stream,
-                              std::unique_ptr<detail::OomCapture>& oom) {
-  if (size == 0) return nullptr;
+DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t stream) {
+  if (size == 0) return {nullptr, nullptr};
   std::unique_lock lock(mutex_);
   if (size >= detail::kMaxRequest) {
     complete_deferred();
-    capture_oom(size, size, size, false, stream, oom);
-    return nullptr;
+    capture_oom(size, size, size, false, stream);
+    return {nullptr, failed_.release()};
   }
   if (outstanding_events_ != 0) {
     complete_deferred();
@@ -122,19 +121,19 @@ void* DeviceAllocator::malloc(std::size_t size, stream_t stream,
   const bool small = detail::is_small(rounded);
   Pool& pool = pool_for(small);
   if (deferred_ != nullptr) {
-    if (Block* again = reuse_deferred(pool, stream, rounded, size)) return again->ptr;
+    if (Block* again = reuse_deferred(pool, stream, rounded, size)) return {again->ptr, nullptr};
     complete_deferred_now();
   }
   Block* block = get_free_block(pool, stream, rounded);
   if (block == nullptr) {
-    block = allocate_slow(pool, stream, rounded, size, oom);
-    if (block == nullptr) return nullptr;
+    block = allocate_slow(pool, stream, rounded, size);
+    if (block == nullptr) return {nullptr, failed_.release()};
   }
   block = take_found_block(pool, block, rounded);
   activate(block, size);
   live_.insert(block->ptr, block);
   trace(TraceAction::alloc, block->ptr, size, stream);
-  return block->ptr;
+  return {block->ptr, nullptr};
 }
 
 DeviceAllocator::Block* DeviceAllocator::get_free_block(Pool& pool, stream_t stream,

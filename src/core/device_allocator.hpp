@@ -53,10 +53,15 @@ class DeviceAllocator {
   DeviceAllocator(const DeviceAllocator&) = delete;
   DeviceAllocator& operator=(const DeviceAllocator&) = delete;
 
-  /// Allocates `size` bytes for `stream`. When the request cannot be served it returns nullptr
-  /// with what the device knew in `oom` (the caller reports it, after this device's lock is
-  /// released); nullptr with `oom` left empty for 0 bytes. Throws backend_error.
-  void* malloc(std::size_t size, stream_t stream, std::unique_ptr<detail::OomCapture>& oom);
+  /// What malloc() returns: the block, or nullptr and, for a request that could not be served,
+  /// what the device knew (`failure`, owned by the caller, who reports it after this device's
+  /// lock is released; null for 0 bytes). Two registers: the hit path pays nothing for it.
+  struct Allocation {
+    void* ptr;
+    detail::OomCapture* failure;
+  };
+  /// Allocates `size` bytes for `stream`. Throws backend_error.
+  Allocation malloc(std::size_t size, stream_t stream);
   /// Frees `ptr` if this device owns it. `expected_size` (if not null) must equal the requested
   /// size; `stream` (if not null and not the allocation stream) is treated as a last use. The
   /// requested size is stored in `actual_size` when given.
@@ -193,9 +198,8 @@ class DeviceAllocator {
 
   // slow path (device_allocator_slow.cpp)
   /// New memory for a request the cache cannot serve, through the out-of-memory ladder; nullptr
-  /// with `oom` filled when even the last resort fails.
-  Block* allocate_slow(Pool& pool, stream_t stream, std::size_t rounded, std::size_t requested,
-                       std::unique_ptr<detail::OomCapture>& oom);
+  /// with the failure captured in failed_ when even the last resort fails.
+  Block* allocate_slow(Pool& pool, stream_t stream, std::size_t rounded, std::size_t requested);
   Block* alloc_segment(Pool& pool, stream_t stream, std::size_t bytes);
   /// A new segment over [base, base + size) of `pool` and `stream`, linked into the segment
   /// list, with one block over all of it as its head (returned; its segment is block->segment).
@@ -272,9 +276,9 @@ class DeviceAllocator {
   void process_events();
   void synchronize_and_free_events();
   event_t get_event();
-  /// Counts a failed request and captures its facts (and a what-if check's input) in `oom`.
+  /// Counts a failed request and captures its facts (and a what-if check's input) in failed_.
   void capture_oom(std::size_t requested, std::size_t rounded, std::size_t alloc_size, bool small,
-                   stream_t stream, std::unique_ptr<detail::OomCapture>& oom);
+                   stream_t stream);
   [[nodiscard]] std::size_t largest_free_block() const;
 
   // the out-of-memory what-if check's input (device_what_if.cpp)
@@ -316,6 +320,8 @@ class DeviceAllocator {
   DeviceStats stats_;      ///< every statistic except the fast path's (hot_)
   detail::HotStats hot_;   ///< allocation, active, requested and inactive-split counters
   detail::Recorder recorder_;
+  /// The failure of the request in progress, until malloc hands it to its caller.
+  std::unique_ptr<detail::OomCapture> failed_;
 
   // cross-stream events (slow path only)
   std::unordered_map<stream_t, std::deque<std::pair<event_t, Block*>>> pending_;

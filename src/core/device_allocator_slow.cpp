@@ -16,8 +16,8 @@ using detail::add;
 using detail::sub;
 
 DeviceAllocator::Block* DeviceAllocator::allocate_slow(Pool& pool, stream_t stream,
-                                                       std::size_t rounded, std::size_t requested,
-                                                       std::unique_ptr<detail::OomCapture>& oom) {
+                                                       std::size_t rounded,
+                                                       std::size_t requested) {
   // New memory comes from a new segment or, with expandable segments, from mapping more pages.
   const bool expandable = config_.expandable_segments;
   const std::size_t page = expandable ? page_size(pool.small) : 0;
@@ -44,7 +44,7 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(Pool& pool, stream_t stre
     block = get_free_block(pool, stream, rounded);  // a pending block may have become free
     if (block == nullptr) block = grow();
   }
-  if (block == nullptr) capture_oom(requested, rounded, alloc_size, pool.small, stream, oom);
+  if (block == nullptr) capture_oom(requested, rounded, alloc_size, pool.small, stream);
   return block;
 }
 
@@ -250,10 +250,10 @@ std::size_t DeviceAllocator::largest_free_block() const {
 }
 
 void DeviceAllocator::capture_oom(std::size_t requested, std::size_t rounded,
-                                  std::size_t alloc_size, bool small, stream_t stream,
-                                  std::unique_ptr<detail::OomCapture>& oom) {
+                                  std::size_t alloc_size, bool small, stream_t stream) {
   ++stats_.num_ooms;
-  oom = std::make_unique<detail::OomCapture>();
+  failed_ = std::make_unique<detail::OomCapture>();
+  detail::OomCapture* oom = failed_.get();
   detail::OomFacts& f = oom->facts;
   f.device = device_;
   f.requested = requested;

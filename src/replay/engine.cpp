@@ -31,8 +31,9 @@ Replay::Replay(const DeviceWorkload& workload, const Setup& setup) : workload_(w
 Replay::~Replay() = default;
 
 void* Replay::allocate(std::size_t size, std::uintptr_t stream) {
-  std::unique_ptr<detail::OomCapture> oom;  // a replay's own failures are only counted
-  return device_->malloc(size, as_stream(stream), oom);
+  const DeviceAllocator::Allocation a = device_->malloc(size, as_stream(stream));
+  const std::unique_ptr<detail::OomCapture> failure(a.failure);  // only counted, not reported
+  return a.ptr;
 }
 
 bool Replay::try_allocate(std::size_t size, std::uintptr_t stream) {
