@@ -7,6 +7,12 @@
 #include <string>
 #include <string_view>
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "config/keys.hpp"
+#include "stitch/allocator.hpp"
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
 
@@ -340,6 +346,71 @@ TEST(ConfigToString, NamesEveryKey) {
         "record_history:", "max_entries:", "record_stacks:", "oom_snapshot:", "oom_what_if:"}) {
     EXPECT_TRUE(contains(text, key)) << key << " missing from " << text;
   }
+}
+
+// ---- the key table -------------------------------------------------------------------------------
+
+TEST(ConfigTable, EveryKeyParsesItsOwnPrintedValue) {
+  // Each key's printed value, fed back to the key alone, prints the same (keys a default leaves
+  // out of to_string are set first).
+  const Config c = Config::parse(
+      "max_split_size_mb:64,garbage_collection_threshold:0.5,expandable_segments:True,"
+      "stitching:True,stitch_before_grow_mb:8,oom_snapshot:/tmp/x.pickle");
+  for (const detail::KeySpec& key : detail::config_keys()) {
+    SCOPED_TRACE(std::string(key.name));
+    const std::string value = key.print(c);
+    ASSERT_FALSE(value.empty());
+    const Config back = Config::parse(std::string(key.name) + ":" + value, c);
+    EXPECT_EQ(key.print(back), value);
+  }
+}
+
+TEST(ConfigTable, ParseReportsTheKeysGiven) {
+  std::vector<std::string> given;
+  (void)Config::parse("expandable_segments:True, per_process_memory_fraction:0.5,"
+                      "roundup_power2_divisions:[1:2,>:4]", Config{}, &given);
+  EXPECT_EQ(given, (std::vector<std::string>{"expandable_segments", "per_process_memory_fraction",
+                                             "roundup_power2_divisions"}));
+}
+
+TEST(ConfigTable, UnknownKeyMessageListsEveryKeyOfTheTable) {
+  std::string message;
+  try {
+    (void)Config::parse("bogus:1");
+  } catch (const config_error& e) {
+    message = e.what();
+  }
+  for (const detail::KeySpec& key : detail::config_keys())
+    EXPECT_TRUE(contains(message, key.name)) << key.name;
+}
+
+TEST(ConfigTable, FixedKeysCannotChangeOnceTheAllocatorExists) {
+  Allocator a(Config::parse("backend:sim,sim_capacity_mb:64,sim_devices:2"));
+  for (const detail::KeySpec& key : detail::config_keys()) {
+    if (!key.fixed) continue;
+    SCOPED_TRACE(std::string(key.name));
+    const std::string other = key.name == "backend" ? "cuda" : "3";
+    try {
+      a.configure(std::string(key.name) + ":" + other);
+      ADD_FAILURE() << "a fixed key changed";
+    } catch (const config_error& e) {
+      EXPECT_TRUE(contains(e.what(), std::string(key.name) + " is fixed")) << e.what();
+    }
+    a.configure(std::string(key.name) + ":" + key.print(a.config()));  // the same value is fine
+  }
+  a.configure("max_split_size_mb:40");  // tunables change
+  EXPECT_EQ(a.config().max_split_size, std::size_t{40} << 20);
+}
+
+TEST(ConfigTable, TheReadmeDocumentsEveryKey) {
+  const std::filesystem::path readme =
+      std::filesystem::path(__FILE__).parent_path().parent_path() / "README.md";
+  std::ifstream in(readme);
+  if (!in) GTEST_SKIP() << "no README.md at " << readme;
+  std::stringstream text;
+  text << in.rdbuf();
+  for (const detail::KeySpec& key : detail::config_keys())
+    EXPECT_TRUE(contains(text.str(), "`" + std::string(key.name) + "`")) << key.name << " is not in README.md";
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace stitch {
 
@@ -65,8 +66,10 @@ struct STITCH_EXPORT Config {
   std::string source;
 
   /// Parses `conf` on top of `base`. Throws stitch::config_error naming the key and the accepted
-  /// values for an unknown key or a bad value. An empty string returns `base` unchanged.
-  static Config parse(std::string_view conf, const Config& base);
+  /// values for an unknown key or a bad value. An empty string returns `base` unchanged. The
+  /// keys `conf` gives are appended to `given` (when not null), in order.
+  static Config parse(std::string_view conf, const Config& base,
+                      std::vector<std::string>* given = nullptr);
   static Config parse(std::string_view conf) { return parse(conf, Config{}); }
 
   /// The settings as a `key:value,...` string that parse() accepts.

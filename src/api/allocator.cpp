@@ -5,9 +5,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
+#include "config/keys.hpp"
 #include "core/device_allocator.hpp"
 #include "diagnostics/snapshot_writer.hpp"
 #include "replay/what_if.hpp"
@@ -144,13 +146,16 @@ void Allocator::configure(std::string_view conf) {
 }
 
 void Allocator::configure_locked(std::string_view conf) {
-  Config next = Config::parse(conf, config_);
-  if (next.backend != config_.backend || next.sim_capacity_mb != config_.sim_capacity_mb ||
-      next.sim_devices != config_.sim_devices)
-    throw config_error(
-        "stitch config: backend, sim_capacity_mb and sim_devices are fixed once the allocator "
-        "exists; only tunables can change");
-  const bool fraction_given = conf.find("per_process_memory_fraction") != std::string_view::npos;
+  std::vector<std::string> given;
+  Config next = Config::parse(conf, config_, &given);
+  for (const detail::KeySpec& key : detail::config_keys()) {
+    if (key.fixed && key.print(next) != key.print(config_))
+      throw config_error(fmt::format(
+          "stitch config: {} is fixed once the allocator exists (it is {}); only tunables can "
+          "change", key.name, key.print(config_)));
+  }
+  const bool fraction_given =
+      std::find(given.begin(), given.end(), "per_process_memory_fraction") != given.end();
   for (int d = 0; d < device_count_; ++d)
     devices_[static_cast<std::size_t>(d)]->set_config(next, fraction_given);
   config_ = std::move(next);
