@@ -302,6 +302,42 @@ TEST(PickleWriter, IntegersUseCPythonsEncoding) {
   }
 }
 
+TEST(PickleReader, IntegersWiderThan64BitsAreKeptWhole) {
+  // pickle.dumps(v, protocol=4)'s bodies, and protocol 0's text form of 2^64.
+  const std::pair<std::string, std::string> cases[] = {
+      {bin("\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01"), "18446744073709551616"},
+      {bin("\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\xff"), "-18446744073709551616"},
+      {bin("\x8a\x09\x01\x00\x00\x00\x00\x00\x00\x00\xc0"), "-1180591620717411303423"},
+      {bin("\x8a\x1a") + std::string(25, '\0') + "\x01",
+       "1606938044258990275541962092341162602522202993782792835301376"},
+  };
+  for (const auto& [body, decimal] : cases) {
+    SCOPED_TRACE(decimal);
+    const std::string data = bin("\x80\x04") + body + ".";
+    PyValue v;
+    ASSERT_NO_THROW(v = read_pickle(data)) << read_error(data);
+    ASSERT_TRUE(v.is_int());
+    EXPECT_TRUE(v.is_wide());
+    EXPECT_EQ(v.decimal(), decimal);
+    EXPECT_EQ(v.repr(), decimal);
+    EXPECT_THROW((void)v.as_int(), stitch::error);
+    EXPECT_THROW((void)v.as_uint(), stitch::error);
+    // The writer gives CPython's bytes back.
+    PickleWriter w;
+    w.value(v);
+    const std::string out = w.finish();
+    EXPECT_EQ(out.substr(11, out.size() - 12), body);
+    EXPECT_TRUE(read_pickle(out) == v);
+  }
+  const PyValue text = read_pickle("L18446744073709551616L\n.");
+  EXPECT_EQ(text.decimal(), "18446744073709551616");
+  EXPECT_TRUE(text == read_pickle(bin("\x80\x04\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01.")));
+  // Where 64 bits do hold the value it stays a plain int, however it was written.
+  const PyValue max = read_pickle(bin("\x80\x04\x8a\x0a\xff\xff\xff\xff\xff\xff\xff\xff\x00\x00."));
+  EXPECT_FALSE(max.is_wide());
+  EXPECT_EQ(max.as_uint(), UINT64_MAX);
+}
+
 TEST(PickleWriter, ReplacesInvalidUtf8) {
   PickleWriter w;
   w.string("ok \xff\xfe end \xed\xa0\x80");
@@ -391,7 +427,8 @@ TEST(PickleReader, RejectsCorruptedStructure) {
       {bin("\x80\x04N(."), "offset 4: STOP with an unclosed MARK"},
       {bin("\x80\x04NN."), "offset 4: STOP with 2 values"},
       {bin("\x80\x07N."), "offset 0: unsupported pickle protocol 7"},
-      {bin("\x80\x04\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01."), "offset 2: integer of 9 bytes does not fit"},
+      {"p123456789012345678901234567890\n.", "offset 0: PUT: memo index 123456789012345678901234567890 is out of range"},
+      {"I" + std::string(4301, '7') + "\n.", "offset 0: INT: an integer of 4301 digits (at most 4300)"},
       {bin("\x80\x04\x8f."), "offset 2: opcode EMPTY_SET (0x8f): sets are not supported"},
       {"S'abc\n.", "offset 0: the STRING argument must be quoted"},
       {bin("\x80\x04u."), "offset 2: SETITEMS without a MARK"},

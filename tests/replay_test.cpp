@@ -249,13 +249,18 @@ TEST(ReplayStartState, RecordingThatBeganMidRun) {
   ASSERT_EQ(t.initial.size(), 2u);
   EXPECT_EQ(t.initial[0].addr, 0x10000u);  // address order
   EXPECT_EQ(t.initial[0].size, 400u);      // the requested size
+  EXPECT_EQ(t.initial[0].block_size, 512u);  // the dump shows the block
   EXPECT_EQ(t.initial[1].addr, 0x2000000u);
   EXPECT_EQ(t.initial[1].size, 5 * MiB);
-  // The small segment was held before the trace (its block was allocated without a segment_alloc).
-  ASSERT_EQ(t.cached_segments.size(), 1u);
-  EXPECT_EQ(t.cached_segments[0].addr, 0x10000u);
-  EXPECT_TRUE(t.cached_segments[0].small);
+  EXPECT_EQ(t.initial[1].block_size, 0u);  // freed before the dump: unknown
+  // The small segment was held before the trace (the trace did not create it).
+  ASSERT_EQ(t.held_segments.size(), 1u);
+  EXPECT_EQ(t.held_segments[0].addr, 0x10000u);
+  EXPECT_TRUE(t.held_segments[0].small);
   EXPECT_EQ(rp::peak_requested(t), 400u + 5 * MiB + 3 * MiB + 1000u);
+  EXPECT_EQ(rp::live_at_start(t), 400u + 5 * MiB);
+  // Reserved at the start: the dump (22 MiB) minus the trace's net segment events (20 MiB).
+  EXPECT_EQ(t.reserved_at_start, 2 * MiB);
   ASSERT_TRUE(t.recorded_peak_reserved.has_value());
   EXPECT_EQ(*t.recorded_peak_reserved, 2 * MiB + 20 * MiB);
   // The replay starts with those blocks live.
@@ -264,7 +269,10 @@ TEST(ReplayStartState, RecordingThatBeganMidRun) {
   EXPECT_EQ(r.peak_requested, 400u + 5 * MiB + 3 * MiB + 1000u);
 }
 
-TEST(ReplayStartState, RecordingFromAnEmptyAllocator) {
+TEST(ReplayStartState, BlocksTheTraceNeverAllocatedWereLiveBeforeIt) {
+  // PyTorch clears the trace when recording stops, so a dump that carries a trace was taken
+  // while recording was on: an active block the trace never allocated, outside the memory the
+  // trace created, was live before the first event (the weights, typically).
   Snapshot s;
   s.device_traces.push_back({
       ev(TraceAction::segment_alloc, 0x400000, 2 * MiB),
@@ -272,17 +280,143 @@ TEST(ReplayStartState, RecordingFromAnEmptyAllocator) {
       ev(TraceAction::free_requested, 0x400000, 4096),
       ev(TraceAction::free_completed, 0x400000, 4096),
   });
-  // A block of the dump the trace never allocated came after recording stopped: not initial.
   s.segments = {segment(0x400000, 2 * MiB, {block(0x400000, 4096, 0, "inactive"),
-                                            block(0x401000, 8192, 8000, "active_allocated"),
+                                            block(0x401000, 8192, 8000, "active_allocated"),  // in traced memory
                                             block(0x403000, 2 * MiB - 0x3000, 0, "inactive")}),
                 segment(0x9000000, 20 * MiB, {block(0x9000000, 20 * MiB, 20 * MiB, "active_allocated")})};
+  const rp::DeviceWorkload t = rp::workload_from_snapshot(s, "weights").devices.at(0);
+  EXPECT_FALSE(t.starts_empty);
+  ASSERT_EQ(t.initial.size(), 1u);
+  EXPECT_EQ(t.initial[0].addr, 0x9000000u);
+  EXPECT_EQ(t.initial[0].size, 20 * MiB);
+  ASSERT_EQ(t.held_segments.size(), 1u);
+  EXPECT_EQ(t.held_segments[0].addr, 0x9000000u);
+  EXPECT_EQ(t.reserved_at_start, 20 * MiB);
+  EXPECT_EQ(rp::cached_at_start(t), 0u);
+  EXPECT_EQ(rp::peak_requested(t), 20 * MiB + 4096u);
+  EXPECT_EQ(t.recorded_peak_reserved.value_or(0), 22 * MiB);
+}
+
+TEST(ReplayStartState, AnEmptyStartIsSeenAsSuch) {
+  Snapshot s;
+  s.device_traces.push_back({
+      ev(TraceAction::segment_alloc, 0x400000, 2 * MiB),
+      ev(TraceAction::alloc, 0x400000, 4096),
+      ev(TraceAction::free_requested, 0x400000, 4096),
+      ev(TraceAction::free_completed, 0x400000, 4096),
+  });
+  s.segments = {segment(0x400000, 2 * MiB, {block(0x400000, 2 * MiB, 0, "inactive")})};
   const rp::DeviceWorkload t = rp::workload_from_snapshot(s, "empty").devices.at(0);
   EXPECT_TRUE(t.starts_empty);
   EXPECT_TRUE(t.initial.empty());
-  EXPECT_TRUE(t.cached_segments.empty());
+  EXPECT_TRUE(t.held_segments.empty());
+  EXPECT_EQ(t.reserved_at_start, 0u);
   EXPECT_EQ(rp::peak_requested(t), 4096u);
   EXPECT_EQ(t.recorded_peak_reserved.value_or(0), 2 * MiB);
+}
+
+TEST(ReplayStartState, SegmentsGivenBackBeforeBeingCreatedWereHeld) {
+  // A warm cache emptied at the start of the window (empty_cache): every freed segment was held,
+  // and the recording's peak is the start itself.
+  Snapshot s;
+  s.device_traces.push_back({
+      ev(TraceAction::segment_free, 0x1000000, 20 * MiB),
+      ev(TraceAction::segment_free, 0x3000000, 40 * MiB),
+      ev(TraceAction::segment_alloc, 0x8000000, 20 * MiB),
+      ev(TraceAction::alloc, 0x8000000, 6 * MiB),
+  });
+  s.segments = {segment(0x8000000, 20 * MiB, {block(0x8000000, 6 * MiB, 6 * MiB, "active_allocated"),
+                                              block(0x8600000, 14 * MiB, 0, "inactive")}),
+                segment(0xA000000, 20 * MiB, {block(0xA000000, 20 * MiB, 20 * MiB, "active_allocated")})};
+  const rp::DeviceWorkload t = rp::workload_from_snapshot(s, "warm").devices.at(0);
+  ASSERT_EQ(t.held_segments.size(), 3u);
+  EXPECT_EQ(t.held_segments[0].addr, 0x1000000u);
+  EXPECT_EQ(t.held_segments[1].addr, 0x3000000u);
+  EXPECT_EQ(t.held_segments[1].size, 40 * MiB);
+  EXPECT_EQ(t.held_segments[2].addr, 0xA000000u);
+  EXPECT_EQ(t.reserved_at_start, 80 * MiB);  // 40 in the dump, minus -40 of net events
+  EXPECT_EQ(t.recorded_peak_reserved.value_or(0), 80 * MiB);
+  EXPECT_EQ(rp::cached_at_start(t), 60 * MiB);
+  // The run of segment_free left no entirely free segment cached: a full release.
+  EXPECT_EQ(t.events[0].kind, rp::Event::Kind::release);
+  EXPECT_EQ(t.events[1].kind, rp::Event::Kind::none);
+}
+
+TEST(ReplayStartState, APartialReleaseIsReplayedSegmentBySegment) {
+  // Two free 40 MiB segments; the recording gave back one (garbage collection) and kept the
+  // other cached: release_segment, not empty_cache.
+  Snapshot s;
+  s.device_traces.push_back({
+      ev(TraceAction::segment_alloc, 0x1000000, 40 * MiB),
+      ev(TraceAction::alloc, 0x1000000, 40 * MiB),
+      ev(TraceAction::segment_alloc, 0x4000000, 40 * MiB),
+      ev(TraceAction::alloc, 0x4000000, 40 * MiB),
+      ev(TraceAction::free_requested, 0x1000000, 40 * MiB),
+      ev(TraceAction::free_completed, 0x1000000, 40 * MiB),
+      ev(TraceAction::free_requested, 0x4000000, 40 * MiB),
+      ev(TraceAction::free_completed, 0x4000000, 40 * MiB),
+      ev(TraceAction::segment_free, 0x1000000, 40 * MiB),
+  });
+  s.segments = {segment(0x4000000, 40 * MiB, {block(0x4000000, 40 * MiB, 0, "inactive")})};
+  const rp::DeviceWorkload t = rp::workload_from_snapshot(s, "gc").devices.at(0);
+  EXPECT_EQ(t.events[8].kind, rp::Event::Kind::release_segment);
+  EXPECT_EQ(t.events[8].size, 40 * MiB);
+  // The fidelity replay gives back that one segment and keeps the other.
+  const auto f = rp::fidelity(t, stitch::Config{});
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->replayed_peak_reserved, 80 * MiB);
+  EXPECT_EQ(f->releases, 1u);
+  rp::ReplayOptions o;
+  o.warm_start = true;
+  o.honour_releases = true;
+  std::size_t requested = 0;
+  const Snapshot after = rp::snapshot_after(t, o, t.events.size(), requested);
+  ASSERT_EQ(after.segments.size(), 1u);
+  EXPECT_EQ(after.segments[0].total_size, 40 * MiB);
+}
+
+TEST(ReplayStartState, ExpandableRunsHeldAtTheStartAreTheDumpWithTheTraceUndone) {
+  // One stream's expandable range: at the dump, [0, 60) MiB and [80, 100) MiB are mapped; the
+  // trace mapped [40, 60) and unmapped [60, 80): at the start [0, 40) and [60, 100) were mapped.
+  const std::uintptr_t base = 0x40000000;
+  Snapshot s;
+  s.device_traces.push_back({
+      ev(TraceAction::alloc, base + 2 * MiB, 30 * MiB),
+      ev(TraceAction::segment_map, base + 40 * MiB, 20 * MiB),
+      ev(TraceAction::segment_unmap, base + 60 * MiB, 20 * MiB),
+  });
+  stitch::SegmentSnapshot a = segment(base, 60 * MiB, {block(base, 2 * MiB, 2 * MiB, "active_allocated"),
+                                                       block(base + 2 * MiB, 30 * MiB, 30 * MiB, "active_allocated"),
+                                                       block(base + 32 * MiB, 28 * MiB, 0, "inactive")});
+  stitch::SegmentSnapshot b = segment(base + 80 * MiB, 20 * MiB, {block(base + 80 * MiB, 20 * MiB, 0, "inactive")});
+  a.is_expandable = b.is_expandable = true;
+  s.segments = {a, b};
+  const rp::DeviceWorkload t = rp::workload_from_snapshot(s, "expandable").devices.at(0);
+  ASSERT_EQ(t.held_segments.size(), 2u);
+  EXPECT_TRUE(t.held_segments[0].expandable);
+  EXPECT_EQ(t.held_segments[0].addr, base);
+  EXPECT_EQ(t.held_segments[0].size, 40 * MiB);
+  EXPECT_EQ(t.held_segments[1].addr, base + 60 * MiB);
+  EXPECT_EQ(t.held_segments[1].size, 40 * MiB);
+  EXPECT_FALSE(t.held_segments[1].small);
+  EXPECT_EQ(t.reserved_at_start, 80 * MiB);
+  ASSERT_EQ(t.initial.size(), 1u);  // the 2 MiB block; the 30 MiB one came in the trace
+  EXPECT_EQ(t.initial[0].addr, base);
+  // Seeded under expandable segments, the runs sit where they were relative to each other, the
+  // live block in its place.
+  rp::ReplayOptions o;
+  o.settings = stitch::Config::parse("backend:sim,expandable_segments:True");
+  o.warm_start = true;
+  std::size_t requested = 0;
+  const Snapshot start = rp::snapshot_after(t, o, 0, requested);
+  EXPECT_EQ(requested, 2 * MiB);
+  ASSERT_EQ(start.segments.size(), 2u);
+  std::size_t mapped = 0;
+  for (const auto& seg : start.segments) mapped += seg.total_size;
+  EXPECT_EQ(mapped, 80 * MiB);
+  const auto lo = std::min(start.segments[0].address, start.segments[1].address);
+  const auto hi = std::max(start.segments[0].address, start.segments[1].address);
+  EXPECT_EQ(hi - lo, 60 * MiB);
 }
 
 // ---- replays ---------------------------------------------------------------------------------------
@@ -338,7 +472,7 @@ TEST(ReplayReport, SvgLabelsAreXmlEscaped) {
   report.rows.push_back({r, std::nullopt, false});
   const std::string svg = rp::format_svg(report);
   EXPECT_NE(svg.find("runs/R&amp;D &lt;v2&gt;.pickle"), std::string::npos) << svg.substr(0, 400);
-  EXPECT_NE(svg.find(">a&lt;b&gt;&amp;c</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">A = a&lt;b&gt;&amp;c</text>"), std::string::npos);
   EXPECT_EQ(svg.find("R&D"), std::string::npos);
   EXPECT_EQ(svg.find("<v2>"), std::string::npos);
 }
@@ -401,7 +535,8 @@ TEST(ReplayFidelity, ReproducesAStitchRecordingExactly) {
     ASSERT_TRUE(r.recorded_peak_reserved.has_value());
     EXPECT_EQ(*r.recorded_peak_reserved, static_cast<std::size_t>(a.stats(0).reserved_bytes[stitch::kAll].peak));
     EXPECT_EQ(rp::peak_requested(r), rp::peak_requested(t));
-    const auto f = rp::fidelity(r);
+    EXPECT_EQ(back.recorded_by.rfind("stitch ", 0), 0u) << back.recorded_by;
+    const auto f = rp::fidelity(r, back.recorded);
     ASSERT_TRUE(f.has_value());
     EXPECT_EQ(f->replayed_peak_reserved, f->recorded_peak_reserved);
     EXPECT_EQ(f->peak_error, 0.0);
@@ -422,7 +557,7 @@ TEST(ReplayGeneratedTraces, ShippedTracesReplayWithPrincipledOrderings) {
     ASSERT_EQ(w.devices.size(), 1u);
     const rp::DeviceWorkload& t = w.devices[0];
     EXPECT_TRUE(t.starts_empty);
-    EXPECT_FALSE(rp::fidelity(t).has_value());  // nothing recorded to compare with
+    EXPECT_FALSE(rp::fidelity(t, w.recorded).has_value());  // nothing recorded to compare with
     for (const std::string config : {"", "expandable_segments:True"}) {
       rp::ReplayOptions o;
       o.config = config;
@@ -449,46 +584,37 @@ TEST(ReplayGeneratedTraces, ShippedTracesReplayWithPrincipledOrderings) {
 
 // ---- real PyTorch traces (skipped when absent) -------------------------------------------------------
 
-TEST(ReplayRealTraces, FidelityWithinOnePercentOnTracesThatStartEmpty) {
-  // Per /work/shared/traces/README.md: recorded from an empty allocator or not.
-  const std::map<std::string, bool> traces = {
-      {"cs336-ctx128-forward", true},        {"cs336-ctx128-forward-mixed", true},
-      {"cs336-ctx128-fullstep", true},       {"ftcourse-finetune", true},
-      {"eor-nn-small", true},                {"cs336-ctx256-fullstep-warm", false},
-      {"a2-systems-bcrafton", false},
-  };
+TEST(ReplayRealTraces, EveryRealTraceLoadsAndTheFidelityReplayReproducesThePeak) {
+  // Every snapshot of the real-trace directory, whatever it is: it must load, and where it has
+  // segment events the replay under its recorded settings, from its recorded start, must come
+  // within 1% of what PyTorch really held at its peak. (The start state and the baseline are
+  // checked against an independent computation by tests/python/test_replay_oracle.py.)
   std::error_code ec;
   if (!fs::is_directory(real_dir(), ec)) GTEST_SKIP() << "no real traces in " << real_dir();
-  int checked = 0;
-  for (const auto& [name, empty_start] : traces) {
-    const fs::path path = real_dir() / (name + ".pickle");
-    if (!fs::exists(path, ec)) {
-      ADD_FAILURE() << path << " is missing";
-      continue;
+  int checked = 0, with_peak = 0;
+  for (const auto& entry : fs::directory_iterator(real_dir(), ec)) {
+    if (entry.path().extension() != ".pickle") continue;
+    SCOPED_TRACE(entry.path().filename().string());
+    const rp::Workload w = rp::read_workload(entry.path().string());
+    EXPECT_FALSE(w.devices.empty());
+    for (const rp::DeviceWorkload& t : w.devices) {
+      if (t.recorded_peak_reserved) {
+        const auto f = rp::fidelity(t, w.recorded);
+        ASSERT_TRUE(f.has_value());
+        EXPECT_LE(f->peak_error, 0.01) << "replayed " << f->replayed_peak_reserved << " recorded "
+                                       << f->recorded_peak_reserved;
+        EXPECT_GE(*t.recorded_peak_reserved, t.reserved_at_start);
+        ++with_peak;
+      }
+      const rp::ReplayResult r = rp::replay(t, rp::ReplayOptions{});
+      EXPECT_EQ(r.ooms, 0u);
+      EXPECT_EQ(r.peak_requested, rp::peak_requested(t));  // the memory live at the start counts
+      EXPECT_GE(r.peak_reserved, r.peak_requested);
     }
-    SCOPED_TRACE(name);
-    const rp::Workload w = rp::read_workload(path.string());
-    ASSERT_EQ(w.devices.size(), 1u);
-    const rp::DeviceWorkload& t = w.devices[0];
-    if (empty_start) {
-      EXPECT_TRUE(t.initial.empty()) << "no block can be live before the first event";
-      const auto f = rp::fidelity(t);
-      ASSERT_TRUE(f.has_value());
-      EXPECT_LE(f->peak_error, 0.01) << "replayed " << f->replayed_peak_reserved << " recorded "
-                                     << f->recorded_peak_reserved;
-      // Measured: 85.7% (eor-nn-small) to 99.9%; a guard against regressions, not a target.
-      EXPECT_GE(f->segment_agreement, 0.8);
-    } else {
-      EXPECT_FALSE(t.starts_empty);
-      EXPECT_FALSE(t.initial.empty()) << "blocks allocated before recording began are reconstructed";
-    }
-    rp::ReplayOptions o;
-    const rp::ReplayResult r = rp::replay(t, o);
-    EXPECT_EQ(r.ooms, 0u);
-    EXPECT_GE(r.peak_reserved, r.peak_requested);
     ++checked;
   }
-  EXPECT_EQ(checked, 7);
+  EXPECT_GT(checked, 0) << "no .pickle in " << real_dir();
+  EXPECT_GT(with_peak, 0);
 }
 
 }  // namespace

@@ -64,11 +64,18 @@ struct TraceEntry {
 struct Snapshot {
   std::vector<SegmentSnapshot> segments;
   std::vector<std::vector<TraceEntry>> device_traces;  ///< one list per device, oldest first
+  /// allocator_settings was present (newer PyTorch and stitch write it): the fields below are
+  /// the recording's settings, not defaults.
+  bool has_settings = false;
   std::string settings;        ///< the configuration as a `key:value,...` string
   std::size_t max_split_size = 0;   ///< SIZE_MAX when unlimited
   double garbage_collection_threshold = 0.0;
   bool expandable_segments = false;
   std::vector<std::uint32_t> roundup_power2_divisions;  ///< 16 intervals (1 MiB, 2 MiB, ...)
+  /// Set when stitch wrote the snapshot (its `stitch` key): stitch's version and its whole
+  /// configuration (Config::to_string(), or a generator's description).
+  std::string stitch_version;
+  std::string stitch_config;
 };
 
 }  // namespace stitch

@@ -190,6 +190,10 @@ void DeviceAllocator::activate(Block* block, std::size_t requested) noexcept {
                        static_cast<std::int64_t>(requested));
 }
 
+void DeviceAllocator::activate_slow(Block* block, std::size_t requested) noexcept {
+  activate(block, requested);
+}
+
 // ---- freeing ------------------------------------------------------------------------------------
 
 FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,

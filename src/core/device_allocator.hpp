@@ -90,6 +90,36 @@ class DeviceAllocator {
 
   [[nodiscard]] int device() const noexcept { return device_; }
 
+  // ---- for replays: a recorded start state, and releases as the recording made them
+  //      (device_seed.cpp) -------------------------------------------------------------------
+  /// A block placed by seed_segment() or seed_expandable().
+  struct SeedBlock {
+    std::size_t offset = 0;     ///< from the segment's start (plain) or the range's (expandable)
+    std::size_t size = 0;       ///< bytes of the block (a multiple of 512)
+    std::size_t requested = 0;  ///< bytes asked for
+  };
+  /// A mapped run [offset, offset + size) of an expandable range (page multiples).
+  struct SeedRun {
+    std::size_t offset = 0;
+    std::size_t size = 0;
+  };
+  /// A plain segment of `bytes` in the small or large pool of `stream`, with `blocks` (address
+  /// order, inside it, not overlapping) allocated and the rest free, as if the blocks had been
+  /// allocated and their neighbours freed. Returns the blocks' pointers in order; empty when
+  /// the device cannot give the segment (nothing changed then).
+  std::vector<void*> seed_segment(stream_t stream, bool small, std::size_t bytes,
+                                  const std::vector<SeedBlock>& blocks);
+  /// A new expandable range of `stream` and pool with `runs` (address order) mapped and
+  /// `blocks` allocated in them. Returns the blocks' pointers in order (nullptr for a block of a
+  /// run the device could not map; the runs before it stay).
+  std::vector<void*> seed_expandable(stream_t stream, bool small, const std::vector<SeedRun>& runs,
+                                     const std::vector<SeedBlock>& blocks);
+  /// Returns one entirely free plain segment of exactly `bytes` on `stream` to the device (the
+  /// one with the lowest address); false if there is none.
+  bool release_free_segment(stream_t stream, std::size_t bytes);
+  /// The page size of expandable ranges in the small or large pool.
+  [[nodiscard]] std::size_t expandable_page(bool small);
+
   /// Immediate reuse (on by default): a free is completed lazily, so that an allocation of the
   /// same size on the same stream that comes next takes the block straight back when the
   /// completed free would have led to the very same block (see reuse_deferred). Off, every free
@@ -138,6 +168,8 @@ class DeviceAllocator {
   Block* take_found_block(Pool& pool, Block* block, std::size_t rounded);
   /// Marks `block` allocated for a request of `requested` bytes and counts it.
   [[gnu::always_inline]] inline void activate(Block* block, std::size_t requested) noexcept;
+  /// activate, out of line, for the slow paths of other files.
+  void activate_slow(Block* block, std::size_t requested) noexcept;
   /// activate without the fast path's statistics (the caller moves those).
   [[gnu::always_inline]] inline void mark_allocated(Block* block, std::size_t requested) noexcept;
 
@@ -289,6 +321,13 @@ class DeviceAllocator {
   void segments_locked(std::vector<SegmentSnapshot>& out, bool oldest_first) const;
   /// Why the recorded history cannot be replayed as the whole workload ("" when it can).
   [[nodiscard]] std::string history_gap() const;
+
+  // seeding (device_seed.cpp)
+  /// Allocates `blocks` (offsets from `origin`) inside `free_run`, a free mapped block out of
+  /// the index; files what stays free. Appends each block's pointer (nullptr for one that does
+  /// not lie in the run) to `out`.
+  void carve(Pool& pool, Block* free_run, char* origin, const std::vector<SeedBlock>& blocks,
+             std::vector<void*>& out);
 
   // validation (device_allocator_validate.cpp)
   void validate_locked() const;

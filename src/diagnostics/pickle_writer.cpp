@@ -22,6 +22,7 @@ constexpr std::uint8_t kBinInt = 'J';
 constexpr std::uint8_t kBinInt1 = 'K';
 constexpr std::uint8_t kBinInt2 = 'M';
 constexpr std::uint8_t kLong1 = 0x8a;
+constexpr std::uint8_t kLong4 = 0x8b;
 constexpr std::uint8_t kBinFloat = 'G';
 constexpr std::uint8_t kShortBinUnicode = 0x8c;
 constexpr std::uint8_t kBinUnicode = 'X';
@@ -302,6 +303,21 @@ void PickleWriter::uinteger(std::uint64_t v) {
     out_.push_back(static_cast<char>(n));
     for (std::size_t i = 0; i < n; ++i) out_.push_back(static_cast<char>(i < 8 ? (v >> (8 * i)) & 0xff : 0));
   }
+  end_item();
+}
+
+void PickleWriter::wide_integer(const PyValue& v) {
+  const std::string& bytes = v.long_bytes();
+  begin_item();
+  if (bytes.size() <= 0xff) {
+    op(kLong1);
+    out_.push_back(static_cast<char>(bytes.size()));
+  } else {
+    op(kLong4);
+    const auto n = static_cast<std::uint32_t>(bytes.size());
+    for (int i = 0; i < 4; ++i) out_.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  }
+  out_ += bytes;
   end_item();
 }
 

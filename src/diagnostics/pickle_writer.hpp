@@ -44,6 +44,8 @@ class PickleWriter {
   void boolean(bool v);
   void integer(std::int64_t v);
   void uinteger(std::uint64_t v);
+  /// An int beyond 64 bits (PyValue::is_wide), as LONG1 or LONG4.
+  void wide_integer(const PyValue& v);
   void floating(double v);
   void string(std::string_view v);
   void bytes(std::string_view v);

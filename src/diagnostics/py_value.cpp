@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string_view>
+#include <vector>
 
 #include "stitch/errors.hpp"
 
@@ -14,6 +16,10 @@ namespace stitch::detail {
 namespace {
 
 std::shared_ptr<PyValue::Node> new_node() { return std::make_shared<PyValue::Node>(); }
+
+[[noreturn]] void wrong_type(const char* expected, const PyValue& v) {
+  throw error(fmt::format("expected {}, got {}", expected, v.type_name()));
+}
 
 // True if the container `target` is reachable from `v` (including v itself).
 bool reaches(const PyValue& v, const PyValue::Node* target) {
@@ -56,6 +62,67 @@ PyValue PyValue::unsigned_integer(std::uint64_t v) {
   p.u_ = v;
   p.big_ = v > static_cast<std::uint64_t>(INT64_MAX);
   return p;
+}
+
+PyValue PyValue::long_integer(std::string_view b) {
+  // Minimal form: drop redundant sign-extension bytes (as Python's encode_long writes it).
+  std::size_t n = b.size();
+  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(b[i]); };
+  while (n > 1 && ((byte(n - 1) == 0x00 && (byte(n - 2) & 0x80) == 0) ||
+                   (byte(n - 1) == 0xff && (byte(n - 2) & 0x80) != 0)))
+    --n;
+  if (n == 0) return integer(0);
+  const bool negative = (byte(n - 1) & 0x80) != 0;
+  std::uint64_t low = 0;
+  for (std::size_t i = std::min<std::size_t>(n, 8); i > 0; --i) low = (low << 8) | byte(i - 1);
+  if (n <= 8) {
+    if (negative) {
+      if (n < 8) low |= ~std::uint64_t{0} << (8 * n);
+      return integer(static_cast<std::int64_t>(low));
+    }
+    return unsigned_integer(low);
+  }
+  if (n == 9 && byte(8) == 0x00) return unsigned_integer(low);  // 2^63 .. 2^64-1
+  PyValue p;
+  p.type_ = Type::integer;
+  p.wide_ = true;
+  p.u_ = low;
+  p.node_ = new_node();
+  p.node_->text.assign(b.data(), n);
+  return p;
+}
+
+std::string PyValue::decimal() const {
+  if (type_ != Type::integer) wrong_type("int", *this);
+  if (!wide_) return big_ ? std::to_string(u_) : std::to_string(static_cast<std::int64_t>(u_));
+  // The magnitude, most significant byte first, then repeated division by 10 (quadratic: past
+  // Python's own limit of 4300 digits only the size is given).
+  const std::string& b = node_->text;
+  if (b.size() > 1786) return fmt::format("<int of {} bytes>", b.size());
+  const bool negative = (static_cast<unsigned char>(b.back()) & 0x80) != 0;
+  std::vector<unsigned char> mag(b.rbegin(), b.rend());
+  if (negative) {  // two's complement: invert and add one
+    for (unsigned char& c : mag) c = static_cast<unsigned char>(~c);
+    for (std::size_t i = mag.size(); i > 0; --i)
+      if (++mag[i - 1] != 0) break;
+  }
+  std::string digits;
+  while (std::any_of(mag.begin(), mag.end(), [](unsigned char c) { return c != 0; })) {
+    unsigned rem = 0;
+    for (unsigned char& c : mag) {
+      const unsigned cur = rem * 256 + c;
+      c = static_cast<unsigned char>(cur / 10);
+      rem = cur % 10;
+    }
+    digits += static_cast<char>('0' + rem);
+  }
+  if (negative) digits += '-';
+  return std::string(digits.rbegin(), digits.rend());
+}
+
+const std::string& PyValue::long_bytes() const {
+  if (!is_wide()) throw error("PyValue: long_bytes() of an int that fits in 64 bits");
+  return node_->text;
 }
 
 PyValue PyValue::floating(double v) {
@@ -127,11 +194,6 @@ const char* PyValue::type_name() const noexcept {
   return "?";
 }
 
-namespace {
-[[noreturn]] void wrong_type(const char* expected, const PyValue& v) {
-  throw error(fmt::format("expected {}, got {}", expected, v.type_name()));
-}
-}  // namespace
 
 bool PyValue::as_bool() const {
   if (type_ != Type::boolean) wrong_type("bool", *this);
@@ -140,12 +202,14 @@ bool PyValue::as_bool() const {
 
 std::int64_t PyValue::as_int() const {
   if (type_ != Type::integer) wrong_type("int", *this);
+  if (wide_) throw error(fmt::format("int {} does not fit in 64 bits", decimal()));
   if (big_) throw error(fmt::format("int {} does not fit in a signed 64-bit integer", u_));
   return static_cast<std::int64_t>(u_);
 }
 
 std::uint64_t PyValue::as_uint() const {
   if (type_ != Type::integer) wrong_type("int", *this);
+  if (wide_) throw error(fmt::format("int {} does not fit in 64 bits", decimal()));
   if (!big_ && static_cast<std::int64_t>(u_) < 0)
     throw error(fmt::format("expected a non-negative int, got {}", static_cast<std::int64_t>(u_)));
   return u_;
@@ -153,6 +217,12 @@ std::uint64_t PyValue::as_uint() const {
 
 double PyValue::as_float() const {
   if (type_ == Type::floating) return f_;
+  if (type_ == Type::integer && wide_) {
+    const std::string& b = node_->text;  // sum of signed bytes times powers of 256
+    double v = static_cast<double>(static_cast<signed char>(b.back()));
+    for (std::size_t i = b.size() - 1; i > 0; --i) v = v * 256.0 + static_cast<unsigned char>(b[i - 1]);
+    return v;
+  }
   if (type_ == Type::integer) return big_ ? static_cast<double>(u_) : static_cast<double>(static_cast<std::int64_t>(u_));
   wrong_type("float", *this);
 }
@@ -228,7 +298,9 @@ bool operator==(const PyValue& a, const PyValue& b) {
   switch (a.type_) {
     case PyValue::Type::none: return true;
     case PyValue::Type::boolean: return a.b_ == b.b_;
-    case PyValue::Type::integer: return a.big_ == b.big_ && a.u_ == b.u_;
+    case PyValue::Type::integer:
+      if (a.wide_ || b.wide_) return a.wide_ == b.wide_ && a.node_->text == b.node_->text;
+      return a.big_ == b.big_ && a.u_ == b.u_;
     case PyValue::Type::floating: return a.f_ == b.f_;
     case PyValue::Type::string:
     case PyValue::Type::bytes: return a.node_->text == b.node_->text;
@@ -246,7 +318,7 @@ void repr_into(const PyValue& v, std::string& out, std::size_t max) {
     case PyValue::Type::none: out += "None"; return;
     case PyValue::Type::boolean: out += v.as_bool() ? "True" : "False"; return;
     case PyValue::Type::integer:
-      out += v.is_big() ? std::to_string(v.as_uint()) : std::to_string(v.as_int());
+      out += v.decimal();
       return;
     case PyValue::Type::floating: out += fmt::format("{}", v.as_float()); return;
     case PyValue::Type::string: out += fmt::format("'{}'", v.as_string()); return;

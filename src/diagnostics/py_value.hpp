@@ -30,6 +30,9 @@ class PyValue {
   static PyValue integer(std::int64_t v);
   /// An int from an unsigned 64-bit value (stored as a plain int when it fits in int64).
   static PyValue unsigned_integer(std::uint64_t v);
+  /// An int of any size from its two's-complement bytes, least significant first (the payload
+  /// of pickle's LONG1/LONG4; "" is 0). Kept as a 64-bit int where it fits.
+  static PyValue long_integer(std::string_view le_bytes);
   static PyValue floating(double v);
   static PyValue string(std::string v);
   static PyValue bytes(std::string v);
@@ -51,6 +54,16 @@ class PyValue {
   [[nodiscard]] bool is_dict() const noexcept { return type_ == Type::dict; }
   /// An int above INT64_MAX (only as_uint() can return it).
   [[nodiscard]] bool is_big() const noexcept { return type_ == Type::integer && big_; }
+  /// An int that fits in neither int64 nor uint64 (PyTorch writes such ints in metadata, e.g. an
+  /// unknown line as 2^64 - 1 is fine, but other producers go wider). as_int() and as_uint()
+  /// throw for it; decimal() and long_bytes() give it whole.
+  [[nodiscard]] bool is_wide() const noexcept { return type_ == Type::integer && wide_; }
+  /// Any int as Python prints it.
+  [[nodiscard]] std::string decimal() const;
+  /// Any int's lowest 64 bits (two's complement).
+  [[nodiscard]] std::uint64_t low_bits() const noexcept { return u_; }
+  /// A wide int's minimal two's-complement bytes, least significant first.
+  [[nodiscard]] const std::string& long_bytes() const;
 
   // Accessors throw stitch::error naming the expected and the actual type.
   [[nodiscard]] bool as_bool() const;
@@ -97,6 +110,7 @@ class PyValue {
  private:
   Type type_ = Type::none;
   bool big_ = false;
+  bool wide_ = false;  ///< beyond 64 bits: node_->text holds its bytes, u_ its low 64 bits
   union {
     bool b_;
     std::uint64_t u_;  ///< every int (two's complement; big_ marks values above INT64_MAX)
@@ -106,14 +120,16 @@ class PyValue {
 };
 
 /// Writes `v` through `w` (a PickleWriter or the JSON writer: none, boolean, integer, uinteger,
-/// floating, string, bytes) when it is a scalar; false, writing nothing, for a container.
+/// wide_integer, floating, string, bytes) when it is a scalar; false, writing nothing, for a
+/// container.
 template <typename Writer>
 bool write_scalar(Writer& w, const PyValue& v) {
   switch (v.type()) {
     case PyValue::Type::none: w.none(); return true;
     case PyValue::Type::boolean: w.boolean(v.as_bool()); return true;
     case PyValue::Type::integer:
-      if (v.is_big()) w.uinteger(v.as_uint());
+      if (v.is_wide()) w.wide_integer(v);
+      else if (v.is_big()) w.uinteger(v.as_uint());
       else w.integer(v.as_int());
       return true;
     case PyValue::Type::floating: w.floating(v.as_float()); return true;

@@ -64,6 +64,7 @@ class JsonWriter {
   void boolean(bool v) { scalar(v ? "true" : "false"); }
   void integer(std::int64_t v) { number(v); }
   void uinteger(std::uint64_t v) { number(v); }
+  void wide_integer(const PyValue& v) { scalar(v.decimal()); }
   void floating(double v) {
     if (!std::isfinite(v)) {
       scalar("null");

@@ -1,9 +1,14 @@
 // replay/engine.cpp — the replay loop over a DeviceAllocator on a SimBackend.
 #include "replay/engine.hpp"
 
+#include <algorithm>
+#include <map>
+#include <utility>
 #include <vector>
 
+#include "core/constants.hpp"
 #include "core/device_allocator.hpp"
+#include "core/size_policy.hpp"
 #include "stitch/sim_backend.hpp"
 
 namespace stitch::replay {
@@ -58,23 +63,100 @@ void Replay::free_block(std::uintptr_t addr) {
   live_.erase(it);
 }
 
-void Replay::start() {
-  if (setup_.warm_start) {
-    // Create the segments the recording allocator held, then free them: they stay cached.
-    std::vector<void*> held;
-    for (const StartSegment& s : workload_.cached_segments) {
-      // 1 MiB lands in the small pool's 2 MiB segments; larger sizes get their own segment.
-      const std::size_t size = s.small ? (std::size_t{1} << 20) : s.size;
-      if (void* p = allocate(size, s.stream)) {
-        held.push_back(p);
-      } else {
-        ++failures_;
-      }
+namespace {
+
+// The initial blocks inside [lo, hi) (indices into `initial`, which is in address order).
+std::pair<std::size_t, std::size_t> blocks_in(const std::vector<StartBlock>& initial, std::uintptr_t lo,
+                                              std::uintptr_t hi) {
+  auto first = std::lower_bound(initial.begin(), initial.end(), lo,
+                                [](const StartBlock& b, std::uintptr_t a) { return b.addr < a; });
+  auto last = std::lower_bound(first, initial.end(), hi,
+                               [](const StartBlock& b, std::uintptr_t a) { return b.addr < a; });
+  return {static_cast<std::size_t>(first - initial.begin()), static_cast<std::size_t>(last - initial.begin())};
+}
+
+}  // namespace
+
+std::vector<bool> Replay::seed_held() {
+  const std::vector<StartBlock>& initial = workload_.initial;
+  std::vector<bool> placed(initial.size(), false);
+  const Config& config = setup_.config;
+  // The blocks of [lo, hi), as offsets from `origin`. Where the dump does not show a block's
+  // size it is the rounded request, plus a remainder too small to have been split off (<= 1 MiB
+  // in the large pool), within the next block or the end.
+  auto seeds = [&](std::uintptr_t origin, std::uintptr_t lo, std::uintptr_t hi, bool small,
+                   std::vector<std::size_t>& index) {
+    std::vector<DeviceAllocator::SeedBlock> out;
+    const auto [first, last] = blocks_in(initial, lo, hi);
+    for (std::size_t i = first; i < last; ++i) {
+      const StartBlock& b = initial[i];
+      const std::uintptr_t limit = i + 1 < last ? initial[i + 1].addr : hi;
+      std::size_t size = b.block_size != 0 ? b.block_size
+                                           : detail::round_size(b.size, config.roundup_power2_divisions);
+      if (b.block_size == 0 && !small && limit - b.addr > size && limit - b.addr - size <= detail::kSmallSize)
+        size = limit - b.addr;
+      size = std::min<std::size_t>(size, limit - b.addr) / detail::kMinBlockSize * detail::kMinBlockSize;
+      if (size == 0) continue;
+      out.push_back({b.addr - origin, size, b.size});
+      index.push_back(i);
     }
-    for (void* p : held) (void)device_->free(p, nullptr, nullptr);
+    return out;
+  };
+  auto record = [&](const std::vector<void*>& ptrs, const std::vector<std::size_t>& index) {
+    for (std::size_t k = 0; k < ptrs.size() && k < index.size(); ++k) {
+      if (ptrs[k] == nullptr) continue;
+      const StartBlock& b = initial[index[k]];
+      live_[b.addr] = Live{ptrs[k], b.size};
+      requested_ += b.size;
+      placed[index[k]] = true;
+    }
+  };
+  // Plain segments one by one; expandable runs by stream and pool, one range each, the runs at
+  // their distances from the first.
+  std::map<std::pair<std::uintptr_t, bool>, std::vector<const StartSegment*>> ranges;
+  for (const StartSegment& s : workload_.held_segments) {
+    if (s.expandable) {
+      ranges[{s.stream, s.small}].push_back(&s);
+      continue;
+    }
+    std::vector<std::size_t> index;
+    const auto blocks = seeds(s.addr, s.addr, s.addr + s.size, s.small, index);
+    const std::vector<void*> ptrs = device_->seed_segment(as_stream(s.stream), s.small, s.size, blocks);
+    if (ptrs.size() != blocks.size()) {
+      ++failures_;
+      continue;
+    }
+    ++seeded_;
+    record(ptrs, index);
   }
-  for (const StartBlock& b : workload_.initial) {
-    if (b.size != 0) allocate_block(b.addr, b.size, b.stream);
+  for (const auto& [key, runs] : ranges) {
+    const bool small = key.second;
+    const std::uintptr_t base = runs.front()->addr;
+    const std::size_t page = device_->expandable_page(small);
+    std::vector<DeviceAllocator::SeedRun> seed_runs;
+    std::vector<DeviceAllocator::SeedBlock> blocks;
+    std::vector<std::size_t> index;
+    bool aligned = true;
+    for (const StartSegment* r : runs) {
+      aligned = aligned && (r->addr - base) % page == 0 && r->size % page == 0;
+      seed_runs.push_back({r->addr - base, r->size});
+      const auto inside = seeds(base, r->addr, r->addr + r->size, small, index);
+      blocks.insert(blocks.end(), inside.begin(), inside.end());
+    }
+    if (!aligned) continue;  // another page size than the recording's: blocks allocated below
+    const std::vector<void*> ptrs = device_->seed_expandable(as_stream(key.first), small, seed_runs, blocks);
+    seeded_ += runs.size();
+    record(ptrs, index);
+  }
+  return placed;
+}
+
+void Replay::start() {
+  std::vector<bool> placed;
+  if (setup_.warm_start) placed = seed_held();
+  for (std::size_t i = 0; i < workload_.initial.size(); ++i) {
+    const StartBlock& b = workload_.initial[i];
+    if ((placed.empty() || !placed[i]) && b.size != 0) allocate_block(b.addr, b.size, b.stream);
   }
 }
 
@@ -96,6 +178,9 @@ bool Replay::step(const Event& e) {
       return true;
     case Event::Kind::release:
       if (setup_.honour_releases) device_->empty_cache();
+      return true;
+    case Event::Kind::release_segment:
+      if (setup_.honour_releases) (void)device_->release_free_segment(as_stream(e.stream), e.size);
       return true;
     case Event::Kind::none:
       return true;

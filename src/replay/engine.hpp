@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include "replay/workload.hpp"
 #include "stitch/config.hpp"
@@ -27,11 +28,14 @@ struct Setup {
   Config config;
   std::size_t capacity = std::size_t{1} << 40;     ///< the simulated device's size
   std::size_t granularity = std::size_t{2} << 20;  ///< its page size
-  /// Start with the recording allocator's cached segments (DeviceWorkload::cached_segments),
-  /// to reproduce the recorded run rather than compare configurations from an empty device.
+  /// Start with what the recording allocator held (DeviceWorkload::held_segments), with the
+  /// blocks live at the start where the recording had them, to reproduce the recorded run;
+  /// otherwise the initial blocks are allocated from an empty device, to compare configurations
+  /// on equal terms.
   bool warm_start = false;
   bool retry_failed = false;     ///< `failed` events: the request is tried again (freed if served)
-  bool honour_releases = false;  ///< `release` events: empty_cache()
+  /// `release` events: empty_cache(); `release_segment`: one free segment of that size goes.
+  bool honour_releases = false;
 };
 
 /// One replay in progress. Deterministic: the same workload and setup give the same run.
@@ -42,7 +46,8 @@ class Replay {
   Replay(const Replay&) = delete;
   Replay& operator=(const Replay&) = delete;
 
-  /// Builds the state at the start: the cached segments (warm start), then the initial blocks.
+  /// Builds the state at the start: the held segments and their blocks (warm start), then the
+  /// initial blocks not placed in them.
   void start();
   /// Replays `e`; false when it is an allocation that failed (counted in failures()).
   bool step(const Event& e);
@@ -65,6 +70,8 @@ class Replay {
 
   [[nodiscard]] std::size_t requested() const noexcept { return requested_; }  ///< live bytes asked for
   [[nodiscard]] std::size_t failures() const noexcept { return failures_; }  ///< failed allocations
+  /// Segments (plain) and mapped runs (expandable) start() created for the held segments.
+  [[nodiscard]] std::size_t seeded() const noexcept { return seeded_; }
   [[nodiscard]] DeviceStats stats() const;
   /// The replayed device's segments (and its history, when the setup records it).
   [[nodiscard]] Snapshot snapshot() const;
@@ -75,6 +82,8 @@ class Replay {
   void* allocate(std::size_t size, std::uintptr_t stream);
   void allocate_block(std::uintptr_t addr, std::size_t size, std::uintptr_t stream);
   void free_block(std::uintptr_t addr);
+  /// Places the held segments with their initial blocks; returns the blocks placed.
+  std::vector<bool> seed_held();
 
   const DeviceWorkload& workload_;
   Setup setup_;
@@ -87,6 +96,7 @@ class Replay {
   std::unordered_map<std::uintptr_t, Live> live_;  ///< recorded address -> replayed block
   std::size_t requested_ = 0;
   std::size_t failures_ = 0;
+  std::size_t seeded_ = 0;
 };
 
 }  // namespace stitch::replay

@@ -24,7 +24,13 @@ Replays each TRACE (a PyTorch memory snapshot pickle from torch.cuda.memory._dum
 stitch snapshot, or an RMM logging_resource_adaptor CSV) through stitch on a simulated device and
 prints, per trace, device and configuration: peak requested and reserved bytes, reserved /
 requested, peak of reserved-but-unallocated, the largest free block at that worst moment, device
-calls, OOMs and replay speed.
+calls, OOMs and replay speed. Every replay counts the memory the program held before the trace
+began (the blocks live at the start are allocated first).
+
+Per trace it also reports the start (what was live and what the recording allocator held),
+the recording's true peak reserved, and a fidelity replay: the trace replayed under the
+settings the recording ran with (its allocator_settings), from the recorded start, giving back
+cached memory where the recording did, compared with that peak (docs/fragmentation.md).
 
 options:
   --config CONF     a configuration in STITCH_ALLOC_CONF syntax; repeat to compare several
@@ -105,15 +111,9 @@ int main(int argc, char** argv) {
     if (w.devices.empty()) std::fprintf(stderr, "stitch-replay: %s: no allocation events\n", path.c_str());
     for (const DeviceWorkload& t : w.devices) {
       if (only_device >= 0 && t.device != only_device) continue;
-      TraceReport report;
-      report.trace = path;
-      report.device = t.device;
-      report.events = t.events.size();
-      report.initial_blocks = t.initial.size();
-      report.starts_empty = t.starts_empty;
-      report.recorded_peak_reserved = t.recorded_peak_reserved;
+      TraceReport report = trace_report(path, w, t);
       try {
-        report.fidelity = fidelity(t);
+        report.fidelity = fidelity(t, w.recorded);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "stitch-replay: error: %s: fidelity replay: %s\n", path.c_str(), e.what());
         status = 1;

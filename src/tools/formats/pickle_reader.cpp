@@ -301,45 +301,51 @@ class Interpreter {
     push(*v);
   }
 
+  // Ints of any size: metadata (a frame's line, a time, an id) may be wider than 64 bits; only
+  // the snapshot conversion decides where a value must fit (sizes and addresses).
   PyValue make_long(const unsigned char* p, std::size_t n) {
-    if (n == 0) return PyValue::integer(0);
-    const bool negative = (p[n - 1] & 0x80) != 0;
-    const unsigned char fill = negative ? 0xff : 0x00;
-    for (std::size_t i = 8; i < n; ++i)
-      if (p[i] != fill) fail(fmt::format("integer of {} bytes does not fit in 64 bits", n));
-    std::uint64_t v = 0;
-    for (std::size_t i = std::min<std::size_t>(n, 8); i > 0; --i) v = (v << 8) | p[i - 1];
-    if (negative) {
-      if (n < 8) v |= ~std::uint64_t{0} << (8 * n);
-      if ((v >> 63) == 0) fail(fmt::format("integer of {} bytes does not fit in 64 bits", n));
-      return PyValue::integer(static_cast<std::int64_t>(v));
-    }
-    return PyValue::unsigned_integer(v);
+    if (n > 8) charge(kNodeCost + n);
+    return PyValue::long_integer(std::string_view(reinterpret_cast<const char*>(p), n));
   }
 
   PyValue parse_decimal(std::string_view s, const char* what) {
     if (!s.empty() && s.back() == 'L') s.remove_suffix(1);  // protocol 0 LONG
     if (!s.empty() && s.front() == '+') s.remove_prefix(1);
+    const bool negative = !s.empty() && s.front() == '-';
+    if (negative) s.remove_prefix(1);
     if (s.empty()) fail(fmt::format("{}: empty number", what));
-    if (s.front() == '-') {
-      std::int64_t v = 0;
-      auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-      if (ec != std::errc() || p != s.data() + s.size())
-        fail(fmt::format("{}: '{}' is not an integer in 64-bit range", what, s));
-      return PyValue::integer(v);
+    // Python itself refuses to convert longer digit strings (sys.int_info.default_max_str_digits):
+    // the conversion is quadratic.
+    if (s.size() > 4300) fail(fmt::format("{}: an integer of {} digits (at most 4300)", what, s.size()));
+    // Little-endian magnitude bytes, times ten plus each digit.
+    std::string mag;
+    for (char c : s) {
+      if (c < '0' || c > '9') fail(fmt::format("{}: '{}' is not an integer", what, s));
+      unsigned carry = static_cast<unsigned>(c - '0');
+      for (char& b : mag) {
+        const unsigned cur = static_cast<unsigned char>(b) * 10u + carry;
+        b = static_cast<char>(cur & 0xff);
+        carry = cur >> 8;
+      }
+      if (carry != 0) mag.push_back(static_cast<char>(carry));
     }
-    std::uint64_t v = 0;
-    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (ec != std::errc() || p != s.data() + s.size())
-      fail(fmt::format("{}: '{}' is not an integer in 64-bit range", what, s));
-    return PyValue::unsigned_integer(v);
+    mag.push_back('\0');  // a sign byte: the magnitude is non-negative
+    if (negative) {  // two's complement: invert and add one
+      for (char& b : mag) b = static_cast<char>(~static_cast<unsigned char>(b));
+      for (char& b : mag)
+        if (static_cast<unsigned char>(++b) != 0) break;
+    }
+    if (mag.size() > 8) charge(kNodeCost + mag.size());
+    return PyValue::long_integer(mag);
   }
 
   std::uint64_t memo_index(std::string_view text, const char* what) {
     const PyValue v = parse_decimal(text, what);
+    if (v.is_wide()) fail(fmt::format("{}: memo index {} is out of range", what, v.decimal()));
     if (!v.is_big() && v.as_int() < 0) fail(fmt::format("{}: negative memo index {}", what, v.as_int()));
     return v.as_uint();
   }
+
 
   // Python's escape_decode, for protocol 0 STRING arguments.
   std::string unescape_string(std::string_view s) {
@@ -744,6 +750,12 @@ class Converter {
       if (const PyValue* traces = root.get("device_traces")) read_traces(*traces, snap, top / "device_traces");
       if (const PyValue* settings = root.get("allocator_settings"); settings && !settings->is_none())
         read_settings(*settings, snap, top / "allocator_settings");
+      if (const PyValue* meta = root.get("stitch"); meta != nullptr && meta->is_dict()) {
+        const PyValue* version = meta->get("version");
+        const PyValue* config = meta->get("config");
+        snap.stitch_version = version != nullptr && version->is_string() ? version->as_string() : "?";
+        if (config != nullptr && config->is_string()) snap.stitch_config = config->as_string();
+      }
     }
     const auto& segs = list(*segments, segments_path);
     snap.segments.reserve(segs.size());
@@ -770,14 +782,29 @@ class Converter {
     if (!v.is_list() && !v.is_tuple()) fail(path, fmt::format("expected list, got {}", v.type_name()));
     return v.items();
   }
+  // Sizes and addresses must fit in 64 bits; metadata (lines, times, ids) may be any int.
   std::uint64_t u64(const PyValue& v, const Path& path) const {
     if (!v.is_int()) fail(path, fmt::format("expected int, got {}", v.type_name()));
+    if (v.is_wide()) fail(path, fmt::format("int {} does not fit in 64 bits", v.decimal()));
     return v.is_big() ? v.as_uint() : static_cast<std::uint64_t>(v.as_int());
   }
   std::int64_t i64(const PyValue& v, const Path& path) const {
     if (!v.is_int()) fail(path, fmt::format("expected int, got {}", v.type_name()));
-    if (v.is_big()) fail(path, fmt::format("int {} does not fit in a signed 64-bit integer", v.as_uint()));
+    if (v.is_big() || v.is_wide())
+      fail(path, fmt::format("int {} does not fit in a signed 64-bit integer", v.decimal()));
     return v.as_int();
+  }
+  /// Metadata: the value when it fits in int64, else `otherwise` (PyTorch writes an unknown line
+  /// as 2^64 - 1).
+  std::int64_t meta_i64(const PyValue& v, const Path& path, std::int64_t otherwise) const {
+    if (!v.is_int()) fail(path, fmt::format("expected int, got {}", v.type_name()));
+    return v.is_big() || v.is_wide() ? otherwise : v.as_int();
+  }
+  /// An id (a stream): its low 64 bits, whatever its size.
+  std::uint64_t id_u64(const PyValue& v, const Path& path) const {
+    if (!v.is_int()) fail(path, fmt::format("expected int, got {}", v.type_name()));
+    if (v.is_wide()) return v.low_bits();
+    return v.is_big() ? v.as_uint() : static_cast<std::uint64_t>(v.as_int());
   }
   double number(const PyValue& v, const Path& path) const {
     if (!v.is_float() && !v.is_int()) fail(path, fmt::format("expected float, got {}", v.type_name()));
@@ -790,6 +817,7 @@ class Converter {
       return 0;
     }
     if (!v->is_int()) fail(path / key, fmt::format("expected int, got {}", v->type_name()));
+    if (v->is_wide()) fail(path / key, fmt::format("int {} does not fit in 64 bits", v->decimal()));
     if (!v->is_big() && v->as_int() < 0)
       fail(path / key, fmt::format("expected a non-negative int, got {}", v->as_int()));
     return static_cast<std::size_t>(v->as_uint());
@@ -827,13 +855,17 @@ class Converter {
     charge(sizeof(SegmentSnapshot), path);
     if (!s.is_dict()) fail(path, fmt::format("expected dict, got {}", s.type_name()));
     SegmentSnapshot out;
-    if (const PyValue* d = s.get("device")) out.device = static_cast<int>(i64(*d, path / "device"));
+    if (const PyValue* d = s.get("device"); d != nullptr && !d->is_none()) {
+      const std::int64_t device = meta_i64(*d, path / "device", -1);
+      out.device = device >= INT_MIN && device <= INT_MAX ? static_cast<int>(device) : -1;
+    }
     out.address = static_cast<std::uintptr_t>(u64(required(s, "address", path), path / "address"));
     out.total_size = size_field(s, "total_size", path, true);
     out.allocated_size = size_field(s, "allocated_size", path, false);
     out.active_size = size_field(s, "active_size", path, false);
     out.requested_size = size_field(s, "requested_size", path, false);
-    out.stream = static_cast<std::uintptr_t>(u64_field(s, "stream", path));
+    if (const PyValue* st = s.get("stream"); st != nullptr && !st->is_none())
+      out.stream = static_cast<std::uintptr_t>(id_u64(*st, path / "stream"));
     if (const PyValue* t = s.get("segment_type")) out.segment_type = str(*t, path / "segment_type");
     else out.segment_type = "large";
     if (const PyValue* e = s.get("is_expandable")) out.is_expandable = boolean(*e, path / "is_expandable");
@@ -854,7 +886,7 @@ class Converter {
     static const std::string kUnknown = "??";
     const std::string& n = name != nullptr ? str(*name, path / "name") : kUnknown;
     const std::string& filename = file != nullptr ? str(*file, path / "filename") : kUnknown;
-    const std::int64_t l = line != nullptr && !line->is_none() ? i64(*line, path / "line") : 0;
+    const std::int64_t l = line != nullptr && !line->is_none() ? meta_i64(*line, path / "line", 0) : 0;
     std::string out;
     out.reserve(n.size() + filename.size() + 16);
     out += n;
@@ -889,9 +921,10 @@ class Converter {
         t.addr = static_cast<std::uintptr_t>(
             u64_field(e, t.action == TraceAction::oom && e.get("device_free") ? "device_free" : "addr", path));
         t.size = static_cast<std::size_t>(u64_field(e, "size", path));
-        t.stream = static_cast<std::uintptr_t>(u64_field(e, "stream", path));
+        if (const PyValue* st = e.get("stream"); st != nullptr && !st->is_none())
+          t.stream = static_cast<std::uintptr_t>(id_u64(*st, path / "stream"));
         if (const PyValue* time = e.get("time_us"); time != nullptr && !time->is_none())
-          t.time_us = i64(*time, path / "time_us");
+          t.time_us = meta_i64(*time, path / "time_us", 0);
         if (const PyValue* frames = e.get("frames"); frames_ && frames != nullptr && !frames->is_none()) {
           const Path fpath = path / "frames";
           const auto& fl = list(*frames, fpath);
@@ -908,6 +941,8 @@ class Converter {
 
   void read_settings(const PyValue& s, Snapshot& snap, const Path& path) {
     if (!s.is_dict()) fail(path, fmt::format("expected dict, got {}", s.type_name()));
+    snap.has_settings = true;
+    snap.max_split_size = SIZE_MAX;  // PyTorch's default when the key is absent
     if (const PyValue* v = s.get("PYTORCH_CUDA_ALLOC_CONF"); v && !v->is_none())
       snap.settings = str(*v, path / "PYTORCH_CUDA_ALLOC_CONF");
     if (const PyValue* v = s.get("max_split_size")) {

@@ -16,13 +16,14 @@ namespace {
 // The engine's setup for `options` (the simulated device never touches the memory here).
 Setup setup_of(const ReplayOptions& o, std::size_t history = 0) {
   Setup s;
-  s.config = Config::parse(o.config.empty() ? "backend:sim" : "backend:sim," + o.config);
+  s.config = o.settings ? *o.settings : Config::parse(o.config.empty() ? "backend:sim" : "backend:sim," + o.config);
   if (history != 0) {
     s.config.record_history = true;
     s.config.max_entries = history;
   }
   s.capacity = o.capacity;
   s.warm_start = o.warm_start;
+  s.honour_releases = o.honour_releases;
   return s;
 }
 
@@ -71,6 +72,7 @@ ReplayResult replay(const DeviceWorkload& trace, const ReplayOptions& options) {
     r.device_allocs = static_cast<std::int64_t>(sim.call_count(SimCall::allocate));
     r.device_frees = static_cast<std::int64_t>(sim.call_count(SimCall::deallocate));
     r.ooms = run.failures();
+    r.seeded_segments = run.seeded();
     const Snapshot history = run.snapshot();
     for (const TraceEntry& e : history.device_traces[0])
       if (e.action == TraceAction::segment_alloc || e.action == TraceAction::segment_map)
@@ -121,21 +123,25 @@ std::optional<std::size_t> min_capacity(const DeviceWorkload& trace, const std::
   return hi * step;
 }
 
-std::optional<Fidelity> fidelity(const DeviceWorkload& trace) {
+std::optional<Fidelity> fidelity(const DeviceWorkload& trace, const Config& settings) {
   if (!trace.recorded_peak_reserved || *trace.recorded_peak_reserved == 0) return std::nullopt;
   ReplayOptions o;
+  o.settings = settings;
   o.warm_start = true;
+  o.honour_releases = true;
   const ReplayResult r = replay(trace, o);
   Fidelity f;
   f.recorded_peak_reserved = *trace.recorded_peak_reserved;
   f.replayed_peak_reserved = r.peak_reserved;
   const double rec = static_cast<double>(f.recorded_peak_reserved);
   f.peak_error = std::abs(static_cast<double>(r.peak_reserved) - rec) / rec;
+  for (const Event& e : trace.events)
+    if (e.kind == Event::Kind::release || e.kind == Event::Kind::release_segment) ++f.releases;
   // Segments created during the trace (the warm start's own come first: skip them).
   std::map<std::size_t, long> counts;
   for (std::size_t s : trace.recorded_segments) ++counts[s];
   long shared = 0;
-  const std::size_t skip = std::min(r.segments.size(), trace.cached_segments.size());
+  const std::size_t skip = std::min(r.segments.size(), r.seeded_segments);
   for (std::size_t i = skip; i < r.segments.size(); ++i) {
     auto it = counts.find(r.segments[i]);
     if (it != counts.end() && it->second > 0) {
@@ -143,7 +149,9 @@ std::optional<Fidelity> fidelity(const DeviceWorkload& trace) {
       ++shared;
     }
   }
-  const auto denom = std::max(trace.recorded_segments.size(), r.segments.size() - skip);
+  f.recorded_segments = trace.recorded_segments.size();
+  f.replayed_segments = r.segments.size() - skip;
+  const auto denom = std::max(f.recorded_segments, f.replayed_segments);
   f.segment_agreement = denom == 0 ? 1.0 : static_cast<double>(shared) / static_cast<double>(denom);
   return f;
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "stitch/config.hpp"
 #include "stitch/snapshot.hpp"
 #include "replay/workload.hpp"
 
@@ -16,6 +17,8 @@ namespace stitch::replay {
 
 struct ReplayOptions {
   std::string config;                       ///< allocator settings (backend:sim is implied)
+  /// Settings as a Config instead of `config` (a fidelity replay's recorded settings).
+  std::optional<Config> settings;
   std::size_t capacity = std::size_t{1} << 40;  ///< device size
   /// Called every `progress_every` events with (done, total), e.g. for a progress bar.
   std::function<void(std::size_t, std::size_t)> progress;
@@ -23,9 +26,13 @@ struct ReplayOptions {
   /// Record the series (requested, reserved, allocated) every `sample_every` events for plots;
   /// 0: no series.
   std::size_t sample_every = 0;
-  /// Start with the recording allocator's cached segments (DeviceWorkload::cached_segments), to
-  /// reproduce the recorded run rather than compare configurations from an empty device.
+  /// Start with what the recording allocator held, its live blocks in place
+  /// (DeviceWorkload::held_segments), to reproduce the recorded run rather than compare
+  /// configurations from an empty device.
   bool warm_start = false;
+  /// Give cached memory back where the recording did (its empty_cache calls and out-of-memory
+  /// ladder, its partial releases): part of reproducing the recorded run.
+  bool honour_releases = false;
 };
 
 struct Sample {
@@ -50,6 +57,7 @@ struct ReplayResult {
   std::int64_t unmaps = 0;
   std::int64_t stream_syncs = 0;          ///< synchronize_stream calls (page moves, releases)
   std::size_t ooms = 0;                   ///< requests that failed
+  std::size_t seeded_segments = 0;        ///< warm start: segments and runs made for the start
   double seconds = 0.0;
   std::vector<std::size_t> segments;      ///< sizes of the segments/maps made, in order
   std::vector<Sample> series;
@@ -75,14 +83,19 @@ Snapshot snapshot_after(const DeviceWorkload& trace, const ReplayOptions& option
 std::optional<std::size_t> min_capacity(const DeviceWorkload& trace, const std::string& config,
                                         std::size_t upper, std::size_t step = std::size_t{2} << 20);
 
-/// How closely a replay with PyTorch's default settings reproduces the recorded segments.
+/// How closely a replay under the recorded settings, from the recorded start, reproduces what the
+/// recording allocator held.
 struct Fidelity {
-  std::size_t recorded_peak_reserved = 0;
+  std::size_t recorded_peak_reserved = 0;  ///< the recording's true peak reserved
   std::size_t replayed_peak_reserved = 0;
   double peak_error = 0.0;         ///< |replayed - recorded| / recorded
   double segment_agreement = 0.0;  ///< shared segment sizes / max(count recorded, replayed)
+  std::size_t recorded_segments = 0;  ///< segment_alloc / segment_map events of the recording
+  std::size_t replayed_segments = 0;  ///< and of the replay (the start's own not counted)
+  std::size_t releases = 0;           ///< release events honoured (full and partial)
 };
-/// Replays with PyTorch's defaults from the recorded starting state (warm start) and compares.
-std::optional<Fidelity> fidelity(const DeviceWorkload& trace);
+/// Replays under `settings` (the recorded ones, Workload::recorded) from the recorded start state
+/// (warm start, releases honoured) and compares; nullopt without segment events to compare with.
+std::optional<Fidelity> fidelity(const DeviceWorkload& trace, const Config& settings);
 
 }  // namespace stitch::replay

@@ -37,36 +37,83 @@ std::size_t parse_size(const std::string& text) {
   return static_cast<std::size_t>(value * scale);
 }
 
+std::string config_label(std::size_t index) {
+  std::string label;
+  for (std::size_t i = index + 1; i > 0; i = (i - 1) / 26) label.insert(label.begin(), static_cast<char>('A' + (i - 1) % 26));
+  return label;
+}
+
+TraceReport trace_report(const std::string& trace, const Workload& w, const DeviceWorkload& t) {
+  TraceReport r;
+  r.trace = trace;
+  r.device = t.device;
+  r.events = t.events.size();
+  r.recorded_by = w.recorded_by;
+  r.initial_blocks = t.initial.size();
+  r.live_at_start = live_at_start(t);
+  r.held_segments = t.held_segments.size();
+  r.reserved_at_start = t.reserved_at_start;
+  r.cached_at_start = cached_at_start(t);
+  r.starts_empty = t.starts_empty;
+  r.recorded_peak_reserved = t.recorded_peak_reserved;
+  r.recorded_settings = w.recorded_settings;
+  r.settings_recorded = w.settings_recorded;
+  return r;
+}
+
+namespace {
+
+std::string config_name(const std::string& config) { return config.empty() ? "(PyTorch defaults)" : config; }
+
+std::string settings_name(const TraceReport& t) {
+  std::string s = t.recorded_settings.empty() ? "PyTorch defaults" : t.recorded_settings;
+  if (!t.settings_recorded) s += ", assumed: the file does not record them";
+  return s;
+}
+
+}  // namespace
+
 std::string format_table(const TraceReport& t) {
-  std::string out = fmt::format("{} (device {}): {} events, {} blocks live at the start{}\n",
-                                t.trace, t.device, t.events, t.initial_blocks,
-                                t.starts_empty ? ", starts empty" : "");
-  if (t.recorded_peak_reserved)
-    out += fmt::format("  recorded (PyTorch) peak reserved: {}\n", human_size(*t.recorded_peak_reserved));
+  std::string out = fmt::format("{} (device {}): {} events, recorded by {}\n", t.trace, t.device,
+                                t.events, t.recorded_by);
+  if (t.starts_empty) {
+    out += "  start: empty (no block live, nothing held)\n";
+  } else {
+    out += fmt::format("  start: {} live in {} block{}; {} held in {} segment{}, {} of it cached\n",
+                       human_size(t.live_at_start), t.initial_blocks, t.initial_blocks == 1 ? "" : "s",
+                       human_size(t.reserved_at_start), t.held_segments, t.held_segments == 1 ? "" : "s",
+                       human_size(t.cached_at_start));
+  }
+  out += fmt::format("  peak reserved by the recording ({}): {}\n", t.recorded_by,
+                     t.recorded_peak_reserved ? human_size(*t.recorded_peak_reserved) : "—");
   if (t.fidelity)
-    out += fmt::format("  fidelity (PyTorch defaults from the recorded start): peak reserved {} vs recorded {} "
-                       "({:+.2f}%), segment sizes agree {:.1f}%\n",
+    out += fmt::format("  fidelity (recorded settings: {}; from the recorded start, {} release{} "
+                       "honoured): peak reserved {} vs recorded {} ({:+.2f}%), segment sizes agree "
+                       "{:.1f}% ({} recorded, {} replayed)\n",
+                       settings_name(t), t.fidelity->releases, t.fidelity->releases == 1 ? "" : "s",
                        human_size(t.fidelity->replayed_peak_reserved),
                        human_size(t.fidelity->recorded_peak_reserved),
                        100.0 * (static_cast<double>(t.fidelity->replayed_peak_reserved) /
                                     static_cast<double>(t.fidelity->recorded_peak_reserved) - 1.0),
-                       100.0 * t.fidelity->segment_agreement);
+                       100.0 * t.fidelity->segment_agreement, t.fidelity->recorded_segments,
+                       t.fidelity->replayed_segments);
+  for (std::size_t i = 0; i < t.rows.size(); ++i)
+    out += fmt::format("  {} = {}\n", config_label(i), config_name(t.rows[i].result.config));
   const bool min_cap = std::any_of(t.rows.begin(), t.rows.end(),
                                    [](const Row& r) { return r.min_capacity_searched; });
-  out += fmt::format("  {:<34} {:>11} {:>11} {:>8} {:>11} {:>11} {:>7} {:>7} {:>7} {:>7} {:>5} {:>9}",
+  out += fmt::format("  {:<6} {:>11} {:>11} {:>8} {:>11} {:>11} {:>7} {:>7} {:>7} {:>7} {:>7} {:>5} {:>9}",
                      "config", "peak req", "peak rsv", "rsv/req", "peak unalc", "lfree@worst",
-                     "allocs", "frees", "maps", "unmaps", "OOMs", "events/s");
+                     "allocs", "frees", "maps", "unmaps", "syncs", "OOMs", "events/s");
   if (min_cap) out += fmt::format(" {:>12}", "min capacity");
   out += "\n";
-  for (const Row& row : t.rows) {
+  for (std::size_t i = 0; i < t.rows.size(); ++i) {
+    const Row& row = t.rows[i];
     const ReplayResult& r = row.result;
-    std::string name = r.config.empty() ? "(defaults)" : r.config;
-    if (name.size() > 34) name = name.substr(0, 31) + "...";
-    out += fmt::format("  {:<34} {:>11} {:>11} {:>8.3f} {:>11} {:>11} {:>7} {:>7} {:>7} {:>7} {:>5} {:>9.0f}",
-                       name, human_size(r.peak_requested), human_size(r.peak_reserved),
+    out += fmt::format("  {:<6} {:>11} {:>11} {:>8.3f} {:>11} {:>11} {:>7} {:>7} {:>7} {:>7} {:>7} {:>5} {:>9.0f}",
+                       config_label(i), human_size(r.peak_requested), human_size(r.peak_reserved),
                        r.reserved_over_requested(), human_size(r.peak_unallocated),
                        human_size(r.largest_free_at_worst), r.device_allocs, r.device_frees, r.maps,
-                       r.unmaps, r.ooms, r.events_per_second());
+                       r.unmaps, r.stream_syncs, r.ooms, r.events_per_second());
     if (min_cap)
       out += fmt::format(" {:>12}", !row.min_capacity_searched ? "-"
                                     : row.min_capacity ? human_size(*row.min_capacity)
@@ -76,30 +123,41 @@ std::string format_table(const TraceReport& t) {
   return out;
 }
 
-
 std::string format_json(const std::vector<TraceReport>& reports) {
   std::string out = "[";
   for (std::size_t i = 0; i < reports.size(); ++i) {
     const TraceReport& t = reports[i];
-    out += fmt::format("{}{{\"trace\":\"{}\",\"device\":{},\"events\":{},\"initial_blocks\":{},"
-                       "\"starts_empty\":{}",
-                       i ? "," : "", detail::json_escape(t.trace), t.device, t.events, t.initial_blocks,
+    out += fmt::format("{}{{\"trace\":\"{}\",\"device\":{},\"events\":{},\"recorded_by\":\"{}\","
+                       "\"initial_blocks\":{},\"live_at_start\":{},\"held_segments\":{},"
+                       "\"reserved_at_start\":{},\"cached_at_start\":{},\"starts_empty\":{}",
+                       i ? "," : "", detail::json_escape(t.trace), t.device, t.events,
+                       detail::json_escape(t.recorded_by), t.initial_blocks, t.live_at_start,
+                       t.held_segments, t.reserved_at_start, t.cached_at_start,
                        t.starts_empty ? "true" : "false");
-    if (t.recorded_peak_reserved) out += fmt::format(",\"recorded_peak_reserved\":{}", *t.recorded_peak_reserved);
+    if (t.recorded_peak_reserved) {
+      out += fmt::format(",\"recorded_peak_reserved\":{}", *t.recorded_peak_reserved);
+    } else {
+      out += ",\"recorded_peak_reserved\":null";
+    }
+    out += fmt::format(",\"recorded_settings\":\"{}\",\"settings_recorded\":{}",
+                       detail::json_escape(t.recorded_settings), t.settings_recorded ? "true" : "false");
     if (t.fidelity)
       out += fmt::format(",\"fidelity\":{{\"recorded_peak_reserved\":{},\"replayed_peak_reserved\":{},"
-                         "\"peak_error\":{:.6f},\"segment_agreement\":{:.6f}}}",
+                         "\"peak_error\":{:.6f},\"segment_agreement\":{:.6f},\"recorded_segments\":{},"
+                         "\"replayed_segments\":{},\"releases\":{},\"config\":\"{}\"}}",
                          t.fidelity->recorded_peak_reserved, t.fidelity->replayed_peak_reserved,
-                         t.fidelity->peak_error, t.fidelity->segment_agreement);
+                         t.fidelity->peak_error, t.fidelity->segment_agreement,
+                         t.fidelity->recorded_segments, t.fidelity->replayed_segments,
+                         t.fidelity->releases, detail::json_escape(t.recorded_settings));
     out += ",\"configs\":[";
     for (std::size_t j = 0; j < t.rows.size(); ++j) {
       const ReplayResult& r = t.rows[j].result;
-      out += fmt::format("{}{{\"config\":\"{}\",\"capacity\":{},\"peak_requested\":{},\"peak_reserved\":{},"
-                         "\"reserved_over_requested\":{:.6f},\"peak_unallocated\":{},"
+      out += fmt::format("{}{{\"label\":\"{}\",\"config\":\"{}\",\"capacity\":{},\"peak_requested\":{},"
+                         "\"peak_reserved\":{},\"reserved_over_requested\":{:.6f},\"peak_unallocated\":{},"
                          "\"largest_free_at_worst\":{},\"device_allocs\":{},\"device_frees\":{},"
                          "\"maps\":{},\"unmaps\":{},\"stream_syncs\":{},\"ooms\":{},\"events_per_second\":{:.0f}",
-                         j ? "," : "", detail::json_escape(r.config), r.capacity, r.peak_requested,
-                         r.peak_reserved, r.reserved_over_requested(), r.peak_unallocated,
+                         j ? "," : "", config_label(j), detail::json_escape(r.config), r.capacity,
+                         r.peak_requested, r.peak_reserved, r.reserved_over_requested(), r.peak_unallocated,
                          r.largest_free_at_worst, r.device_allocs, r.device_frees, r.maps, r.unmaps,
                          r.stream_syncs, r.ooms, r.events_per_second());
       if (t.rows[j].min_capacity_searched) {
@@ -172,7 +230,7 @@ std::string format_svg(const TraceReport& t) {
     out += polyline(s, [](const Sample& p) { return p.reserved; }, colour, "");
     out += polyline(s, [](const Sample& p) { return p.reserved - p.allocated; }, colour,
                     "stroke-dasharray=\"4 3\"");
-    const std::string name = t.rows[i].result.config.empty() ? "(defaults)" : t.rows[i].result.config;
+    const std::string name = config_label(i) + " = " + config_name(t.rows[i].result.config);
     out += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", kL + 10,
                        kT + 16 * (static_cast<int>(i) + 1), colour, xml_escape(name));
   }

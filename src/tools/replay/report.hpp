@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tools/replay/replayer.hpp"
+#include "tools/replay/workload.hpp"
 
 namespace stitch::replay {
 
@@ -21,12 +22,28 @@ struct TraceReport {
   std::string trace;
   int device = 0;
   std::size_t events = 0;
+  std::string recorded_by = "PyTorch";  ///< Workload::recorded_by
+  // The start (DeviceWorkload): blocks live, memory held and the part of it not handed out.
   std::size_t initial_blocks = 0;
+  std::size_t live_at_start = 0;
+  std::size_t held_segments = 0;
+  std::size_t reserved_at_start = 0;
+  std::size_t cached_at_start = 0;
   bool starts_empty = false;
+  /// The recording's true peak reserved; absent without segment events (shown as "—").
   std::optional<std::size_t> recorded_peak_reserved;
-  std::optional<Fidelity> fidelity;  ///< of the PyTorch-default row, when it was run
+  std::string recorded_settings;    ///< Workload::recorded_settings ("" = PyTorch's defaults)
+  bool settings_recorded = false;   ///< the file gave them (else PyTorch's defaults are assumed)
+  std::optional<Fidelity> fidelity;  ///< the replay under the recorded settings, when it was run
   std::vector<Row> rows;
 };
+
+/// Builds a trace's report header from its workload.
+TraceReport trace_report(const std::string& trace, const Workload& workload, const DeviceWorkload& device);
+
+/// The label of the `index`-th config of a report ("A", "B", ..., "Z", "AA", ...); the tables
+/// use labels and a legend, so no config string is cut short.
+std::string config_label(std::size_t index);
 
 std::string format_table(const TraceReport& report);
 std::string format_json(const std::vector<TraceReport>& reports);

@@ -3,7 +3,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
+#include <iterator>
+#include <utility>
+#include <vector>
 #include <sstream>
 
 #include "stitch/errors.hpp"
@@ -22,18 +26,111 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+// The items of a PYTORCH_CUDA_ALLOC_CONF string ("key:value" at top level; lists in brackets).
+std::vector<std::pair<std::string, std::string>> conf_items(std::string_view conf) {
+  std::vector<std::pair<std::string, std::string>> items;
+  std::string cur;
+  int depth = 0;
+  auto flush = [&] {
+    const auto colon = cur.find(':');
+    if (colon != std::string::npos) items.emplace_back(cur.substr(0, colon), cur.substr(colon + 1));
+    cur.clear();
+  };
+  for (char c : conf) {
+    if (c == ' ' || c == '\t' || c == '\n') continue;
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (c == ',' && depth <= 0) {
+      flush();
+    } else {
+      cur += c;
+    }
+  }
+  flush();
+  return items;
+}
+
 }  // namespace
+
+Config recorded_settings(const Snapshot& snapshot, bool* known) {
+  if (known != nullptr) *known = false;
+  Config c;
+  c.backend = BackendKind::sim;
+  if (!snapshot.stitch_version.empty() && !snapshot.stitch_config.empty()) {
+    try {
+      Config stitch = Config::parse(snapshot.stitch_config, c);
+      stitch.backend = BackendKind::sim;
+      if (known != nullptr) *known = true;
+      return stitch;
+    } catch (const error&) {  // a generator's description, not a configuration
+    }
+  }
+  if (!snapshot.has_settings) return c;
+  if (known != nullptr) *known = true;
+  // The string first, for what the structured fields do not say; keys of PyTorch's that stitch
+  // does not have (backend, pinned memory, ...) and values it does not accept are left out.
+  static constexpr std::string_view kShared[] = {"max_non_split_rounding_mb", "expandable_segments",
+                                                 "max_split_size_mb", "roundup_power2_divisions",
+                                                 "garbage_collection_threshold"};
+  for (const auto& [key, value] : conf_items(snapshot.settings)) {
+    if (std::find(std::begin(kShared), std::end(kShared), key) == std::end(kShared)) continue;
+    try {
+      c = Config::parse(key + ":" + value, c);
+    } catch (const error&) {
+    }
+  }
+  // The structured fields are what the allocator applied.
+  c.expandable_segments = snapshot.expandable_segments;
+  c.stitching = false;
+  c.max_split_size = snapshot.max_split_size;
+  c.garbage_collection_threshold = snapshot.garbage_collection_threshold > 0.0 &&
+                                           snapshot.garbage_collection_threshold < 1.0
+                                       ? snapshot.garbage_collection_threshold
+                                       : 0.0;
+  if (!snapshot.roundup_power2_divisions.empty()) {
+    c.roundup_power2_divisions.fill(0);
+    for (std::size_t i = 0; i < snapshot.roundup_power2_divisions.size() && i < 16; ++i)
+      c.roundup_power2_divisions[i] = snapshot.roundup_power2_divisions[i];
+  }
+  c.source.clear();
+  return c;
+}
+
+std::string settings_difference(const Config& config) {
+  static constexpr std::string_view kTunables[] = {
+      "max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions",
+      "garbage_collection_threshold", "expandable_segments", "stitching", "stitch_before_grow_mb",
+      "stitch_reuse_pages", "per_process_memory_fraction"};
+  const auto defaults = conf_items(Config{}.to_string());
+  std::string out;
+  for (const auto& item : conf_items(config.to_string())) {
+    if (std::find(std::begin(kTunables), std::end(kTunables), item.first) == std::end(kTunables)) continue;
+    if (std::find(defaults.begin(), defaults.end(), item) != defaults.end()) continue;
+    if (!out.empty()) out += ',';
+    out += item.first + ":" + item.second;
+  }
+  return out;
+}
 
 Workload workload_from_snapshot(const Snapshot& snapshot, std::string name) {
   Workload w;
   w.name = std::move(name);
   w.devices = workloads_from_snapshot(snapshot);
+  if (snapshot.stitch_version.starts_with("tracegen")) {
+    w.recorded_by = "stitch-tracegen (generated)";
+  } else if (!snapshot.stitch_version.empty()) {
+    w.recorded_by = "stitch " + snapshot.stitch_version;
+  }
+  w.recorded = recorded_settings(snapshot, &w.settings_recorded);
+  w.recorded_settings = settings_difference(w.recorded);
   return w;
 }
 
 Workload workload_from_rmm_csv(std::string_view text, std::string name) {
   Snapshot snapshot = detail::snapshot_from_rmm_csv(text, name);
-  return workload_from_snapshot(snapshot, std::move(name));
+  Workload w = workload_from_snapshot(snapshot, std::move(name));
+  w.recorded_by = "RMM log";
+  return w;
 }
 
 Workload read_workload(const std::string& path) {

@@ -8,6 +8,7 @@
 
 #include "replay/trace_workload.hpp"
 #include "replay/workload.hpp"
+#include "stitch/config.hpp"
 #include "stitch/snapshot.hpp"
 
 namespace stitch::replay {
@@ -16,7 +17,26 @@ namespace stitch::replay {
 struct Workload {
   std::string name;
   std::vector<DeviceWorkload> devices;  ///< devices with at least one event
+  /// Who recorded it: "PyTorch", "stitch <version>" (a stitch snapshot) or "RMM log".
+  std::string recorded_by = "PyTorch";
+  /// The settings the recording ran with (recorded_settings()); a fidelity replay uses them.
+  Config recorded;
+  /// Those settings as the keys that differ from PyTorch's defaults ("" for none), and whether
+  /// the file said (allocator_settings, or stitch's own configuration) or they are assumed.
+  std::string recorded_settings;
+  bool settings_recorded = false;
 };
+
+/// The settings a snapshot was recorded with: stitch's configuration for a stitch snapshot;
+/// otherwise allocator_settings (expandable_segments, max_split_size, roundup_power2_divisions,
+/// garbage_collection_threshold, and from PYTORCH_CUDA_ALLOC_CONF the keys stitch shares with
+/// PyTorch that those fields do not give, such as max_non_split_rounding_mb); PyTorch's defaults
+/// when the snapshot has neither. `known` (when not null) says whether the snapshot gave them.
+Config recorded_settings(const Snapshot& snapshot, bool* known = nullptr);
+
+/// The keys of `config`'s tunables that differ from PyTorch's defaults, as a configuration
+/// string ("" when it is PyTorch's defaults); the diagnostics keys are left out.
+std::string settings_difference(const Config& config);
 
 /// Builds a workload from a snapshot (PyTorch's or stitch's), reconstructing the starting state
 /// from frees of blocks the trace never allocated and from blocks still allocated at the dump
