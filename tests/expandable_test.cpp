@@ -108,6 +108,30 @@ TEST(Expandable, HolesAreRefilledBeforeGrowingAtTheEnd) {
   f.alloc->validate();
 }
 
+TEST(Expandable, AHoleBetweenFreeBlocksServesWhatTheirSumHolds) {
+  // PyTorch's search: a free block, the hole after it and the free block after that count
+  // together. [b1 30][free 10 | hole 40][free 30][b4 10]: a 70 MiB request maps the hole and
+  // takes the three, instead of mapping 80 MiB at the end.
+  Fixture f;
+  char* b1 = static_cast<char*>(f.alloc->allocate(30 * kMiB));  // pages [0, 40)
+  void* b2 = f.alloc->allocate(50 * kMiB);                     // [30, 80)
+  void* b3 = f.alloc->allocate(30 * kMiB);                     // [80, 110), pages to 120
+  void* b4 = f.alloc->allocate(10 * kMiB);                     // [110, 120)
+  ASSERT_EQ(static_cast<char*>(b2), b1 + 30 * kMiB);
+  ASSERT_EQ(static_cast<char*>(b4), b1 + 110 * kMiB);
+  f.alloc->deallocate(b2);
+  f.alloc->empty_cache();  // unmaps [40, 80): free [30, 40) stays
+  EXPECT_EQ(f.stat("reserved_bytes.all.current"), static_cast<std::int64_t>(80 * kMiB));
+  f.alloc->deallocate(b3);  // free [80, 110)
+  const auto maps = f.sim->call_count(stitch::SimCall::map);
+  void* big = f.alloc->allocate(70 * kMiB);
+  EXPECT_EQ(static_cast<char*>(big), b1 + 30 * kMiB);
+  EXPECT_EQ(f.stat("reserved_bytes.all.current"), static_cast<std::int64_t>(120 * kMiB));
+  EXPECT_EQ(f.sim->call_count(stitch::SimCall::map), maps + 2) << "the hole's two pages";
+  f.alloc->validate();
+  for (void* p : {static_cast<void*>(b1), big, b4}) f.alloc->deallocate(p);
+}
+
 TEST(Expandable, UnmapWaitsForTheSegmentStream) {
   Fixture f;
   auto* s = reinterpret_cast<stitch::stream_t>(0x42);

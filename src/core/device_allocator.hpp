@@ -245,6 +245,14 @@ class DeviceAllocator {
 
   // expandable segments (expandable.cpp)
   Block* grow_expandable(Pool& pool, stream_t stream, std::size_t rounded);
+  /// grow_expandable without stitching: PyTorch's search over chains of free and unmapped blocks.
+  Block* grow_expandable_chain(Pool& pool, stream_t stream, std::size_t rounded);
+  /// Maps the first `bytes` (whole pages) of the unmapped block `target` and files them free,
+  /// merged with free neighbours; nullptr (nothing changed) when the device or the memory
+  /// fraction cannot give them.
+  Block* map_front(Pool& pool, Block* target, std::size_t bytes);
+  /// The bookkeeping after `bytes` at the front of `target` were mapped: returns the free block.
+  Block* file_mapped(Pool& pool, Block* target, std::size_t bytes);
   Segment* create_expandable(Pool& pool, stream_t stream, std::size_t min_bytes);
   /// A segment over the reserved, wholly unmapped range [va, va + bytes) in pages of `page`:
   /// one unmapped block, filed in pool.unmapped (expandable; stitched when `stitched`).

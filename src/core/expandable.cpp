@@ -121,11 +121,12 @@ bool DeviceAllocator::map_pages(Segment* segment, std::size_t first, std::size_t
 
 DeviceAllocator::Block* DeviceAllocator::grow_expandable(Pool& pool, stream_t stream,
                                                          std::size_t rounded) {
+  if (!config_.stitching) return grow_expandable_chain(pool, stream, rounded);
   // The lowest-address unmapped range that, with the free block just before it, covers the
   // request: this fills holes before growing at the end, keeping the segment in one piece.
   // With stitch_reuse_pages (which leaves holes where pages moved out) the free block just after
   // counts too: mapping the whole hole joins the three, and the edge fragments are used again.
-  const bool reuse = config_.stitching && config_.stitch_reuse_pages;
+  const bool reuse = config_.stitch_reuse_pages;
   Block probe(nullptr, 0, stream, nullptr, pool.small);
   Block* target = nullptr;
   for (auto it = pool.unmapped.lower_bound(&probe);
@@ -153,19 +154,65 @@ DeviceAllocator::Block* DeviceAllocator::grow_expandable(Pool& pool, stream_t st
   if (reuse && segment->page == backend_.granularity(device_)) {
     // stitch_reuse_pages: the stream's free pages elsewhere come first (stitching.cpp).
     if (!map_reused_pages(target, bytes / segment->page)) return nullptr;
-  } else {
-    const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
-    if (allowed_ && reserved + bytes > *allowed_) return nullptr;
-    const std::size_t first =
-        static_cast<std::size_t>(target->ptr - segment->base) / segment->page;
-    if (!map_pages(segment, first, bytes / segment->page)) return nullptr;
+    return file_mapped(pool, target, bytes);
   }
+  return map_front(pool, target, bytes);
+}
 
+DeviceAllocator::Block* DeviceAllocator::grow_expandable_chain(Pool& pool, stream_t stream,
+                                                               std::size_t rounded) {
+  // PyTorch's expandable segments (find_expandable_block, try_allocate_expandable_block): the
+  // lowest-address unmapped range that, with the free block just before it and every free or
+  // unmapped block after it, has room for the request; its unmapped pieces are mapped in turn
+  // (one map each), each merging with its free neighbours, until the block holds the request.
+  auto allocatable = [](const Block* b) { return b != nullptr && (b->in_index || !b->mapped); };
+  Block probe(nullptr, 0, stream, nullptr, pool.small);
+  Block* candidate = nullptr;
+  for (auto it = pool.unmapped.lower_bound(&probe);
+       it != pool.unmapped.end() && (*it)->stream == stream; ++it) {
+    Block* c = allocatable((*it)->prev) ? (*it)->prev : *it;
+    std::size_t room = 0;
+    for (const Block* b = c; room < rounded && allocatable(b); b = b->next) room += b->size;
+    if (room >= rounded) {
+      candidate = c;
+      break;
+    }
+  }
+  if (candidate == nullptr) {
+    Segment* segment = create_expandable(pool, stream, rounded);
+    if (segment == nullptr) return nullptr;
+    candidate = segment->head;
+  }
+  const std::size_t page = candidate->segment->page;
+  Block* block = candidate;
+  if (!block->mapped) {
+    block = map_front(pool, block, std::min(round_up(rounded, page), block->size));
+    if (block == nullptr) return nullptr;
+  }
+  while (block->size < rounded) {
+    Block* next = block->next;  // unmapped: a free neighbour would have merged
+    if (next == nullptr || next->mapped) return nullptr;
+    block = map_front(pool, next, std::min(round_up(rounded - block->size, page), next->size));
+    if (block == nullptr) return nullptr;
+  }
+  return block;
+}
+
+DeviceAllocator::Block* DeviceAllocator::map_front(Pool& pool, Block* target, std::size_t bytes) {
+  Segment* segment = target->segment;
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
+  if (allowed_ && reserved + bytes > *allowed_) return nullptr;
+  const std::size_t first = static_cast<std::size_t>(target->ptr - segment->base) / segment->page;
+  if (!map_pages(segment, first, bytes / segment->page)) return nullptr;
+  return file_mapped(pool, target, bytes);
+}
+
+DeviceAllocator::Block* DeviceAllocator::file_mapped(Pool& pool, Block* target, std::size_t bytes) {
   // The mapped front of `target` becomes a free block; the rest stays unmapped.
   pool.unmapped.erase(target);
   split_unmapped_tail(target, bytes);
   target->mapped = true;
-  trace(TraceAction::segment_map, target->ptr, bytes, stream);
+  trace(TraceAction::segment_map, target->ptr, bytes, target->stream);
   ++stats_.num_device_alloc;
   add(stats_.reserved_bytes, pool.small, static_cast<std::int64_t>(bytes));
   return insert_free(pool, target);
