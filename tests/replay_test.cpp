@@ -544,6 +544,64 @@ TEST(ReplayFidelity, ReproducesAStitchRecordingExactly) {
   }
 }
 
+// A recording that began mid-run, with the weights already live, on two devices and several
+// streams, with an empty_cache() in the window, under each way of holding memory: replayed
+// under the recorded settings from the recorded start, it reserves what the recording did.
+TEST(ReplayFidelity, ReproducesAWarmMultiDeviceRecording) {
+  for (const std::string conf : {"", "expandable_segments:True", "max_split_size_mb:64",
+                                 "expandable_segments:True,stitching:True"}) {
+    SCOPED_TRACE(conf);
+    stitch::SimBackend::Options so;
+    so.devices = 2;
+    so.capacity = std::size_t{1} << 40;
+    auto sim = std::make_shared<stitch::SimBackend>(so);
+    stitch::Allocator a(stitch::Config::parse("backend:sim" + (conf.empty() ? "" : "," + conf)), sim);
+    // Before recording: weights on both devices, and a warm cache (blocks freed again).
+    std::vector<void*> weights, scratch;
+    for (int d = 0; d < 2; ++d) {
+      for (int i = 0; i < 40; ++i) {
+        weights.push_back(a.allocate((static_cast<std::size_t>(i % 7) + 1) * 3 * MiB + 4096 * i, nullptr, d));
+        scratch.push_back(a.allocate((static_cast<std::size_t>(i % 5) + 1) * 5 * MiB, nullptr, d));
+      }
+    }
+    for (void* p : scratch) a.deallocate(p);
+    a.record_history(true, 1u << 20);
+    const std::vector<rp::DeviceWorkload> work = {generated("multistream", 2, 5), generated("moe", 2, 6)};
+    for (int d = 0; d < 2; ++d) {
+      std::unordered_map<std::uintptr_t, void*> live;
+      const auto& events = work[static_cast<std::size_t>(d)].events;
+      for (std::size_t i = 0; i < events.size(); ++i) {
+        const rp::Event& e = events[i];
+        if (i == events.size() / 2) a.empty_cache(d);
+        if (e.kind == rp::Event::Kind::alloc) {
+          live[e.addr] = a.allocate(e.size, reinterpret_cast<stitch::stream_t>(e.stream), d);
+        } else if (e.kind == rp::Event::Kind::free) {
+          a.deallocate(live.at(e.addr));
+          live.erase(e.addr);
+        }
+      }
+    }
+    TempDir dir;
+    const std::string path = dir.file("warm.pickle");
+    a.dump_snapshot(path);
+    const rp::Workload back = rp::read_workload(path);
+    ASSERT_EQ(back.devices.size(), 2u);
+    EXPECT_EQ(rp::settings_difference(back.recorded), conf);
+    for (const rp::DeviceWorkload& r : back.devices) {
+      SCOPED_TRACE(r.device);
+      EXPECT_FALSE(r.starts_empty);
+      EXPECT_EQ(r.initial.size(), 40u);  // the weights
+      ASSERT_TRUE(r.recorded_peak_reserved.has_value());
+      EXPECT_EQ(*r.recorded_peak_reserved,
+                static_cast<std::size_t>(a.stats(r.device).reserved_bytes[stitch::kAll].peak));
+      const auto f = rp::fidelity(r, back.recorded);
+      ASSERT_TRUE(f.has_value());
+      EXPECT_GE(f->releases, 1u);
+      EXPECT_EQ(f->replayed_peak_reserved, f->recorded_peak_reserved);
+    }
+  }
+}
+
 // The shipped generated traces replay without trouble, and show the orderings that follow from
 // how the allocators work.
 TEST(ReplayGeneratedTraces, ShippedTracesReplayWithPrincipledOrderings) {

@@ -10,6 +10,7 @@
 #include <vector>
 #include <sstream>
 
+#include "config/keys.hpp"
 #include "stitch/errors.hpp"
 #include "tools/formats/pickle_reader.hpp"
 #include "tools/formats/rmm_csv.hpp"
@@ -101,13 +102,21 @@ std::string settings_difference(const Config& config) {
       "max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions",
       "garbage_collection_threshold", "expandable_segments", "stitching", "stitch_before_grow_mb",
       "stitch_reuse_pages", "per_process_memory_fraction"};
-  const auto defaults = conf_items(Config{}.to_string());
+  // The defaults, with stitching as `config` has it: keys that apply only with stitching are
+  // compared with their own defaults.
+  Config defaults;
+  defaults.expandable_segments = config.expandable_segments;
+  defaults.stitching = config.stitching;
   std::string out;
-  for (const auto& item : conf_items(config.to_string())) {
-    if (std::find(std::begin(kTunables), std::end(kTunables), item.first) == std::end(kTunables)) continue;
-    if (std::find(defaults.begin(), defaults.end(), item) != defaults.end()) continue;
+  for (const detail::KeySpec& key : detail::config_keys()) {
+    if (std::find(std::begin(kTunables), std::end(kTunables), key.name) == std::end(kTunables)) continue;
+    const std::string value = key.print(config);
+    if (value.empty()) continue;
+    const bool toggle = key.name == "expandable_segments" || key.name == "stitching";
+    if (!toggle && value == key.print(defaults)) continue;
+    if (toggle && value == key.print(Config{})) continue;
     if (!out.empty()) out += ',';
-    out += item.first + ":" + item.second;
+    out += std::string(key.name) + ":" + value;
   }
   return out;
 }
