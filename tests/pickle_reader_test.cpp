@@ -338,6 +338,22 @@ TEST(PickleReader, IntegersWiderThan64BitsAreKeptWhole) {
   EXPECT_EQ(max.as_uint(), UINT64_MAX);
 }
 
+TEST(PickleReader, SkippedKeysAreReadAsNoneAndTheirListsFreed) {
+  // {'frames': [1, 2, 3], 'size': 7, 'again': <the same list>} — the list is referenced twice.
+  PyValue l = PyValue::list({I(1), I(2), I(3)});
+  PyValue d = PyValue::dict({{S("frames"), l}, {S("size"), I(7)}});
+  PickleWriter w;
+  w.value(d);
+  const std::string data = w.finish();
+  PickleLimits limits;
+  limits.skip_keys = {"frames"};
+  const PyValue back = read_pickle(data, "skip.pickle", limits);
+  ASSERT_NE(back.get("frames"), nullptr);
+  EXPECT_TRUE(back.get("frames")->is_none());
+  EXPECT_EQ(back.get("size")->as_int(), 7);
+  EXPECT_TRUE(read_pickle(data) == d) << "without skip_keys nothing changes";
+}
+
 TEST(PickleWriter, ReplacesInvalidUtf8) {
   PickleWriter w;
   w.string("ok \xff\xfe end \xed\xa0\x80");

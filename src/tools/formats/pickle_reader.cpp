@@ -254,6 +254,15 @@ class Interpreter {
   }
   void add_entry(PyValue::Node* d, PyValue k, PyValue v) {
     if (!k.hashable()) fail(fmt::format("unhashable dict key of type {}", k.type_name()));
+    if (!limits_.skip_keys.empty() && k.is_string() &&
+        std::find(limits_.skip_keys.begin(), limits_.skip_keys.end(), k.as_string()) != limits_.skip_keys.end()) {
+      if ((v.is_list() || v.is_tuple()) && !v.node()->shared) {
+        const std::size_t freed = v.node()->items.size() * kValueCost;
+        PyValue::Items().swap(v.node()->items);
+        used_ = used_ > freed ? used_ - freed : 0;
+      }
+      v = PyValue();
+    }
     adopt(d, k);
     adopt(d, v);
     charge(2 * kValueCost);

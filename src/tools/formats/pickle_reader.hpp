@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "diagnostics/py_value.hpp"
 #include "stitch/snapshot.hpp"
@@ -30,6 +31,11 @@ namespace stitch::detail {
 struct PickleLimits {
   std::size_t max_depth = 256;                         ///< nesting of containers
   std::size_t max_memory = std::size_t{2} << 30;       ///< bytes charged for values (and the file)
+  /// Dict keys whose values the caller never reads (a snapshot's "frames" for a replay): such a
+  /// value becomes None as it is stored, and a list or tuple referenced nowhere else is emptied
+  /// on the spot, so its memory (and its charge) goes at once. A later reference to that
+  /// container sees it empty.
+  std::vector<std::string> skip_keys;
 };
 
 /// Parses a pickle (protocol 0 to 5) of plain data. `name` prefixes error messages:

@@ -149,8 +149,13 @@ Workload read_workload(const std::string& path) {
   if (!data.empty() && (data[0] == '{' || data[0] == '['))
     throw error(fmt::format("{}: JSON snapshots are not supported by the replay reader; use the "
                             "pickle form", path));
-  const detail::PyValue root = detail::read_pickle(data, path);
-  return workload_from_snapshot(detail::snapshot_from_pyvalue(root, path), path);
+  // Stack frames are most of a real snapshot and no replay reads them.
+  detail::PickleLimits limits;
+  limits.skip_keys = {"frames"};
+  const detail::PyValue root = detail::read_pickle(data, path, limits);
+  detail::SnapshotReadOptions options;
+  options.frames = false;
+  return workload_from_snapshot(detail::snapshot_from_pyvalue(root, path, options), path);
 }
 
 }  // namespace stitch::replay
