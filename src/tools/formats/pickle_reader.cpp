@@ -865,7 +865,7 @@ class Converter {
     if (!s.is_dict()) fail(path, fmt::format("expected dict, got {}", s.type_name()));
     SegmentSnapshot out;
     if (const PyValue* d = s.get("device"); d != nullptr && !d->is_none()) {
-      const std::int64_t device = meta_i64(*d, path / "device", -1);
+      const std::int64_t device = d->is_int() ? meta_i64(*d, path / "device", -1) : -1;
       out.device = device >= INT_MIN && device <= INT_MAX ? static_cast<int>(device) : -1;
     }
     out.address = static_cast<std::uintptr_t>(u64(required(s, "address", path), path / "address"));
@@ -873,7 +873,7 @@ class Converter {
     out.allocated_size = size_field(s, "allocated_size", path, false);
     out.active_size = size_field(s, "active_size", path, false);
     out.requested_size = size_field(s, "requested_size", path, false);
-    if (const PyValue* st = s.get("stream"); st != nullptr && !st->is_none())
+    if (const PyValue* st = s.get("stream"); st != nullptr && st->is_int())
       out.stream = static_cast<std::uintptr_t>(id_u64(*st, path / "stream"));
     if (const PyValue* t = s.get("segment_type")) out.segment_type = str(*t, path / "segment_type");
     else out.segment_type = "large";
@@ -886,6 +886,8 @@ class Converter {
     return out;
   }
 
+  // A frame is metadata: whatever a field holds, the frame is kept ("??" and no line for what
+  // is not a string or an int that fits).
   std::string read_frame(const PyValue& f, const Path& path) {
     if (f.is_string()) return f.as_string();
     if (!f.is_dict()) fail(path, fmt::format("expected dict, got {}", f.type_name()));
@@ -893,9 +895,9 @@ class Converter {
     const PyValue* file = f.get("filename");
     const PyValue* line = f.get("line");
     static const std::string kUnknown = "??";
-    const std::string& n = name != nullptr ? str(*name, path / "name") : kUnknown;
-    const std::string& filename = file != nullptr ? str(*file, path / "filename") : kUnknown;
-    const std::int64_t l = line != nullptr && !line->is_none() ? meta_i64(*line, path / "line", 0) : 0;
+    const std::string& n = name != nullptr && name->is_string() ? name->as_string() : kUnknown;
+    const std::string& filename = file != nullptr && file->is_string() ? file->as_string() : kUnknown;
+    const std::int64_t l = line != nullptr && line->is_int() ? meta_i64(*line, path / "line", 0) : 0;
     std::string out;
     out.reserve(n.size() + filename.size() + 16);
     out += n;
@@ -930,10 +932,14 @@ class Converter {
         t.addr = static_cast<std::uintptr_t>(
             u64_field(e, t.action == TraceAction::oom && e.get("device_free") ? "device_free" : "addr", path));
         t.size = static_cast<std::size_t>(u64_field(e, "size", path));
-        if (const PyValue* st = e.get("stream"); st != nullptr && !st->is_none())
+        if (const PyValue* st = e.get("stream"); st != nullptr && st->is_int())
           t.stream = static_cast<std::uintptr_t>(id_u64(*st, path / "stream"));
-        if (const PyValue* time = e.get("time_us"); time != nullptr && !time->is_none())
+        if (const PyValue* time = e.get("time_us"); time != nullptr && time->is_int()) {
           t.time_us = meta_i64(*time, path / "time_us", 0);
+        } else if (time != nullptr && time->is_float() && std::isfinite(time->as_float()) &&
+                   std::abs(time->as_float()) < 9.0e18) {
+          t.time_us = static_cast<std::int64_t>(time->as_float());
+        }
         if (const PyValue* frames = e.get("frames"); frames_ && frames != nullptr && !frames->is_none()) {
           const Path fpath = path / "frames";
           const auto& fl = list(*frames, fpath);
@@ -948,40 +954,44 @@ class Converter {
     }
   }
 
+  // The settings are what the recording ran with; a field this reader does not understand is
+  // left at PyTorch's default rather than refusing the whole snapshot.
   void read_settings(const PyValue& s, Snapshot& snap, const Path& path) {
-    if (!s.is_dict()) fail(path, fmt::format("expected dict, got {}", s.type_name()));
+    if (!s.is_dict()) return;
     snap.has_settings = true;
     snap.max_split_size = SIZE_MAX;  // PyTorch's default when the key is absent
-    if (const PyValue* v = s.get("PYTORCH_CUDA_ALLOC_CONF"); v && !v->is_none())
-      snap.settings = str(*v, path / "PYTORCH_CUDA_ALLOC_CONF");
-    if (const PyValue* v = s.get("max_split_size")) {
-      const std::int64_t m = i64(*v, path / "max_split_size");
+    if (const PyValue* v = s.get("PYTORCH_CUDA_ALLOC_CONF"); v && v->is_string()) snap.settings = v->as_string();
+    if (const PyValue* v = s.get("max_split_size"); v && v->is_int() && !v->is_big() && !v->is_wide()) {
+      const std::int64_t m = v->as_int();
       snap.max_split_size = m < 0 ? SIZE_MAX : static_cast<std::size_t>(m);
     }
-    if (const PyValue* v = s.get("garbage_collection_threshold"))
-      snap.garbage_collection_threshold = number(*v, path / "garbage_collection_threshold");
-    if (const PyValue* v = s.get("expandable_segments"))
+    if (const PyValue* v = s.get("garbage_collection_threshold"); v && (v->is_float() || v->is_int()))
+      snap.garbage_collection_threshold = v->as_float();
+    if (const PyValue* v = s.get("expandable_segments"); v && (v->is_bool() || v->is_int()))
       snap.expandable_segments = boolean(*v, path / "expandable_segments");
     if (const PyValue* v = s.get("roundup_power2_divisions")) {
-      const Path rpath = path / "roundup_power2_divisions";
+      auto divisions = [](const PyValue& d) -> std::uint32_t {
+        return d.is_int() && !d.is_big() && !d.is_wide() && d.as_int() >= 0 && d.as_int() <= 1024
+                   ? static_cast<std::uint32_t>(d.as_int())
+                   : 0;
+      };
       snap.roundup_power2_divisions.clear();
       if (v->is_dict()) {
         // {"1": d, "2": d, "4": d, ..., "32768": d}: the key is the interval's lower bound in MiB.
         for (const auto& [k, d] : v->entries()) {
-          const std::string& key = str(k, rpath);
+          if (!k.is_string()) continue;
+          const std::string& key = k.as_string();
           std::uint64_t mb = 0;
           auto [p, ec] = std::from_chars(key.data(), key.data() + key.size(), mb);
           if (ec != std::errc() || p != key.data() + key.size() || mb == 0 || !std::has_single_bit(mb) ||
               std::bit_width(mb) > 16)
-            fail(rpath, fmt::format("unexpected key '{}' (expected a power of two from 1 to 32768)", key));
+            continue;
           const auto index = static_cast<std::size_t>(std::bit_width(mb) - 1);
           if (snap.roundup_power2_divisions.size() <= index) snap.roundup_power2_divisions.resize(index + 1, 0);
-          snap.roundup_power2_divisions[index] = static_cast<std::uint32_t>(u64(d, rpath / key));
+          snap.roundup_power2_divisions[index] = divisions(d);
         }
-      } else {
-        const auto& l = list(*v, rpath);
-        for (std::size_t i = 0; i < l.size(); ++i)
-          snap.roundup_power2_divisions.push_back(static_cast<std::uint32_t>(u64(l[i], rpath[i])));
+      } else if (v->is_list() || v->is_tuple()) {
+        for (const PyValue& d : v->items()) snap.roundup_power2_divisions.push_back(divisions(d));
       }
     }
   }
