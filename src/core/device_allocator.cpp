@@ -30,7 +30,6 @@ DeviceAllocator::~DeviceAllocator() {
   // caller's). Errors cannot be reported from a destructor, so they are dropped.
   try {
     std::lock_guard lock(mutex_);
-    complete_deferred();
     release_cached_blocks();
   } catch (...) {
   }
@@ -74,8 +73,7 @@ void DeviceAllocator::set_config(const Config& config, bool apply_fraction) {
     throw config_error("stitching:True requires expandable_segments:True");
   bool fraction_changed = false;
   {
-    std::lock_guard lock(mutex_);
-    complete_deferred();  // the new tunables decide from here on
+    std::lock_guard lock(mutex_);  // settles the deferred free: the new tunables decide from here on
     // per_process_memory_fraction applies when it is set or changed, so a configure() of other
     // keys keeps a fraction set at run time with set_memory_fraction().
     fraction_changed = apply_fraction || !configured_ ||
@@ -107,22 +105,22 @@ void DeviceAllocator::set_memory_fraction(double fraction) {
 
 DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t stream) {
   if (size == 0) return {nullptr, nullptr};
-  std::unique_lock lock(mutex_);
+  detail::UnsettledGuard guard(mutex_);  // malloc alone may find the deferred free unsettled
   if (size >= detail::kMaxRequest) {
-    complete_deferred();
+    mutex_.settle();
     capture_oom(size, size, size, false, stream);
     return {nullptr, failed_.release()};
   }
   if (outstanding_events_ != 0) {
-    complete_deferred();
+    mutex_.settle();
     process_events();
   }
   const std::size_t rounded = detail::round_size(size, config_.roundup_power2_divisions);
   const bool small = detail::is_small(rounded);
   Pool& pool = pool_for(small);
-  if (deferred_ != nullptr) {
+  if (mutex_.deferred() != nullptr) {
     if (Block* again = reuse_deferred(pool, stream, rounded, size)) return {again->ptr, nullptr};
-    complete_deferred_now();
+    mutex_.settle();
   }
   Block* block = get_free_block(pool, stream, rounded);
   if (block == nullptr) {
@@ -199,7 +197,6 @@ void DeviceAllocator::activate_slow(Block* block, std::size_t requested) noexcep
 FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
                                  const stream_t* stream, std::size_t* actual_size) {
   std::lock_guard lock(mutex_);
-  complete_deferred();  // first: it may be this block's neighbour
   const auto slot = live_.find_slot(ptr);
   if (slot == live_.npos) return FreeStatus::not_found;
   Block* block = live_.value_at(slot);
@@ -225,7 +222,7 @@ FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
   block->oversize = false;
   if (defer) {
     trace(TraceAction::free_completed, block->ptr, block->requested, block->stream);
-    deferred_ = block;
+    mutex_.defer(block);
     return FreeStatus::freed;
   }
   hot_.freed_block(block->small, static_cast<std::int64_t>(block->size), block->event_count != 0);
@@ -233,9 +230,7 @@ FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
   return FreeStatus::freed;
 }
 
-void DeviceAllocator::complete_deferred_now() {
-  Block* block = deferred_;
-  deferred_ = nullptr;
+void DeviceAllocator::settle_deferred(Block* block) {
   live_.erase(block->ptr);
   hot_.freed_block(block->small, static_cast<std::int64_t>(block->size), false);
   file_free_block(block);
@@ -248,7 +243,7 @@ DeviceAllocator::Block* DeviceAllocator::reuse_deferred(Pool& pool, stream_t str
   // predecessor is not free: free() checked, and nothing has changed since). The request
   // would then get this block back exactly when the filed block is the best fit, may serve
   // the request, and is split (merged) or taken whole (alone) at the block's own size.
-  Block* block = deferred_;
+  Block* block = mutex_.deferred();
   if (block->stream != stream || block->size != rounded || block->small != pool.small)
     return nullptr;
   Block* next = block->next != nullptr && block->next->in_index ? block->next : nullptr;
@@ -286,7 +281,7 @@ DeviceAllocator::Block* DeviceAllocator::reuse_deferred(Pool& pool, stream_t str
       hot_.inactive_split_bytes.rise_and_fall(small, static_cast<std::int64_t>(block->size));
     }
   }
-  deferred_ = nullptr;
+  (void)mutex_.take_deferred();
   ++stats_.num_immediate_reuses;
   mark_allocated(block, requested);  // still in the live table
   trace(TraceAction::alloc, block->ptr, requested, stream);
@@ -362,7 +357,6 @@ DeviceAllocator::Block* DeviceAllocator::insert_free(Pool& pool, Block* block) {
 
 void DeviceAllocator::set_immediate_reuse(bool on) {
   std::lock_guard lock(mutex_);
-  complete_deferred();
   immediate_reuse_ = on;
 }
 
@@ -381,7 +375,6 @@ bool DeviceAllocator::record_stream(void* ptr, stream_t stream) {
 
 DeviceStats DeviceAllocator::stats() const {
   std::lock_guard lock(mutex_);
-  complete_deferred();
   return stats_locked();
 }
 
@@ -393,14 +386,12 @@ DeviceStats DeviceAllocator::stats_locked() const noexcept {
 
 void DeviceAllocator::reset_peak_stats() {
   std::lock_guard lock(mutex_);
-  complete_deferred();
   stats_.reset_peak();
   hot_.reset_peak();
 }
 
 void DeviceAllocator::reset_accumulated_stats() {
   std::lock_guard lock(mutex_);
-  complete_deferred();
   stats_.reset_accumulated();
   hot_.reset_accumulated();
 }
@@ -419,13 +410,11 @@ std::optional<BlockInfo> DeviceAllocator::find(const void* ptr) const {
 
 void DeviceAllocator::validate() const {
   std::lock_guard lock(mutex_);
-  complete_deferred();
   validate_locked();
 }
 
 void DeviceAllocator::empty_cache() {
   std::lock_guard lock(mutex_);
-  complete_deferred();
   release_cached_blocks();
 }
 

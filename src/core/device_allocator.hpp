@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/block.hpp"
+#include "core/device_lock.hpp"
 #include "core/free_index.hpp"
 #include "core/hot_stats.hpp"
 #include "core/object_pool.hpp"
@@ -154,15 +155,12 @@ class DeviceAllocator {
   /// very block and leave everything else as it is; nullptr otherwise (nothing changed then).
   [[gnu::always_inline]] inline Block* reuse_deferred(Pool& pool, stream_t stream,
                                                       std::size_t rounded, std::size_t requested);
-  /// Completes the deferred free, if any: its statistics and its filing in the free index.
-  /// Every path that looks at or changes the blocks, other than malloc and free, calls it first.
-  void complete_deferred() {
-    if (deferred_ != nullptr) complete_deferred_now();
-  }
-  void complete_deferred_now();
-  /// complete_deferred for the const queries: completing the free changes the representation
-  /// only, never what any query reports (the object itself is never const).
-  void complete_deferred() const { const_cast<DeviceAllocator*>(this)->complete_deferred(); }
+  /// Completes the deferred free of `block`: its statistics and its filing in the free index.
+  /// The device lock calls it (core/device_lock.hpp): every path but malloc's sees the free
+  /// completed. Completing changes the representation only, never what any query reports, so
+  /// the const queries may lock too.
+  void settle_deferred(Block* block);
+  friend class detail::DeviceLock<DeviceAllocator>;
   /// Takes the free, indexed `block` out of the index for `rounded` bytes, splitting off the
   /// rest when the policy says so; returns the block to hand out.
   Block* take_found_block(Pool& pool, Block* block, std::size_t rounded);
@@ -353,15 +351,15 @@ class DeviceAllocator {
   std::optional<std::size_t> allowed_;  ///< memory-fraction cap on reserved bytes
   bool configured_ = false;             ///< set_config() ran once
 
-  mutable detail::SpinLock mutex_;
+  mutable detail::DeviceLock<DeviceAllocator> mutex_{this};
   NodeStorage index_nodes_;
   detail::ObjectPool<Block> blocks_;
   Pool small_{&index_nodes_, true};
   Pool large_{&index_nodes_, false};
   detail::PtrMap<Block> live_;
-  /// A block freed by the caller whose free is not completed yet (see set_immediate_reuse): not
-  /// allocated, but still in live_; not in the free index; its statistics not yet moved.
-  Block* deferred_ = nullptr;
+  // The block freed by the caller whose free is not completed yet (see set_immediate_reuse):
+  // not allocated, but still in live_; not in the free index; its statistics not yet moved. It
+  // is held by mutex_, which completes it for every path but malloc.
   bool immediate_reuse_ = true;
   Segment* segments_ = nullptr;  ///< intrusive list of every segment
   DeviceStats stats_;      ///< every statistic except the fast path's (hot_)

@@ -55,7 +55,6 @@ void DeviceAllocator::carve(Pool& pool, Block* free_run, char* origin,
 std::vector<void*> DeviceAllocator::seed_segment(stream_t stream, bool small, std::size_t bytes,
                                                  const std::vector<SeedBlock>& blocks) {
   std::lock_guard lock(mutex_);
-  complete_deferred();
   Pool& pool = pool_for(small);
   Block* head = alloc_segment(pool, stream, bytes);
   if (head == nullptr) return {};
@@ -70,7 +69,6 @@ std::vector<void*> DeviceAllocator::seed_expandable(stream_t stream, bool small,
                                                     const std::vector<SeedRun>& runs,
                                                     const std::vector<SeedBlock>& blocks) {
   std::lock_guard lock(mutex_);
-  complete_deferred();
   Pool& pool = pool_for(small);
   std::size_t span = 0;
   for (const SeedRun& r : runs) span = std::max(span, r.offset + r.size);
@@ -120,7 +118,6 @@ std::vector<void*> DeviceAllocator::seed_expandable(stream_t stream, bool small,
 
 bool DeviceAllocator::release_free_segment(stream_t stream, std::size_t bytes) {
   std::lock_guard lock(mutex_);
-  complete_deferred();
   for (Pool* pool : {&small_, &large_}) {
     for (auto it = pool->index.lower_bound(detail::FreeKey{stream, bytes, nullptr});
          it != pool->index.end() && (*it)->stream == stream && (*it)->size == bytes; ++it) {

@@ -13,7 +13,6 @@ const char* state_of(const detail::Block* b) {
 
 std::vector<TraceEntry> DeviceAllocator::snapshot(std::vector<SegmentSnapshot>& out) {
   std::lock_guard lock(mutex_);
-  complete_deferred();
   trace(TraceAction::snapshot, nullptr, 0, nullptr);
   segments_locked(out, /*oldest_first=*/false);
   return recorder_.entries();
