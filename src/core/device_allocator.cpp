@@ -98,7 +98,7 @@ void DeviceAllocator::set_memory_fraction(double fraction) {
     allowed = static_cast<std::size_t>(fraction * total + 0.5);
   }
   std::lock_guard lock(mutex_);
-  allowed_ = allowed;
+  ledger_.set_cap(allowed);
 }
 
 // ---- allocation ---------------------------------------------------------------------------------

@@ -21,6 +21,7 @@
 #include "core/device_lock.hpp"
 #include "core/free_index.hpp"
 #include "core/hot_stats.hpp"
+#include "core/ledger.hpp"
 #include "core/object_pool.hpp"
 #include "core/ptr_map.hpp"
 #include "core/spin_lock.hpp"
@@ -348,7 +349,6 @@ class DeviceAllocator {
   const int device_;
   Backend& backend_;
   Config config_;
-  std::optional<std::size_t> allowed_;  ///< memory-fraction cap on reserved bytes
   bool configured_ = false;             ///< set_config() ran once
 
   mutable detail::DeviceLock<DeviceAllocator> mutex_{this};
@@ -363,6 +363,7 @@ class DeviceAllocator {
   bool immediate_reuse_ = true;
   Segment* segments_ = nullptr;  ///< intrusive list of every segment
   DeviceStats stats_;      ///< every statistic except the fast path's (hot_)
+  detail::Ledger ledger_{stats_};  ///< what is held from the device, and the memory-fraction cap
   detail::HotStats hot_;   ///< allocation, active, requested and inactive-split counters
   detail::Recorder recorder_;
   /// The failure of the request in progress, until malloc hands it to its caller.

@@ -27,7 +27,7 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(Pool& pool, stream_t stre
     return expandable ? grow_expandable(pool, stream, rounded)
                       : alloc_segment(pool, stream, alloc_size);
   };
-  if (allowed_ && config_.garbage_collection_threshold > 0.0) garbage_collect();
+  if (ledger_.cap() && config_.garbage_collection_threshold > 0.0) garbage_collect();
   Block* block = nullptr;
   // stitch_before_grow_mb: large requests reuse the stream's scattered free pages first.
   if (config_.stitching && config_.stitch_before_grow != 0 && rounded >= config_.stitch_before_grow)
@@ -65,17 +65,13 @@ DeviceAllocator::Block* DeviceAllocator::link_new_segment(Pool& pool, stream_t s
 
 DeviceAllocator::Block* DeviceAllocator::alloc_segment(Pool& pool, stream_t stream,
                                                        std::size_t bytes) {
-  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
-  if (allowed_ && reserved + bytes > *allowed_) return nullptr;
+  if (!ledger_.fits(bytes)) return nullptr;
   void* ptr = backend_.allocate(device_, bytes);  // throws backend_error for non-OOM failures
   if (ptr == nullptr) return nullptr;
   Block* block = link_new_segment(pool, stream, static_cast<char*>(ptr), bytes);
   Segment* segment = block->segment;
   segment->oversize = bytes >= config_.max_split_size;
-  ++stats_.num_device_alloc;
-  add(stats_.segment, pool.small, 1);
-  add(stats_.reserved_bytes, pool.small, static_cast<std::int64_t>(bytes));
-  if (segment->oversize) stats_.oversize_segments.increase(1);
+  ledger_.segment_allocated(pool.small, bytes, segment->oversize);
   pool.index.insert(block);  // free until alloc_found_block takes it
   trace(TraceAction::segment_alloc, ptr, bytes, stream);
   return block;
@@ -87,10 +83,7 @@ void DeviceAllocator::release_segment(Block* block) {
   backend_.deallocate(device_, segment->base, segment->size);  // throws: nothing changed
   trace(TraceAction::segment_free, segment->base, segment->size, segment->stream);
   pool_for(block->small).index.erase(block);
-  ++stats_.num_device_free;
-  sub(stats_.segment, segment->small, 1);
-  sub(stats_.reserved_bytes, segment->small, static_cast<std::int64_t>(segment->size));
-  if (segment->oversize) stats_.oversize_segments.decrease(1);
+  ledger_.segment_freed(segment->small, segment->size, segment->oversize);
   unlink_segment(segment, block);
 }
 
@@ -144,8 +137,8 @@ bool DeviceAllocator::release_available_cached_blocks(stream_t stream, std::size
 void DeviceAllocator::garbage_collect() {
   // PyTorch's garbage_collection_threshold: once reserved memory passes threshold x allowed,
   // free unsplit large-pool segments that have sat unused longer than average, oldest first.
-  const auto reserved = static_cast<double>(stats_.reserved_bytes[kAll].current);
-  const double limit = config_.garbage_collection_threshold * static_cast<double>(*allowed_);
+  const auto reserved = static_cast<double>(ledger_.reserved());
+  const double limit = config_.garbage_collection_threshold * static_cast<double>(*ledger_.cap());
   if (reserved <= limit) return;
   const double target = reserved - limit;
   double reclaimed = 0;
@@ -266,8 +259,8 @@ void DeviceAllocator::capture_oom(std::size_t requested, std::size_t rounded,
   } catch (...) {
     f.device_info_known = false;
   }
-  f.allowed = allowed_;
-  f.reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
+  f.allowed = ledger_.cap();
+  f.reserved = ledger_.reserved();
   f.allocated = static_cast<std::size_t>(hot_.allocated_bytes.current());
   f.largest_free_block = largest_free_block();
   f.expandable = config_.expandable_segments;

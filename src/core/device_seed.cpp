@@ -105,8 +105,7 @@ std::vector<void*> DeviceAllocator::seed_expandable(stream_t stream, bool small,
     split_unmapped_tail(u, r.size);
     u->mapped = true;
     trace(TraceAction::segment_map, u->ptr, r.size, stream);
-    ++stats_.num_device_alloc;
-    add(stats_.reserved_bytes, pool.small, static_cast<std::int64_t>(r.size));
+    ledger_.mapped(pool.small, r.size);
     std::vector<SeedBlock> inside;
     while (next_block < blocks.size() && blocks[next_block].offset < r.offset + r.size)
       inside.push_back(blocks[next_block++]);

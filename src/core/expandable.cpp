@@ -200,8 +200,7 @@ DeviceAllocator::Block* DeviceAllocator::grow_expandable_chain(Pool& pool, strea
 
 DeviceAllocator::Block* DeviceAllocator::map_front(Pool& pool, Block* target, std::size_t bytes) {
   Segment* segment = target->segment;
-  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
-  if (allowed_ && reserved + bytes > *allowed_) return nullptr;
+  if (!ledger_.fits(bytes)) return nullptr;
   const std::size_t first = static_cast<std::size_t>(target->ptr - segment->base) / segment->page;
   if (!map_pages(segment, first, bytes / segment->page)) return nullptr;
   return file_mapped(pool, target, bytes);
@@ -213,8 +212,7 @@ DeviceAllocator::Block* DeviceAllocator::file_mapped(Pool& pool, Block* target, 
   split_unmapped_tail(target, bytes);
   target->mapped = true;
   trace(TraceAction::segment_map, target->ptr, bytes, target->stream);
-  ++stats_.num_device_alloc;
-  add(stats_.reserved_bytes, pool.small, static_cast<std::int64_t>(bytes));
+  ledger_.mapped(pool.small, bytes);
   return insert_free(pool, target);
 }
 
@@ -276,8 +274,7 @@ void DeviceAllocator::unmap_free_pages(Block* block) {
   }
 
   mark_unmapped(block, start, end);
-  ++stats_.num_device_free;
-  sub(stats_.reserved_bytes, segment->small, static_cast<std::int64_t>(end - start));
+  ledger_.unmapped(segment->small, end - start);
   if (release_error) std::rethrow_exception(release_error);
 }
 

@@ -106,8 +106,7 @@ void DeviceAllocator::map_back(Segment* segment, std::size_t index, phys_handle_
   u->mapped = true;
   segment->pages[index] = handle;
   trace(TraceAction::segment_map, at, page, segment->stream);
-  ++stats_.num_device_alloc;
-  add(stats_.reserved_bytes, segment->small, static_cast<std::int64_t>(page));
+  ledger_.mapped(segment->small, page);
   insert_free(pool, u);
 }
 
@@ -175,8 +174,7 @@ void DeviceAllocator::move_out(const std::vector<Run>& plan, std::vector<MovedPa
       s->pages[i] = 0;
     }
     trace(TraceAction::segment_unmap, at, bytes, s->stream);
-    ++stats_.num_device_free;
-    sub(stats_.reserved_bytes, s->small, static_cast<std::int64_t>(bytes));
+    ledger_.unmapped(s->small, bytes);
     mark_unmapped(run.block, run.first * page, run.first * page + bytes);
     if (s->stitched && std::find(sources.begin(), sources.end(), s) == sources.end())
       sources.push_back(s);
@@ -228,12 +226,12 @@ bool DeviceAllocator::map_reused_pages(Block* target, std::size_t count) {
   // every grow steal from blocks about to be reused, and slivers of pages piled up between the
   // holes (ftcourse-finetune: 93 MiB of them at its peak, against 7 MiB; docs/stitching.md).
   const std::size_t have = free_page_runs(dest->stream, own, nullptr, target->prev, target->next);
-  const auto reserved_now = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
+  const std::size_t reserved_now = ledger_.reserved();
   if (have * page > reserved_now / kReuseSlack) take(std::move(own), count, plan);
   std::size_t reused = 0;
   for (const Run& r : plan) reused += r.count;
   const std::size_t fresh_pages = count - reused;
-  if (allowed_ && reserved_now + fresh_pages * page > *allowed_) return false;
+  if (!ledger_.fits(fresh_pages * page)) return false;
   const std::size_t first = static_cast<std::size_t>(target->ptr - dest->base) / page;
   if (reused == 0) return map_pages(dest, first, count);
 
@@ -296,10 +294,7 @@ DeviceAllocator::Block* DeviceAllocator::stitch_pages(Pool& pool, stream_t strea
 
   // 2. Fresh pages the device (and the memory fraction) may still give.
   std::size_t fresh_limit = own_only ? 0 : backend_.memory_info(device_).free / page;
-  if (allowed_) {
-    const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAll].current);
-    fresh_limit = std::min(fresh_limit, reserved < *allowed_ ? (*allowed_ - reserved) / page : 0);
-  }
+  fresh_limit = std::min(fresh_limit, ledger_.room() / page);
   if (own_total + fresh_limit + other_total < pages) return nullptr;
 
   // 3. The plan: own pages first, then fresh ones, then other streams', fewest streams first.
@@ -378,10 +373,9 @@ DeviceAllocator::Block* DeviceAllocator::stitch_pages(Pool& pool, stream_t strea
   segment->page = page;
   segment->pages = std::move(handles);
   trace(TraceAction::segment_map, va, segment->size, stream);
-  ++stats_.num_device_alloc;
+  ledger_.mapped(pool.small, segment->size);
   ++stats_.num_stitches;
   stats_.stitched_bytes += static_cast<std::int64_t>(segment->size);
-  add(stats_.reserved_bytes, pool.small, static_cast<std::int64_t>(segment->size));
 
   // Stitched ranges emptied by this move are dissolved: their reservations go back.
   dissolve_emptied(sources);
