@@ -33,12 +33,6 @@ DeviceAllocator::~DeviceAllocator() {
     release_cached_blocks();
   } catch (...) {
   }
-  for (event_t e : event_pool_) {
-    try {
-      backend_.destroy_event(device_, e);
-    } catch (...) {
-    }
-  }
   // Stray mappings and physical pages whose release failed earlier get one more try.
   for (const auto& [va, bytes] : stray_mappings_) {
     try {
@@ -111,9 +105,9 @@ DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t s
     capture_oom(size, size, size, false, stream);
     return {nullptr, failed_.release()};
   }
-  if (outstanding_events_ != 0) {
+  if (events_.outstanding() != 0) {
     mutex_.settle();
-    process_events();
+    events_.poll([this](Block* b) { complete_pending(b); });
   }
   const std::size_t rounded = detail::round_size(size, config_.roundup_power2_divisions);
   const bool small = detail::is_small(rounded);
@@ -208,7 +202,7 @@ FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
           block->stream_uses.end()) {
     block->stream_uses.push_back(*stream);  // freed on another stream: that was its last use
   }
-  if (!block->stream_uses.empty()) insert_events(block);  // may throw; nothing changed then
+  if (!block->stream_uses.empty()) events_.record(block);  // may throw; nothing changed then
   // Without events, the free is completed lazily: the next allocation may take the block
   // straight back (reuse_deferred). With a free neighbour in front, the filed block would start
   // elsewhere, so it could not come back. A deferred block stays in the live table, not

@@ -25,6 +25,7 @@
 #include "core/object_pool.hpp"
 #include "core/ptr_map.hpp"
 #include "core/spin_lock.hpp"
+#include "core/stream_events.hpp"
 #include "diagnostics/recorder.hpp"
 #include "core/oom_capture.hpp"
 #include "stitch/backend.hpp"
@@ -311,10 +312,6 @@ class DeviceAllocator {
   void release_or_keep(Pool& pool, stream_t stream, void* va, std::size_t bytes,
                        std::size_t page) noexcept;
   void release_or_orphan(phys_handle_t handle) noexcept;
-  void insert_events(Block* block);
-  void process_events();
-  void synchronize_and_free_events();
-  event_t get_event();
   /// Counts a failed request and captures its facts (and a what-if check's input) in failed_.
   void capture_oom(std::size_t requested, std::size_t rounded, std::size_t alloc_size, bool small,
                    stream_t stream);
@@ -369,10 +366,7 @@ class DeviceAllocator {
   /// The failure of the request in progress, until malloc hands it to its caller.
   std::unique_ptr<detail::OomCapture> failed_;
 
-  // cross-stream events (slow path only)
-  std::unordered_map<stream_t, std::deque<std::pair<event_t, Block*>>> pending_;
-  std::size_t outstanding_events_ = 0;
-  std::vector<event_t> event_pool_;
+  detail::StreamEvents events_{backend_, device_};  ///< cross-stream events (slow path only)
   std::vector<phys_handle_t> orphan_handles_;  ///< pages whose release failed: retried later
   /// Ranges still mapped because their unmap failed while undoing a failed map (the bookkeeping
   /// already calls them unmapped): unmapped again before the next map and before reservations

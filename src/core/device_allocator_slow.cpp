@@ -96,7 +96,10 @@ void DeviceAllocator::unlink_segment(Segment* segment, Block* head) noexcept {
 }
 
 bool DeviceAllocator::release_cached_blocks() {
-  synchronize_and_free_events();
+  if (events_.outstanding() != 0) {
+    ++stats_.num_sync_all_streams;
+    events_.wait_all([this](Block* b) { complete_pending(b); });
+  }
   std::vector<Block*> whole;
   for (Pool* pool : {&small_, &large_})
     for (Block* b : pool->index)
@@ -162,74 +165,6 @@ void DeviceAllocator::garbage_collect() {
     }
     if (!freed) break;
     candidates.swap(keep);
-  }
-}
-
-// ---- cross-stream events ----------------------------------------------------------------------
-
-event_t DeviceAllocator::get_event() {
-  if (!event_pool_.empty()) {
-    event_t e = event_pool_.back();
-    event_pool_.pop_back();
-    return e;
-  }
-  return backend_.create_event(device_);
-}
-
-void DeviceAllocator::insert_events(Block* block) {
-  // Record one event per extra stream. All or nothing: on failure the recorded events go back to
-  // the pool and the block stays allocated.
-  std::vector<event_t> recorded;
-  recorded.reserve(block->stream_uses.size());
-  try {
-    for (stream_t s : block->stream_uses) {
-      event_t e = get_event();
-      try {
-        backend_.record_event(device_, e, s);
-      } catch (...) {
-        event_pool_.push_back(e);
-        throw;
-      }
-      recorded.push_back(e);
-    }
-  } catch (...) {
-    // Already-recorded events will complete on their own; they are safe to reuse.
-    event_pool_.insert(event_pool_.end(), recorded.begin(), recorded.end());
-    throw;
-  }
-  for (std::size_t i = 0; i < recorded.size(); ++i) {
-    pending_[block->stream_uses[i]].emplace_back(recorded[i], block);
-    ++block->event_count;
-    ++outstanding_events_;
-  }
-}
-
-void DeviceAllocator::process_events() {
-  // Per-stream queues: stop at the first incomplete event of each stream.
-  for (auto& [stream, queue] : pending_) {
-    while (!queue.empty()) {
-      auto [event, block] = queue.front();
-      if (!backend_.query_event(device_, event)) break;
-      queue.pop_front();
-      event_pool_.push_back(event);
-      --outstanding_events_;
-      if (--block->event_count == 0) complete_pending(block);
-    }
-  }
-}
-
-void DeviceAllocator::synchronize_and_free_events() {
-  if (outstanding_events_ == 0) return;
-  ++stats_.num_sync_all_streams;
-  for (auto& [stream, queue] : pending_) {
-    while (!queue.empty()) {
-      auto [event, block] = queue.front();
-      backend_.synchronize_event(device_, event);
-      queue.pop_front();
-      event_pool_.push_back(event);
-      --outstanding_events_;
-      if (--block->event_count == 0) complete_pending(block);
-    }
   }
 }
 

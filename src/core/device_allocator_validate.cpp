@@ -137,7 +137,7 @@ void DeviceAllocator::validate_locked() const {
   if (unmapped_blocks[0] != small_.unmapped.size() || unmapped_blocks[1] != large_.unmapped.size())
     broken(device_, "the unmapped set holds blocks that are not unmapped in any segment");
   if (live_blocks != live_.size()) broken(device_, "the live table holds unknown pointers");
-  if (pending_events != outstanding_events_) broken(device_, "pending event count is wrong");
+  if (pending_events != events_.outstanding()) broken(device_, "pending event count is wrong");
 
   const DeviceStats stats = stats_locked();
   check_stat(device_, "allocation", stats.allocation, allocation);

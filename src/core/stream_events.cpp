@@ -1,0 +1,44 @@
+// core/stream_events.cpp — StreamEvents: recording a freed block's events, and the event pool.
+#include "core/stream_events.hpp"
+
+#include "core/undo.hpp"
+
+namespace stitch::detail {
+
+StreamEvents::~StreamEvents() {
+  for (event_t e : pool_) {
+    try {
+      backend_.destroy_event(device_, e);
+    } catch (...) {
+    }
+  }
+}
+
+event_t StreamEvents::get_event() {
+  if (!pool_.empty()) {
+    event_t e = pool_.back();
+    pool_.pop_back();
+    return e;
+  }
+  return backend_.create_event(device_);
+}
+
+void StreamEvents::record(Block* block) {
+  std::vector<event_t> recorded;
+  recorded.reserve(block->stream_uses.size());
+  // On a failure the events taken go back to the pool: already-recorded ones complete on their
+  // own and are safe to reuse.
+  Undo give_back([&] { pool_.insert(pool_.end(), recorded.begin(), recorded.end()); });
+  for (stream_t s : block->stream_uses) {
+    recorded.push_back(get_event());
+    backend_.record_event(device_, recorded.back(), s);
+  }
+  give_back.done();
+  for (std::size_t i = 0; i < recorded.size(); ++i) {
+    pending_[block->stream_uses[i]].emplace_back(recorded[i], block);
+    ++block->event_count;
+    ++outstanding_;
+  }
+}
+
+}  // namespace stitch::detail
