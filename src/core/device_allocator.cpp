@@ -33,19 +33,7 @@ DeviceAllocator::~DeviceAllocator() {
     release_cached_blocks();
   } catch (...) {
   }
-  // Stray mappings and physical pages whose release failed earlier get one more try.
-  for (const auto& [va, bytes] : stray_mappings_) {
-    try {
-      backend_.unmap(device_, va, bytes);
-    } catch (...) {
-    }
-  }
-  for (phys_handle_t h : orphan_handles_) {
-    try {
-      backend_.release_physical(device_, h);
-    } catch (...) {
-    }
-  }
+  // (Stray mappings and orphaned pages get one more try in pages_'s destructor.)
   for (Segment* s = segments_; s != nullptr;) {
     Segment* next = s->next;
     for (Block* b = s->head; b != nullptr;) {

@@ -23,6 +23,7 @@
 #include "core/hot_stats.hpp"
 #include "core/ledger.hpp"
 #include "core/object_pool.hpp"
+#include "core/page_mapper.hpp"
 #include "core/ptr_map.hpp"
 #include "core/spin_lock.hpp"
 #include "core/stream_events.hpp"
@@ -258,11 +259,6 @@ class DeviceAllocator {
   /// one unmapped block, filed in pool.unmapped (expandable; stitched when `stitched`).
   Segment* adopt_unmapped_range(Pool& pool, stream_t stream, char* va, std::size_t bytes,
                                 std::size_t page, bool stitched);
-  bool map_pages(Segment* segment, std::size_t first, std::size_t count);
-  /// Unmaps `bytes` at `va` while undoing; if that fails too, files the range as stray.
-  void unmap_or_stray(char* va, std::size_t bytes) noexcept;
-  /// Retries the unmap of every stray range; throws (keeping the rest) if one fails again.
-  void unmap_strays();
   void release_expandable_pages();
   void unmap_free_pages(Block* block);
   /// Bookkeeping only: bytes [start, end) of `block`'s segment (whole pages inside the free
@@ -311,7 +307,6 @@ class DeviceAllocator {
   bool release_if_unmapped(Segment* segment);
   void release_or_keep(Pool& pool, stream_t stream, void* va, std::size_t bytes,
                        std::size_t page) noexcept;
-  void release_or_orphan(phys_handle_t handle) noexcept;
   /// Counts a failed request and captures its facts (and a what-if check's input) in failed_.
   void capture_oom(std::size_t requested, std::size_t rounded, std::size_t alloc_size, bool small,
                    stream_t stream);
@@ -367,11 +362,8 @@ class DeviceAllocator {
   std::unique_ptr<detail::OomCapture> failed_;
 
   detail::StreamEvents events_{backend_, device_};  ///< cross-stream events (slow path only)
-  std::vector<phys_handle_t> orphan_handles_;  ///< pages whose release failed: retried later
-  /// Ranges still mapped because their unmap failed while undoing a failed map (the bookkeeping
-  /// already calls them unmapped): unmapped again before the next map and before reservations
-  /// are released, so that a second failure costs neither a leak nor a stuck reservation.
-  std::vector<std::pair<char*, std::size_t>> stray_mappings_;
+  /// The physical pages of expandable ranges, and what failed undos left (page_mapper.hpp).
+  detail::PageMapper pages_{backend_, device_};
 };
 
 }  // namespace stitch

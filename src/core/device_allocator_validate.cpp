@@ -129,7 +129,7 @@ void DeviceAllocator::validate_locked() const {
   std::sort(handles.begin(), handles.end());
   if (std::adjacent_find(handles.begin(), handles.end()) != handles.end())
     broken(device_, "a physical handle is mapped in two pages");
-  for (phys_handle_t h : orphan_handles_)
+  for (phys_handle_t h : pages_.orphans())
     if (std::binary_search(handles.begin(), handles.end(), h))
       broken(device_, "an orphaned physical handle is still mapped in a page");
   if (free_blocks[0] != small_.index.size() || free_blocks[1] != large_.index.size())

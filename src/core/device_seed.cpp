@@ -92,7 +92,7 @@ std::vector<void*> DeviceAllocator::seed_expandable(stream_t stream, bool small,
     if (u == nullptr || u->ptr > segment->base + r.offset ||
         u->ptr + u->size < segment->base + r.offset + r.size)
       break;
-    if (!map_pages(segment, r.offset / segment->page, r.size / segment->page)) break;
+    if (!pages_.map(*segment, r.offset / segment->page, r.size / segment->page)) break;
     pool.unmapped.erase(u);
     char* at = segment->base + r.offset;
     if (at > u->ptr) {  // address space before the run stays unmapped

@@ -58,67 +58,6 @@ DeviceAllocator::Segment* DeviceAllocator::adopt_unmapped_range(Pool& pool, stre
   return segment;
 }
 
-void DeviceAllocator::unmap_or_stray(char* va, std::size_t bytes) noexcept {
-  try {
-    backend_.unmap(device_, va, bytes);
-  } catch (...) {  // the caller's first error is what it reports; this one is retried later
-    try {
-      stray_mappings_.emplace_back(va, bytes);
-    } catch (...) {  // no memory to remember it: the range stays mapped until the device goes
-    }
-  }
-}
-
-void DeviceAllocator::unmap_strays() {
-  while (!stray_mappings_.empty()) {
-    const auto [va, bytes] = stray_mappings_.back();
-    backend_.unmap(device_, va, bytes);  // throws: still stray, retried next time
-    stray_mappings_.pop_back();
-  }
-}
-
-bool DeviceAllocator::map_pages(Segment* segment, std::size_t first, std::size_t count) {
-  // All or nothing: on out-of-memory or an error every page mapped here is undone.
-  unmap_strays();  // a stray range may lie where these pages go
-  std::size_t done = 0;
-  auto undo = [&] {
-    for (std::size_t i = first; i < first + done; ++i) {
-      unmap_or_stray(segment->base + i * segment->page, segment->page);
-      try {
-        backend_.release_physical(device_, segment->pages[i]);
-      } catch (...) {
-        orphan_handles_.push_back(segment->pages[i]);
-      }
-      segment->pages[i] = 0;
-    }
-  };
-  try {
-    for (; done < count; ++done) {
-      const std::size_t i = first + done;
-      const phys_handle_t handle = backend_.create_physical(device_, segment->page);
-      if (handle == 0) {
-        undo();
-        return false;
-      }
-      try {
-        backend_.map(device_, segment->base + i * segment->page, segment->page, handle);
-      } catch (...) {
-        try {
-          backend_.release_physical(device_, handle);
-        } catch (...) {
-          orphan_handles_.push_back(handle);
-        }
-        throw;
-      }
-      segment->pages[i] = handle;
-    }
-  } catch (...) {
-    undo();
-    throw;
-  }
-  return true;
-}
-
 DeviceAllocator::Block* DeviceAllocator::grow_expandable(Pool& pool, stream_t stream,
                                                          std::size_t rounded) {
   if (!config_.stitching) return grow_expandable_chain(pool, stream, rounded);
@@ -202,7 +141,7 @@ DeviceAllocator::Block* DeviceAllocator::map_front(Pool& pool, Block* target, st
   Segment* segment = target->segment;
   if (!ledger_.fits(bytes)) return nullptr;
   const std::size_t first = static_cast<std::size_t>(target->ptr - segment->base) / segment->page;
-  if (!map_pages(segment, first, bytes / segment->page)) return nullptr;
+  if (!pages_.map(*segment, first, bytes / segment->page)) return nullptr;
   return file_mapped(pool, target, bytes);
 }
 
@@ -262,16 +201,7 @@ void DeviceAllocator::unmap_free_pages(Block* block) {
   if (end <= start) return;
   backend_.unmap(device_, segment->base + start, end - start);  // throws: nothing changed
   trace(TraceAction::segment_unmap, segment->base + start, end - start, segment->stream);
-  std::exception_ptr release_error;
-  for (std::size_t i = start / page; i < end / page; ++i) {
-    try {
-      backend_.release_physical(device_, segment->pages[i]);
-    } catch (...) {  // unmapped already: keep the handle and retry on the next release
-      orphan_handles_.push_back(segment->pages[i]);
-      if (!release_error) release_error = std::current_exception();
-    }
-    segment->pages[i] = 0;
-  }
+  const std::exception_ptr release_error = pages_.release(*segment, start / page, end / page);
 
   mark_unmapped(block, start, end);
   ledger_.unmapped(segment->small, end - start);
@@ -301,11 +231,8 @@ void DeviceAllocator::mark_unmapped(Block* block, std::size_t start, std::size_t
 
 void DeviceAllocator::release_expandable_pages() {
   // First, ranges whose unmap and pages whose release failed before.
-  unmap_strays();
-  for (auto it = orphan_handles_.begin(); it != orphan_handles_.end();) {
-    backend_.release_physical(device_, *it);  // throws: still orphaned, retried next time
-    it = orphan_handles_.erase(it);
-  }
+  pages_.unmap_strays();
+  pages_.release_orphans();
   for (Segment* segment = segments_; segment != nullptr;) {
     Segment* next_segment = segment->next;
     if (segment->expandable) {

@@ -68,17 +68,6 @@ std::size_t take(std::vector<Run> runs, std::size_t want, std::vector<Run>& plan
 }
 }  // namespace
 
-void DeviceAllocator::release_or_orphan(phys_handle_t handle) noexcept {
-  try {
-    backend_.release_physical(device_, handle);
-  } catch (...) {
-    try {
-      orphan_handles_.push_back(handle);  // retried by release_expandable_pages
-    } catch (...) {
-    }
-  }
-}
-
 void DeviceAllocator::map_back(Segment* segment, std::size_t index, phys_handle_t handle) noexcept {
   // Undo of a move: maps `handle` again at page `index` of `segment`, where an unmapped block
   // now lies, and files that page as free (it was free when it left).
@@ -87,7 +76,7 @@ void DeviceAllocator::map_back(Segment* segment, std::size_t index, phys_handle_
   try {
     backend_.map(device_, at, page, handle);
   } catch (...) {
-    release_or_orphan(handle);  // the source keeps a hole there: consistent, just smaller
+    pages_.release_or_orphan(handle);  // the source keeps a hole there: consistent, just smaller
     return;
   }
   // Bookkeeping only from here (an allocation failure in it terminates: noexcept).
@@ -190,14 +179,14 @@ std::vector<phys_handle_t> DeviceAllocator::map_side_by_side(
   handles.insert(handles.end(), fresh.begin(), fresh.end());
   std::size_t mapped = 0;
   try {
-    unmap_strays();  // a stray range may lie where these pages go
+    pages_.unmap_strays();  // a stray range may lie where these pages go
     for (; mapped < handles.size(); ++mapped)
       backend_.map(device_, at + mapped * page, page, handles[mapped]);
   } catch (...) {
-    if (mapped > 0) unmap_or_stray(at, mapped * page);
+    if (mapped > 0) pages_.unmap_or_stray(at, mapped * page);
     for (auto it = moved.rbegin(); it != moved.rend(); ++it)
       map_back(it->segment, it->index, it->handle);
-    for (phys_handle_t h : fresh) release_or_orphan(h);
+    for (phys_handle_t h : fresh) pages_.release_or_orphan(h);
     throw;
   }
   return handles;
@@ -213,7 +202,7 @@ void DeviceAllocator::dissolve_emptied(const std::vector<Segment*>& sources) noe
 }
 
 bool DeviceAllocator::map_reused_pages(Block* target, std::size_t count) {
-  // Like map_pages, but the stream's whole free pages elsewhere (both pools, stitched ranges
+  // Like PageMapper::map, but the stream's whole free pages elsewhere (both pools, stitched ranges
   // included) are moved here first: reserved memory grows only by the fresh pages. The free
   // blocks next to `target` are left alone (the caller serves the request from the one before,
   // and moving their pages would merge their holes with `target`).
@@ -233,11 +222,11 @@ bool DeviceAllocator::map_reused_pages(Block* target, std::size_t count) {
   const std::size_t fresh_pages = count - reused;
   if (!ledger_.fits(fresh_pages * page)) return false;
   const std::size_t first = static_cast<std::size_t>(target->ptr - dest->base) / page;
-  if (reused == 0) return map_pages(dest, first, count);
+  if (reused == 0) return pages_.map(*dest, first, count);
 
   std::vector<phys_handle_t> fresh;
   auto release_fresh = [&] {
-    for (phys_handle_t h : fresh) release_or_orphan(h);
+    for (phys_handle_t h : fresh) pages_.release_or_orphan(h);
   };
   try {
     while (fresh.size() < fresh_pages) {
@@ -305,7 +294,7 @@ DeviceAllocator::Block* DeviceAllocator::stitch_pages(Pool& pool, stream_t strea
   if (va == nullptr) return nullptr;
   std::vector<phys_handle_t> fresh;
   auto give_up = [&] {  // nothing is mapped in the new range
-    for (phys_handle_t h : fresh) release_or_orphan(h);
+    for (phys_handle_t h : fresh) pages_.release_or_orphan(h);
     release_or_keep(pool, stream, va, pages * page, page);
   };
   try {

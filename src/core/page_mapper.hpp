@@ -1,0 +1,50 @@
+// core/page_mapper.hpp — the physical pages of expandable ranges: created, mapped, unmapped and
+// released through the backend, all or nothing, and what an undo could not undo: stray mappings
+// (an unmap that failed while undoing a failed map: the bookkeeping already calls the range
+// unmapped) and orphaned handles (a release that failed after an unmap). Both are retried before
+// the next map and before memory goes back to the device.
+#pragma once
+
+#include <cstddef>
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include "core/block.hpp"
+#include "stitch/backend.hpp"
+
+namespace stitch::detail {
+
+class PageMapper {
+ public:
+  PageMapper(Backend& backend, int device) noexcept : backend_(backend), device_(device) {}
+  /// One more try for stray mappings and orphaned handles (errors dropped).
+  ~PageMapper();
+  PageMapper(const PageMapper&) = delete;
+  PageMapper& operator=(const PageMapper&) = delete;
+
+  /// Creates and maps pages [first, first + count) of `segment` (one handle each). All or
+  /// nothing: false when the device is out of memory, and on a backend error it rethrows; either
+  /// way every page mapped here was unmapped and released again (or filed as stray / orphan).
+  bool map(Segment& segment, std::size_t first, std::size_t count);
+  /// Releases the handles of pages [first, last) of `segment` (just unmapped) and zeroes them;
+  /// a handle whose release fails is kept as an orphan. Returns the first failure (or null).
+  std::exception_ptr release(Segment& segment, std::size_t first, std::size_t last) noexcept;
+  /// Releases `handle`, or keeps it as an orphan when that fails.
+  void release_or_orphan(phys_handle_t handle) noexcept;
+  /// Unmaps `bytes` at `va` while undoing; if that fails too, files the range as stray.
+  void unmap_or_stray(char* va, std::size_t bytes) noexcept;
+  /// Retries the unmap of every stray range; throws (keeping the rest) if one fails again.
+  void unmap_strays();
+  /// Retries the release of every orphaned handle; throws (keeping the rest) if one fails again.
+  void release_orphans();
+  [[nodiscard]] const std::vector<phys_handle_t>& orphans() const noexcept { return orphans_; }
+
+ private:
+  Backend& backend_;
+  const int device_;
+  std::vector<phys_handle_t> orphans_;
+  std::vector<std::pair<char*, std::size_t>> strays_;
+};
+
+}  // namespace stitch::detail
