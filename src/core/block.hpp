@@ -92,7 +92,7 @@ struct Segment {
   bool oversize = false;       ///< counted in oversize_segments
   bool expandable = false;     ///< a reserved range whose pages are mapped on demand
   bool stitched = false;       ///< expandable too: a range reserved to fit one request, mapped
-                               ///< with pages moved from other ranges (stitching.cpp)
+                               ///< with pages moved from other ranges (stitcher.cpp)
   std::size_t page = 0;        ///< expandable: bytes per page (one physical handle each)
   std::vector<phys_handle_t> pages;  ///< expandable: handle of each page, 0 when unmapped
   Block* head = nullptr;       ///< lowest-address block

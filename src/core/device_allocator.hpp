@@ -1,13 +1,21 @@
 // core/device_allocator.hpp — the caching allocator of one device.
 //
-// Owns the device's segments, its two block pools (small <= 1 MiB, large), the live-allocation
-// table, the cross-stream events and the statistics, all under one mutex. The fast path (a cache
-// hit) is: lock, best-fit lookup, optional split, table insert, unlock — no heap allocation, no
-// scan, no backend call. Everything that talks to the backend is on the slow path.
+// Owns the device's segments and blocks, its two block pools (small <= 1 MiB, large), the
+// live-allocation table and the statistics, all under one lock. The fast path (a cache hit) is:
+// lock, best-fit lookup, optional split, table insert, unlock — no heap allocation, no scan, no
+// backend call. The concepts around it are types of their own:
+// - device_lock.hpp: the lock, which settles the deferred free of immediate reuse;
+// - ledger.hpp: what is held from the device, and the memory-fraction cap;
+// - stream_events.hpp: cross-stream events;
+// - page_mapper.hpp: the physical pages of expandable ranges, mapped all or nothing;
+// - stitcher.hpp: virtual-memory stitching.
+// Member functions by file: device_allocator.cpp (entry points, fast path), device_growth.cpp
+// (the slow-path ladder and its one source of new memory), expandable.cpp (expandable ranges),
+// device_oom.cpp (a failed request), device_seed.cpp (replays' start state),
+// device_snapshot.cpp, device_validate.cpp.
 #pragma once
 
 #include <cstddef>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -26,9 +34,10 @@
 #include "core/page_mapper.hpp"
 #include "core/ptr_map.hpp"
 #include "core/spin_lock.hpp"
+#include "core/stitcher.hpp"
 #include "core/stream_events.hpp"
-#include "diagnostics/recorder.hpp"
 #include "core/oom_capture.hpp"
+#include "diagnostics/recorder.hpp"
 #include "stitch/backend.hpp"
 #include "stitch/block_info.hpp"
 #include "stitch/config.hpp"
@@ -36,16 +45,6 @@
 #include "stitch/stats.hpp"
 
 namespace stitch {
-
-namespace detail {
-
-/// Whole pages [first, first + count) (page indices in its segment) inside a free block.
-struct PageRun {
-  Block* block;
-  std::size_t first;
-  std::size_t count;
-};
-}  // namespace detail
 
 /// Result of a free attempt on one device.
 enum class FreeStatus { freed, not_found, wrong_size };
@@ -164,6 +163,7 @@ class DeviceAllocator {
   /// the const queries may lock too.
   void settle_deferred(Block* block);
   friend class detail::DeviceLock<DeviceAllocator>;
+  friend class detail::Stitcher;  // works on the blocks through the operations below
   /// Takes the free, indexed `block` out of the index for `rounded` bytes, splitting off the
   /// rest when the policy says so; returns the block to hand out.
   Block* take_found_block(Pool& pool, Block* block, std::size_t rounded);
@@ -229,10 +229,16 @@ class DeviceAllocator {
   /// A pending block's last event completed: it becomes free.
   void complete_pending(Block* block);
 
-  // slow path (device_allocator_slow.cpp)
+  // slow path (device_growth.cpp)
   /// New memory for a request the cache cannot serve, through the out-of-memory ladder; nullptr
   /// with the failure captured in failed_ when even the last resort fails.
   Block* allocate_slow(Pool& pool, stream_t stream, std::size_t rounded, std::size_t requested);
+  /// The device's one source of new memory for a request of `rounded` bytes: a plain segment of
+  /// `alloc_size`, or (expandable segments) pages mapped into the stream's range. A free block
+  /// (in the index) covering the request, or nullptr when the device or the cap refuses.
+  Block* grow(Pool& pool, stream_t stream, std::size_t rounded, std::size_t alloc_size);
+  /// What grow() obtains for `rounded` bytes: the segment size, or the request in whole pages.
+  [[nodiscard]] std::size_t growth_size(bool small, std::size_t rounded);
   Block* alloc_segment(Pool& pool, stream_t stream, std::size_t bytes);
   /// A new segment over [base, base + size) of `pool` and `stream`, linked into the segment
   /// list, with one block over all of it as its head (returned; its segment is block->segment).
@@ -267,52 +273,14 @@ class DeviceAllocator {
   Block* insert_unmapped(Block* block);
   void split_unmapped_tail(Block* block, std::size_t keep);
   [[nodiscard]] std::size_t page_size(bool small);
-
-  // virtual-memory stitching (stitching.cpp)
-  /// Stitches a range for `rounded` bytes from free pages (own stream, fresh, other streams);
-  /// with `own_only`, from the stream's own free pages alone. nullptr when they are too few.
-  Block* stitch_pages(Pool& pool, stream_t stream, std::size_t rounded, bool own_only);
-  /// Grows `target` (an unmapped block of a one-granule expandable range) by its first `count`
-  /// pages, using the stream's whole free pages first and fresh pages for the rest
-  /// (stitch_reuse_pages). False when the device or the memory fraction cannot give the fresh
-  /// pages; nothing changed then.
-  bool map_reused_pages(Block* target, std::size_t count);
-  /// The whole free pages of one-granule expandable ranges (both pools): `stream`'s own in
-  /// `own`, other streams' in `others` (when given). Skips `skip_a` and `skip_b`. Returns the
-  /// pages found.
-  std::size_t free_page_runs(stream_t stream, std::vector<detail::PageRun>& own,
-                             std::map<stream_t, std::vector<detail::PageRun>>* others,
-                             const Block* skip_a = nullptr, const Block* skip_b = nullptr);
-  /// A page moved out of its segment: where it was and its physical handle.
-  struct MovedPage {
-    Segment* segment;
-    std::size_t index;
-    phys_handle_t handle;
-  };
-  /// Unmaps the runs of `plan` where they are (their handles stay alive), appending each page to
-  /// `moved` and each stitched segment touched to `sources`. On a failure, maps every page moved
-  /// so far back and rethrows.
-  void move_out(const std::vector<detail::PageRun>& plan, std::vector<MovedPage>& moved,
-                std::vector<Segment*>& sources);
-  /// Maps the moved pages, then the fresh ones, side by side from `at` (one page each) and
-  /// returns their handles in that order. On a failure unmaps what it mapped (a range whose
-  /// unmap fails too is filed as stray), maps the moved pages back where they were, releases the
-  /// fresh ones and rethrows.
-  std::vector<phys_handle_t> map_side_by_side(char* at, std::size_t page,
-                                              const std::vector<MovedPage>& moved,
-                                              const std::vector<phys_handle_t>& fresh);
-  /// Dissolves the stitched segments among `sources` that no longer hold a mapped page.
-  void dissolve_emptied(const std::vector<Segment*>& sources) noexcept;
-  void map_back(Segment* segment, std::size_t index, phys_handle_t handle) noexcept;
+  /// Returns a wholly unmapped expandable range (one unmapped block) to the device.
   bool release_if_unmapped(Segment* segment);
-  void release_or_keep(Pool& pool, stream_t stream, void* va, std::size_t bytes,
-                       std::size_t page) noexcept;
+
+  // a failed request (device_oom.cpp)
   /// Counts a failed request and captures its facts (and a what-if check's input) in failed_.
   void capture_oom(std::size_t requested, std::size_t rounded, std::size_t alloc_size, bool small,
                    stream_t stream);
   [[nodiscard]] std::size_t largest_free_block() const;
-
-  // the out-of-memory what-if check's input (device_what_if.cpp)
   /// The workload's raw material and the device's shape, for a request on `stream` that failed.
   [[nodiscard]] std::shared_ptr<const detail::WhatIfInput> what_if_input(stream_t stream) const;
   /// Appends every mapped run of every segment to `out` as a snapshot segment (newest segment
@@ -328,7 +296,7 @@ class DeviceAllocator {
   void carve(Pool& pool, Block* free_run, char* origin, const std::vector<SeedBlock>& blocks,
              std::vector<void*>& out);
 
-  // validation (device_allocator_validate.cpp)
+  // validation (device_validate.cpp)
   void validate_locked() const;
 
   void trace(TraceAction action, const void* addr, std::size_t size, stream_t stream) {
@@ -348,10 +316,9 @@ class DeviceAllocator {
   detail::ObjectPool<Block> blocks_;
   Pool small_{&index_nodes_, true};
   Pool large_{&index_nodes_, false};
+  /// The live allocations; also the block freed by the caller whose free is not completed yet
+  /// (see set_immediate_reuse), which mutex_ holds and completes for every path but malloc.
   detail::PtrMap<Block> live_;
-  // The block freed by the caller whose free is not completed yet (see set_immediate_reuse):
-  // not allocated, but still in live_; not in the free index; its statistics not yet moved. It
-  // is held by mutex_, which completes it for every path but malloc.
   bool immediate_reuse_ = true;
   Segment* segments_ = nullptr;  ///< intrusive list of every segment
   DeviceStats stats_;      ///< every statistic except the fast path's (hot_)
@@ -364,6 +331,7 @@ class DeviceAllocator {
   detail::StreamEvents events_{backend_, device_};  ///< cross-stream events (slow path only)
   /// The physical pages of expandable ranges, and what failed undos left (page_mapper.hpp).
   detail::PageMapper pages_{backend_, device_};
+  detail::Stitcher stitcher_{*this};  ///< stitching:True (stitcher.hpp)
 };
 
 }  // namespace stitch

@@ -91,8 +91,8 @@ DeviceAllocator::Block* DeviceAllocator::grow_expandable(Pool& pool, stream_t st
   // (Without the free block after, the hole alone covers `need`: the min changes nothing.)
   const std::size_t bytes = std::min(round_up(need, segment->page), target->size);
   if (reuse && segment->page == backend_.granularity(device_)) {
-    // stitch_reuse_pages: the stream's free pages elsewhere come first (stitching.cpp).
-    if (!map_reused_pages(target, bytes / segment->page)) return nullptr;
+    // stitch_reuse_pages: the stream's free pages elsewhere come first (stitcher.cpp).
+    if (!stitcher_.map_reused_pages(target, bytes / segment->page)) return nullptr;
     return file_mapped(pool, target, bytes);
   }
   return map_front(pool, target, bytes);
@@ -227,6 +227,15 @@ void DeviceAllocator::mark_unmapped(Block* block, std::size_t start, std::size_t
   block->size = end - start;
   block->mapped = false;
   insert_unmapped(block);
+}
+
+bool DeviceAllocator::release_if_unmapped(Segment* segment) {
+  Block* head = segment->head;
+  if (head->mapped || head->next != nullptr) return false;
+  backend_.release_reservation(device_, segment->base, segment->size);  // throws: kept
+  pool_for(segment->small).unmapped.erase(head);
+  unlink_segment(segment, head);
+  return true;
 }
 
 void DeviceAllocator::release_expandable_pages() {

@@ -1,4 +1,4 @@
-// core/stitching.cpp — virtual-memory stitching (stitching:True, after GMLake, ASPLOS '24).
+// core/stitcher.cpp — virtual-memory stitching (stitching:True, after GMLake, ASPLOS '24).
 //
 // When no free block fits a request and the device cannot map more pages, the whole pages lying
 // inside free blocks of expandable ranges (any pool, any stream) are moved: unmapped where they
@@ -26,18 +26,17 @@
 #include <vector>
 
 #include "core/constants.hpp"
+#include "core/stitcher.hpp"
+
 #include "core/device_allocator.hpp"
 #include "core/stat_update.hpp"
 
-namespace stitch {
+namespace stitch::detail {
 
-using detail::add;
-using detail::round_up;
-using detail::sub;
 
 namespace {
 
-using Run = detail::PageRun;
+using Run = PageRun;
 
 /// stitch_reuse_pages moves free pages into a growing range only while they are more than
 /// reserved / kReuseSlack (see map_reused_pages).
@@ -68,65 +67,57 @@ std::size_t take(std::vector<Run> runs, std::size_t want, std::vector<Run>& plan
 }
 }  // namespace
 
-void DeviceAllocator::map_back(Segment* segment, std::size_t index, phys_handle_t handle) noexcept {
+void Stitcher::map_back(Segment* segment, std::size_t index, phys_handle_t handle) noexcept {
   // Undo of a move: maps `handle` again at page `index` of `segment`, where an unmapped block
   // now lies, and files that page as free (it was free when it left).
   const std::size_t page = segment->page;
   char* at = segment->base + index * page;
   try {
-    backend_.map(device_, at, page, handle);
+    d_.backend_.map(d_.device_, at, page, handle);
   } catch (...) {
-    pages_.release_or_orphan(handle);  // the source keeps a hole there: consistent, just smaller
+    d_.pages_.release_or_orphan(handle);  // the source keeps a hole there: consistent, just smaller
     return;
   }
   // Bookkeeping only from here (an allocation failure in it terminates: noexcept).
   Block* u = segment->head;
   while (u != nullptr && !(u->ptr <= at && at < u->ptr + u->size)) u = u->next;
-  Pool& pool = pool_for(segment->small);
+  DeviceAllocator::Pool& pool = d_.pool_for(segment->small);
   pool.unmapped.erase(u);
   if (u->ptr < at) {  // unmapped front stays unmapped
-    Block* front = link_new_front(u, static_cast<std::size_t>(at - u->ptr));
+    Block* front = d_.link_new_front(u, static_cast<std::size_t>(at - u->ptr));
     front->mapped = false;
     u->size -= front->size;
     u->ptr = at;
     pool.unmapped.insert(front);
   }
-  split_unmapped_tail(u, page);  // the unmapped rest stays unmapped
+  d_.split_unmapped_tail(u, page);  // the unmapped rest stays unmapped
   u->mapped = true;
   segment->pages[index] = handle;
-  trace(TraceAction::segment_map, at, page, segment->stream);
-  ledger_.mapped(segment->small, page);
-  insert_free(pool, u);
+  d_.trace(TraceAction::segment_map, at, page, segment->stream);
+  d_.ledger_.mapped(segment->small, page);
+  d_.insert_free(pool, u);
 }
 
-void DeviceAllocator::release_or_keep(Pool& pool, stream_t stream, void* va, std::size_t bytes,
+void Stitcher::release_or_keep(bool small, stream_t stream, void* va, std::size_t bytes,
                                       std::size_t page) noexcept {
   // Gives back an unused, wholly unmapped stitching range. If that fails, the range is kept as
   // an empty stitched segment (one unmapped block), which release_expandable_pages releases
   // later, like any wholly unmapped range.
   try {
-    backend_.release_reservation(device_, va, bytes);
+    d_.backend_.release_reservation(d_.device_, va, bytes);
     return;
   } catch (...) {
   }
-  adopt_unmapped_range(pool, stream, static_cast<char*>(va), bytes, page, true);
+  d_.adopt_unmapped_range(d_.pool_for(small), stream, static_cast<char*>(va), bytes, page, true);
 }
 
-bool DeviceAllocator::release_if_unmapped(Segment* segment) {
-  Block* head = segment->head;
-  if (head->mapped || head->next != nullptr) return false;
-  backend_.release_reservation(device_, segment->base, segment->size);  // throws: kept
-  pool_for(segment->small).unmapped.erase(head);
-  unlink_segment(segment, head);
-  return true;
-}
 
-std::size_t DeviceAllocator::free_page_runs(stream_t stream, std::vector<Run>& own,
+std::size_t Stitcher::free_page_runs(stream_t stream, std::vector<Run>& own,
                                            std::map<stream_t, std::vector<Run>>* others,
                                            const Block* skip_a, const Block* skip_b) {
-  const std::size_t page = backend_.granularity(device_);
+  const std::size_t page = d_.backend_.granularity(d_.device_);
   std::size_t total = 0;
-  for (const Pool* p : {&small_, &large_}) {
+  for (const DeviceAllocator::Pool* p : {&d_.small_, &d_.large_}) {
     for (Block* b : p->index) {
       const Segment* s = b->segment;
       if (!s->expandable || s->page != page || b == skip_a || b == skip_b) continue;
@@ -142,7 +133,7 @@ std::size_t DeviceAllocator::free_page_runs(stream_t stream, std::vector<Run>& o
   return total;
 }
 
-void DeviceAllocator::move_out(const std::vector<Run>& plan, std::vector<MovedPage>& moved,
+void Stitcher::move_out(const std::vector<Run>& plan, std::vector<MovedPage>& moved,
                                std::vector<Segment*>& sources) {
   const std::size_t first_moved = moved.size();
   for (const Run& run : plan) {
@@ -151,7 +142,7 @@ void DeviceAllocator::move_out(const std::vector<Run>& plan, std::vector<MovedPa
     char* at = s->base + run.first * page;
     const std::size_t bytes = run.count * page;
     try {
-      backend_.unmap(device_, at, bytes);
+      d_.backend_.unmap(d_.device_, at, bytes);
     } catch (...) {
       for (std::size_t i = moved.size(); i > first_moved; --i)
         map_back(moved[i - 1].segment, moved[i - 1].index, moved[i - 1].handle);
@@ -162,15 +153,15 @@ void DeviceAllocator::move_out(const std::vector<Run>& plan, std::vector<MovedPa
       moved.push_back(MovedPage{s, i, s->pages[i]});
       s->pages[i] = 0;
     }
-    trace(TraceAction::segment_unmap, at, bytes, s->stream);
-    ledger_.unmapped(s->small, bytes);
-    mark_unmapped(run.block, run.first * page, run.first * page + bytes);
+    d_.trace(TraceAction::segment_unmap, at, bytes, s->stream);
+    d_.ledger_.unmapped(s->small, bytes);
+    d_.mark_unmapped(run.block, run.first * page, run.first * page + bytes);
     if (s->stitched && std::find(sources.begin(), sources.end(), s) == sources.end())
       sources.push_back(s);
   }
 }
 
-std::vector<phys_handle_t> DeviceAllocator::map_side_by_side(
+std::vector<phys_handle_t> Stitcher::map_side_by_side(
     char* at, std::size_t page, const std::vector<MovedPage>& moved,
     const std::vector<phys_handle_t>& fresh) {
   std::vector<phys_handle_t> handles;
@@ -179,29 +170,29 @@ std::vector<phys_handle_t> DeviceAllocator::map_side_by_side(
   handles.insert(handles.end(), fresh.begin(), fresh.end());
   std::size_t mapped = 0;
   try {
-    pages_.unmap_strays();  // a stray range may lie where these pages go
+    d_.pages_.unmap_strays();  // a stray range may lie where these pages go
     for (; mapped < handles.size(); ++mapped)
-      backend_.map(device_, at + mapped * page, page, handles[mapped]);
+      d_.backend_.map(d_.device_, at + mapped * page, page, handles[mapped]);
   } catch (...) {
-    if (mapped > 0) pages_.unmap_or_stray(at, mapped * page);
+    if (mapped > 0) d_.pages_.unmap_or_stray(at, mapped * page);
     for (auto it = moved.rbegin(); it != moved.rend(); ++it)
       map_back(it->segment, it->index, it->handle);
-    for (phys_handle_t h : fresh) pages_.release_or_orphan(h);
+    for (phys_handle_t h : fresh) d_.pages_.release_or_orphan(h);
     throw;
   }
   return handles;
 }
 
-void DeviceAllocator::dissolve_emptied(const std::vector<Segment*>& sources) noexcept {
+void Stitcher::dissolve_emptied(const std::vector<Segment*>& sources) noexcept {
   for (Segment* s : sources) {
     try {
-      release_if_unmapped(s);
+      d_.release_if_unmapped(s);
     } catch (...) {  // kept, wholly unmapped: release_expandable_pages retries
     }
   }
 }
 
-bool DeviceAllocator::map_reused_pages(Block* target, std::size_t count) {
+bool Stitcher::map_reused_pages(Block* target, std::size_t count) {
   // Like PageMapper::map, but the stream's whole free pages elsewhere (both pools, stitched ranges
   // included) are moved here first: reserved memory grows only by the fresh pages. The free
   // blocks next to `target` are left alone (the caller serves the request from the one before,
@@ -215,22 +206,22 @@ bool DeviceAllocator::map_reused_pages(Block* target, std::size_t count) {
   // every grow steal from blocks about to be reused, and slivers of pages piled up between the
   // holes (ftcourse-finetune: 93 MiB of them at its peak, against 7 MiB; docs/stitching.md).
   const std::size_t have = free_page_runs(dest->stream, own, nullptr, target->prev, target->next);
-  const std::size_t reserved_now = ledger_.reserved();
+  const std::size_t reserved_now = d_.ledger_.reserved();
   if (have * page > reserved_now / kReuseSlack) take(std::move(own), count, plan);
   std::size_t reused = 0;
   for (const Run& r : plan) reused += r.count;
   const std::size_t fresh_pages = count - reused;
-  if (!ledger_.fits(fresh_pages * page)) return false;
+  if (!d_.ledger_.fits(fresh_pages * page)) return false;
   const std::size_t first = static_cast<std::size_t>(target->ptr - dest->base) / page;
-  if (reused == 0) return pages_.map(*dest, first, count);
+  if (reused == 0) return d_.pages_.map(*dest, first, count);
 
   std::vector<phys_handle_t> fresh;
   auto release_fresh = [&] {
-    for (phys_handle_t h : fresh) pages_.release_or_orphan(h);
+    for (phys_handle_t h : fresh) d_.pages_.release_or_orphan(h);
   };
   try {
     while (fresh.size() < fresh_pages) {
-      const phys_handle_t h = backend_.create_physical(device_, page);
+      const phys_handle_t h = d_.backend_.create_physical(d_.device_, page);
       if (h == 0) {
         release_fresh();
         return false;
@@ -238,7 +229,7 @@ bool DeviceAllocator::map_reused_pages(Block* target, std::size_t count) {
       fresh.push_back(h);
     }
     // Kernels queued on the stream may still use the pages' old addresses.
-    backend_.synchronize_stream(device_, dest->stream);
+    d_.backend_.synchronize_stream(d_.device_, dest->stream);
   } catch (...) {
     release_fresh();
     throw;
@@ -256,14 +247,16 @@ bool DeviceAllocator::map_reused_pages(Block* target, std::size_t count) {
   const std::vector<phys_handle_t> handles =
       map_side_by_side(dest->base + first * page, page, moved, fresh);
   for (std::size_t i = 0; i < count; ++i) dest->pages[first + i] = handles[i];
-  ++stats_.num_page_reuses;
+  ++d_.stats_.num_page_reuses;
   dissolve_emptied(sources);
   return true;
 }
 
-DeviceAllocator::Block* DeviceAllocator::stitch_pages(Pool& pool, stream_t stream,
+Block* Stitcher::stitch(bool small, stream_t stream,
                                                       std::size_t rounded, bool own_only) {
-  const std::size_t page = backend_.granularity(device_);
+  using Pool = DeviceAllocator::Pool;
+  Pool& pool = d_.pool_for(small);
+  const std::size_t page = d_.backend_.granularity(d_.device_);
   const std::size_t pages = round_up(rounded, page) / page;
 
   // 1. Candidates: whole pages inside free blocks of one-granule-page ranges, by stream.
@@ -282,25 +275,25 @@ DeviceAllocator::Block* DeviceAllocator::stitch_pages(Pool& pool, stream_t strea
   if (own_only && own_total < pages) return nullptr;
 
   // 2. Fresh pages the device (and the memory fraction) may still give.
-  std::size_t fresh_limit = own_only ? 0 : backend_.memory_info(device_).free / page;
-  fresh_limit = std::min(fresh_limit, ledger_.room() / page);
+  std::size_t fresh_limit = own_only ? 0 : d_.backend_.memory_info(d_.device_).free / page;
+  fresh_limit = std::min(fresh_limit, d_.ledger_.room() / page);
   if (own_total + fresh_limit + other_total < pages) return nullptr;
 
   // 3. The plan: own pages first, then fresh ones, then other streams', fewest streams first.
   std::vector<Run> plan;
   std::size_t planned = take(own, pages, plan);
   const bool sync_own = planned > 0;
-  void* va = backend_.reserve(device_, pages * page, page);  // throws: nothing changed
+  void* va = d_.backend_.reserve(d_.device_, pages * page, page);  // throws: nothing changed
   if (va == nullptr) return nullptr;
   std::vector<phys_handle_t> fresh;
   auto give_up = [&] {  // nothing is mapped in the new range
-    for (phys_handle_t h : fresh) pages_.release_or_orphan(h);
-    release_or_keep(pool, stream, va, pages * page, page);
+    for (phys_handle_t h : fresh) d_.pages_.release_or_orphan(h);
+    release_or_keep(small, stream, va, pages * page, page);
   };
   try {
     const std::size_t want_fresh = std::min(pages - planned, fresh_limit);
     while (fresh.size() < want_fresh) {
-      const phys_handle_t h = backend_.create_physical(device_, page);
+      const phys_handle_t h = d_.backend_.create_physical(d_.device_, page);
       if (h == 0) break;  // the device gave less than it reported: other streams make it up
       fresh.push_back(h);
     }
@@ -326,7 +319,7 @@ DeviceAllocator::Block* DeviceAllocator::stitch_pages(Pool& pool, stream_t strea
       }
     }
     // Kernels queued on these streams may still use the pages' old addresses.
-    for (stream_t s : to_sync) backend_.synchronize_stream(device_, s);
+    for (stream_t s : to_sync) d_.backend_.synchronize_stream(d_.device_, s);
   } catch (...) {
     give_up();
     throw;
@@ -350,25 +343,25 @@ DeviceAllocator::Block* DeviceAllocator::stitch_pages(Pool& pool, stream_t strea
   } catch (...) {  // the pages are back where they were, the fresh ones released
     // With stray mappings left (a second failure), release_or_keep keeps the range as an empty
     // stitched segment, given back once the stray unmap succeeds.
-    release_or_keep(pool, stream, va, pages * page, page);
+    release_or_keep(small, stream, va, pages * page, page);
     throw;
   }
 
   // 6. The stitched segment: one free block over the whole range.
-  Block* block = link_new_segment(pool, stream, static_cast<char*>(va), pages * page);
+  Block* block = d_.link_new_segment(pool, stream, static_cast<char*>(va), pages * page);
   Segment* segment = block->segment;
   segment->expandable = true;
   segment->stitched = true;
   segment->page = page;
   segment->pages = std::move(handles);
-  trace(TraceAction::segment_map, va, segment->size, stream);
-  ledger_.mapped(pool.small, segment->size);
-  ++stats_.num_stitches;
-  stats_.stitched_bytes += static_cast<std::int64_t>(segment->size);
+  d_.trace(TraceAction::segment_map, va, segment->size, stream);
+  d_.ledger_.mapped(pool.small, segment->size);
+  ++d_.stats_.num_stitches;
+  d_.stats_.stitched_bytes += static_cast<std::int64_t>(segment->size);
 
   // Stitched ranges emptied by this move are dissolved: their reservations go back.
   dissolve_emptied(sources);
-  return insert_free(pool, block);
+  return d_.insert_free(pool, block);
 }
 
-}  // namespace stitch
+}  // namespace stitch::detail

@@ -1,42 +1,32 @@
-// core/device_allocator_slow.cpp — the per-device slow path: new segments, the out-of-memory
-// ladder (garbage collection, releasing oversize and then all cached segments, retry), returning
-// memory to the device, and cross-stream events.
+// core/device_growth.cpp — the per-device slow path: the ladder a request climbs when no cached
+// block fits (garbage collection, new memory, releasing oversize segments, stitching, releasing
+// everything cached and retrying), its one source of new memory (a plain segment, or pages of an
+// expandable range), and returning plain segments to the device.
 #include <algorithm>
 #include <vector>
 
 #include "core/device_allocator.hpp"
-#include "core/stat_update.hpp"
 #include "core/size_policy.hpp"
 #include "diagnostics/oom_report.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch {
 
-using detail::add;
-using detail::sub;
-
 DeviceAllocator::Block* DeviceAllocator::allocate_slow(Pool& pool, stream_t stream,
                                                        std::size_t rounded,
                                                        std::size_t requested) {
-  // New memory comes from a new segment or, with expandable segments, from mapping more pages.
-  const bool expandable = config_.expandable_segments;
-  const std::size_t page = expandable ? page_size(pool.small) : 0;
-  const std::size_t alloc_size =
-      expandable ? (rounded + page - 1) / page * page : detail::segment_size(rounded);
-  auto grow = [&] {
-    return expandable ? grow_expandable(pool, stream, rounded)
-                      : alloc_segment(pool, stream, alloc_size);
-  };
+  const std::size_t alloc_size = growth_size(pool.small, rounded);
+  auto grow = [&] { return this->grow(pool, stream, rounded, alloc_size); };
   if (ledger_.cap() && config_.garbage_collection_threshold > 0.0) garbage_collect();
   Block* block = nullptr;
   // stitch_before_grow_mb: large requests reuse the stream's scattered free pages first.
   if (config_.stitching && config_.stitch_before_grow != 0 && rounded >= config_.stitch_before_grow)
-    block = stitch_pages(pool, stream, rounded, true);
+    block = stitcher_.stitch(pool.small, stream, rounded, true);
   if (block == nullptr) block = grow();
   if (block == nullptr && release_available_cached_blocks(stream, rounded)) block = grow();
   // Stitching comes before the last resort below: it reuses the free pages that the last resort
   // would unmap and give back, without a round trip through the device or a sync of every event.
-  if (block == nullptr && config_.stitching) block = stitch_pages(pool, stream, rounded, false);
+  if (block == nullptr && config_.stitching) block = stitcher_.stitch(pool.small, stream, rounded, false);
   if (block == nullptr) {
     // Last resort: wait for every outstanding event, return every free segment and page, retry.
     release_cached_blocks();
@@ -46,6 +36,18 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(Pool& pool, stream_t stre
   }
   if (block == nullptr) capture_oom(requested, rounded, alloc_size, pool.small, stream);
   return block;
+}
+
+std::size_t DeviceAllocator::growth_size(bool small, std::size_t rounded) {
+  if (!config_.expandable_segments) return detail::segment_size(rounded);
+  return detail::round_up(rounded, page_size(small));
+}
+
+DeviceAllocator::Block* DeviceAllocator::grow(Pool& pool, stream_t stream, std::size_t rounded,
+                                              std::size_t alloc_size) {
+  // New memory comes from a new segment or, with expandable segments, from mapping more pages.
+  return config_.expandable_segments ? grow_expandable(pool, stream, rounded)
+                                     : alloc_segment(pool, stream, alloc_size);
 }
 
 DeviceAllocator::Block* DeviceAllocator::link_new_segment(Pool& pool, stream_t stream, char* base,
@@ -166,77 +168,6 @@ void DeviceAllocator::garbage_collect() {
     if (!freed) break;
     candidates.swap(keep);
   }
-}
-
-// ---- out of memory ----------------------------------------------------------------------------
-
-std::size_t DeviceAllocator::largest_free_block() const {
-  std::size_t largest = 0;
-  for (const Pool* pool : {&small_, &large_})
-    for (const Block* b : pool->index) largest = std::max(largest, b->size);
-  return largest;
-}
-
-void DeviceAllocator::capture_oom(std::size_t requested, std::size_t rounded,
-                                  std::size_t alloc_size, bool small, stream_t stream) {
-  ++stats_.num_ooms;
-  failed_ = std::make_unique<detail::OomCapture>();
-  detail::OomCapture* oom = failed_.get();
-  detail::OomFacts& f = oom->facts;
-  f.device = device_;
-  f.requested = requested;
-  f.rounded = rounded;
-  f.alloc_size = alloc_size;
-  try {
-    const MemoryInfo info = backend_.memory_info(device_);
-    f.device_total = info.total;
-    f.device_free = info.free;
-  } catch (...) {
-    f.device_info_known = false;
-  }
-  f.allowed = ledger_.cap();
-  f.reserved = ledger_.reserved();
-  f.allocated = static_cast<std::size_t>(hot_.allocated_bytes.current());
-  f.largest_free_block = largest_free_block();
-  f.expandable = config_.expandable_segments;
-  for (const Pool* pool : {&small_, &large_}) {
-    for (const Block* b : pool->index) {
-      if (pool->small != small) {
-        f.free_other_pool += b->size;
-      } else if (b->stream != stream) {
-        f.free_other_streams += b->size;
-      } else {
-        f.free_same += b->size;
-        ++f.free_blocks_same;
-        f.largest_free_same = std::max(f.largest_free_same, b->size);
-        const int bucket = b->size < (1u << 20) ? 0 : b->size < (10u << 20) ? 1
-                         : b->size < (100u << 20) ? 2 : 3;
-        ++f.scatter[static_cast<std::size_t>(bucket)].first;
-        f.scatter[static_cast<std::size_t>(bucket)].second += b->size;
-      }
-    }
-  }
-  // The five largest live blocks, with their allocation stacks when they were recorded.
-  std::vector<const Block*> live;
-  live_.for_each([&](const void*, const Block* b) { live.push_back(b); });
-  const std::size_t top = std::min<std::size_t>(5, live.size());
-  std::partial_sort(live.begin(), live.begin() + static_cast<std::ptrdiff_t>(top), live.end(),
-                    [](const Block* x, const Block* y) { return x->size > y->size; });
-  for (std::size_t i = 0; i < top; ++i) {
-    const auto address = reinterpret_cast<std::uintptr_t>(live[i]->ptr);
-    f.largest_live.push_back({address, live[i]->size, live[i]->requested,
-                              recorder_.alloc_frames(address)});
-  }
-  // The what-if check replays the workload later, outside this lock (Allocator::allocate).
-  oom->what_if_enabled = config_.oom_what_if;
-  if (detail::what_if_wanted(f, config_.oom_what_if)) {
-    try {
-      oom->what_if = what_if_input(stream);
-    } catch (...) {
-      oom->capture_failed = true;
-    }
-  }
-  trace(TraceAction::oom, reinterpret_cast<const void*>(f.device_free), alloc_size, stream);
 }
 
 }  // namespace stitch

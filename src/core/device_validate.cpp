@@ -1,4 +1,4 @@
-// core/device_allocator_validate.cpp — the invariant checker: recounts a device's state from its
+// core/device_validate.cpp — the invariant checker: recounts a device's state from its
 // segments and compares it with the free index, the live table and the statistics.
 #include <fmt/format.h>
 

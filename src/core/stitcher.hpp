@@ -1,0 +1,81 @@
+// core/stitcher.hpp — virtual-memory stitching (stitching:True): plans which whole free pages of
+// expandable ranges to take (the requesting stream's own, fresh ones, other streams') and moves
+// them, all or nothing, into a new range for one request (stitch) or into a range that grows
+// (map_reused_pages, stitch_reuse_pages). It works on its device's blocks through the device
+// allocator's block operations; see stitcher.cpp for the policy.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <vector>
+
+#include "core/block.hpp"
+#include "stitch/backend.hpp"
+
+namespace stitch {
+class DeviceAllocator;
+}  // namespace stitch
+
+namespace stitch::detail {
+
+/// Whole pages [first, first + count) (page indices in its segment) inside a free block.
+struct PageRun {
+  Block* block;
+  std::size_t first;
+  std::size_t count;
+};
+
+class Stitcher {
+ public:
+  explicit Stitcher(DeviceAllocator& device) noexcept : d_(device) {}
+  Stitcher(const Stitcher&) = delete;
+  Stitcher& operator=(const Stitcher&) = delete;
+
+  /// Stitches a range for `rounded` bytes of `stream` in the small or large pool from free pages
+  /// (own stream, fresh, other streams); with `own_only`, from the stream's own free pages alone.
+  /// Returns the range's one free block (in the index); nullptr when the pages are too few.
+  Block* stitch(bool small, stream_t stream, std::size_t rounded, bool own_only);
+  /// Grows `target` (an unmapped block of a one-granule expandable range) by its first `count`
+  /// pages, using the stream's whole free pages first and fresh pages for the rest
+  /// (stitch_reuse_pages). False when the device or the memory fraction cannot give the fresh
+  /// pages; nothing changed then.
+  bool map_reused_pages(Block* target, std::size_t count);
+
+ private:
+  /// A page moved out of its segment: where it was and its physical handle.
+  struct MovedPage {
+    Segment* segment;
+    std::size_t index;
+    phys_handle_t handle;
+  };
+  /// The whole free pages of one-granule expandable ranges (both pools): `stream`'s own in
+  /// `own`, other streams' in `others` (when given). Skips `skip_a` and `skip_b`. Returns the
+  /// pages found.
+  std::size_t free_page_runs(stream_t stream, std::vector<PageRun>& own,
+                             std::map<stream_t, std::vector<PageRun>>* others,
+                             const Block* skip_a = nullptr, const Block* skip_b = nullptr);
+  /// Unmaps the runs of `plan` where they are (their handles stay alive), appending each page to
+  /// `moved` and each stitched segment touched to `sources`. On a failure, maps every page moved
+  /// so far back and rethrows.
+  void move_out(const std::vector<PageRun>& plan, std::vector<MovedPage>& moved,
+                std::vector<Segment*>& sources);
+  /// Maps the moved pages, then the fresh ones, side by side from `at` (one page each) and
+  /// returns their handles in that order. On a failure unmaps what it mapped (a range whose
+  /// unmap fails too is filed as stray), maps the moved pages back where they were, releases the
+  /// fresh ones and rethrows.
+  std::vector<phys_handle_t> map_side_by_side(char* at, std::size_t page,
+                                              const std::vector<MovedPage>& moved,
+                                              const std::vector<phys_handle_t>& fresh);
+  /// Dissolves the stitched segments among `sources` that no longer hold a mapped page.
+  void dissolve_emptied(const std::vector<Segment*>& sources) noexcept;
+  /// Undo of a move: maps `handle` again at page `index` of `segment` and files it free.
+  void map_back(Segment* segment, std::size_t index, phys_handle_t handle) noexcept;
+  /// Gives back an unused, wholly unmapped stitching range (or keeps it as an empty stitched
+  /// segment when that fails).
+  void release_or_keep(bool small, stream_t stream, void* va, std::size_t bytes,
+                       std::size_t page) noexcept;
+
+  DeviceAllocator& d_;
+};
+
+}  // namespace stitch::detail
