@@ -2,20 +2,18 @@
 // coalescing, immediate reuse of the last free, record_stream, and the public entry points of
 // DeviceAllocator.
 #include "core/device_allocator.hpp"
-#include "core/stat_update.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
+#include "core/assert.hpp"
 #include "core/constants.hpp"
 #include "core/size_policy.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch {
 
-using detail::add;
-using detail::sub;
 
 using detail::kMinBlockSize;
 using detail::kSmallSize;
@@ -137,7 +135,8 @@ bool DeviceAllocator::should_split(bool small, bool expandable, std::size_t bloc
 
 DeviceAllocator::Block* DeviceAllocator::take_found_block(Pool& pool, Block* block,
                                                           std::size_t rounded) {
-  // `block` is free and in the index.
+  STITCH_ASSERT(block->in_index && block->is_free() && block->size >= rounded,
+                "take_found_block: a free, indexed block that holds the request");
   if (should_split(block, rounded)) {
     // A new block takes the front; `block` keeps the tail and stays in the index, re-keyed in
     // place (no tree rebalancing when its order is unchanged). An already split free block
@@ -213,6 +212,9 @@ FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
 }
 
 void DeviceAllocator::settle_deferred(Block* block) {
+  STITCH_ASSERT(!block->allocated && block->event_count == 0 && !block->in_index &&
+                    live_.find(block->ptr) == block,
+                "a deferred free: not allocated, no events, not filed, still in the live table");
   live_.erase(block->ptr);
   hot_.freed_block(block->small, static_cast<std::int64_t>(block->size), false);
   file_free_block(block);
@@ -228,6 +230,8 @@ DeviceAllocator::Block* DeviceAllocator::reuse_deferred(Pool& pool, stream_t str
   Block* block = mutex_.deferred();
   if (block->stream != stream || block->size != rounded || block->small != pool.small)
     return nullptr;
+  STITCH_ASSERT(block->prev == nullptr || !block->prev->in_index,
+                "reuse_deferred: the deferred block's predecessor is not free");
   Block* next = block->next != nullptr && block->next->in_index ? block->next : nullptr;
   const std::size_t filed = block->size + (next != nullptr ? next->size : 0);
   const bool expandable = block->segment->expandable;
@@ -292,6 +296,8 @@ void DeviceAllocator::complete_pending(Block* block) {
 DeviceAllocator::Block* DeviceAllocator::insert_free(Pool& pool, Block* block) {
   // Files a free (mapped) block, coalescing it with free neighbours. A free neighbour survives,
   // re-keyed in place, and `block` is recycled, so the common case needs no tree insert.
+  STITCH_ASSERT(block->mapped && !block->allocated && block->event_count == 0 && !block->in_index,
+                "insert_free: a mapped block, neither allocated, pending nor filed");
   // The inactive_split statistics change once, by the net effect (as PyTorch's free_block):
   // each merged neighbour (a free block in a split segment) leaves, the survivor joins.
   Block* prev = block->prev != nullptr && block->prev->in_index ? block->prev : nullptr;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/assert.hpp"
 #include "core/device_allocator.hpp"
 #include "core/size_policy.hpp"
 #include "diagnostics/oom_report.hpp"
@@ -80,7 +81,8 @@ DeviceAllocator::Block* DeviceAllocator::alloc_segment(Pool& pool, stream_t stre
 }
 
 void DeviceAllocator::release_segment(Block* block) {
-  // `block` is free, in its index, and spans its whole segment.
+  STITCH_ASSERT(block->in_index && !block->is_split() && !block->segment->expandable,
+                "release_segment: a free, indexed block over a whole plain segment");
   Segment* segment = block->segment;
   backend_.deallocate(device_, segment->base, segment->size);  // throws: nothing changed
   trace(TraceAction::segment_free, segment->base, segment->size, segment->stream);

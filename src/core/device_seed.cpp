@@ -3,12 +3,11 @@
 // one cached segment, as a recording allocator's garbage collection or oversize release did.
 #include <algorithm>
 
+#include "core/assert.hpp"
 #include "core/device_allocator.hpp"
-#include "core/stat_update.hpp"
 
 namespace stitch {
 
-using detail::add;
 
 std::size_t DeviceAllocator::expandable_page(bool small) {
   std::lock_guard lock(mutex_);
@@ -23,6 +22,7 @@ void DeviceAllocator::carve(Pool& pool, Block* free_run, char* origin,
   const char* end = free_run->ptr + free_run->size;
   for (const SeedBlock& b : blocks) {
     char* at = origin + b.offset;
+    STITCH_ASSERT(rest == nullptr || at >= rest->ptr || b.size == 0, "carve: blocks in address order");
     if (rest == nullptr || b.size == 0 || at < rest->ptr || at + b.size > end) {
       out.push_back(nullptr);
       continue;

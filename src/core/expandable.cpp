@@ -10,16 +10,14 @@
 #include <algorithm>
 #include <exception>
 
+#include "core/assert.hpp"
 #include "core/constants.hpp"
 #include "core/device_allocator.hpp"
-#include "core/stat_update.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch {
 
-using detail::add;
 using detail::round_up;
-using detail::sub;
 
 std::size_t DeviceAllocator::page_size(bool small) {
   // PyTorch's page sizes (2 MiB small pool, 20 MiB large pool), in granularity multiples:
@@ -130,6 +128,8 @@ DeviceAllocator::Block* DeviceAllocator::grow_expandable_chain(Pool& pool, strea
   }
   while (block->size < rounded) {
     Block* next = block->next;  // unmapped: a free neighbour would have merged
+    STITCH_ASSERT(next != nullptr && !next->mapped,
+                  "grow_expandable_chain: the chain continues with an unmapped block");
     if (next == nullptr || next->mapped) return nullptr;
     block = map_front(pool, next, std::min(round_up(rounded - block->size, page), next->size));
     if (block == nullptr) return nullptr;
@@ -158,6 +158,8 @@ DeviceAllocator::Block* DeviceAllocator::file_mapped(Pool& pool, Block* target, 
 void DeviceAllocator::split_unmapped_tail(Block* block, std::size_t keep) {
   // `block` (out of the unmapped set, about to be mapped) keeps its first `keep` bytes; the rest
   // becomes an unmapped block of its own.
+  STITCH_ASSERT(!block->mapped && keep % block->segment->page == 0,
+                "split_unmapped_tail: an unmapped block, split at a page boundary");
   if (keep >= block->size) return;
   Block* rest = link_new_back(block, keep);
   rest->mapped = false;
@@ -211,6 +213,9 @@ void DeviceAllocator::unmap_free_pages(Block* block) {
 void DeviceAllocator::mark_unmapped(Block* block, std::size_t start, std::size_t end) {
   Segment* segment = block->segment;
   const auto offset = static_cast<std::size_t>(block->ptr - segment->base);
+  STITCH_ASSERT(block->in_index && start >= offset && end <= offset + block->size && start < end &&
+                    start % segment->page == 0 && end % segment->page == 0,
+                "mark_unmapped: whole pages inside a free block");
   Pool& pool = pool_for(block->small);
   pool.index.erase(block);
   if (start > offset) {  // mapped head stays free

@@ -2,6 +2,7 @@
 // undo left behind.
 #include "core/page_mapper.hpp"
 
+#include "core/assert.hpp"
 #include "core/undo.hpp"
 
 namespace stitch::detail {
@@ -22,6 +23,7 @@ PageMapper::~PageMapper() {
 }
 
 bool PageMapper::map(Segment& segment, std::size_t first, std::size_t count) {
+  STITCH_ASSERT(first + count <= segment.pages.size(), "PageMapper::map: pages inside the range");
   unmap_strays();  // a stray range may lie where these pages go
   std::size_t done = 0;
   Undo undo([&] {

@@ -28,6 +28,7 @@
 #include "core/constants.hpp"
 #include "core/stitcher.hpp"
 
+#include "core/assert.hpp"
 #include "core/device_allocator.hpp"
 #include "core/stat_update.hpp"
 
@@ -81,6 +82,7 @@ void Stitcher::map_back(Segment* segment, std::size_t index, phys_handle_t handl
   // Bookkeeping only from here (an allocation failure in it terminates: noexcept).
   Block* u = segment->head;
   while (u != nullptr && !(u->ptr <= at && at < u->ptr + u->size)) u = u->next;
+  STITCH_ASSERT(u != nullptr && !u->mapped, "map_back: the page's place is an unmapped block");
   DeviceAllocator::Pool& pool = d_.pool_for(segment->small);
   pool.unmapped.erase(u);
   if (u->ptr < at) {  // unmapped front stays unmapped

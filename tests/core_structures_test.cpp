@@ -1,0 +1,437 @@
+// Tests of the core's data structures on their own (src/core): FreeIndex (best fit, in-place
+// re-keying), PtrMap (probing, backward-shift deletion, growth), ObjectPool and RawPool (reuse
+// without the heap), the fast path's statistics (HotStats against a naive model), the Ledger,
+// the device lock that settles the deferred free, StreamEvents and PageMapper on the simulated
+// device, and the undo guard.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "core/block.hpp"
+#include "core/device_lock.hpp"
+#include "core/free_index.hpp"
+#include "core/hot_stats.hpp"
+#include "core/ledger.hpp"
+#include "core/object_pool.hpp"
+#include "core/page_mapper.hpp"
+#include "core/ptr_map.hpp"
+#include "core/stream_events.hpp"
+#include "core/undo.hpp"
+#include "stitch/errors.hpp"
+#include "stitch/sim_backend.hpp"
+
+namespace stitch::detail {
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+stream_t S(std::uintptr_t s) { return reinterpret_cast<stream_t>(s); }
+
+// ---- FreeIndex ------------------------------------------------------------------------------
+
+struct IndexFixture {
+  PoolAllocator<Block*>::Storage nodes;
+  FreeIndex index{&nodes};
+  std::vector<std::unique_ptr<Block>> blocks;
+  Block* make(std::uintptr_t addr, std::size_t size, std::uintptr_t stream = 0) {
+    blocks.push_back(std::make_unique<Block>(reinterpret_cast<char*>(addr), size, S(stream), nullptr, false));
+    return blocks.back().get();
+  }
+};
+
+TEST(FreeIndex, BestFitIsTheSmallestBlockOfTheStreamLowestAddressFirst) {
+  IndexFixture f;
+  Block* a = f.make(0x10000, 4 * MiB);
+  Block* b = f.make(0x90000, 2 * MiB);
+  Block* c = f.make(0x50000, 2 * MiB);
+  Block* other = f.make(0x20000, 3 * MiB, 7);
+  for (Block* x : {a, b, c, other}) f.index.insert(x);
+  EXPECT_EQ(*f.index.best_fit(S(0), 2 * MiB), c);      // ties by address
+  EXPECT_EQ(*f.index.best_fit(S(0), 3 * MiB), a);      // not the other stream's 3 MiB
+  EXPECT_EQ(*f.index.best_fit(S(7), 1 * MiB), other);
+  EXPECT_EQ(f.index.best_fit(S(0), 5 * MiB), f.index.end());
+  EXPECT_EQ(f.index.best_fit(S(7), 4 * MiB), f.index.end());  // never another stream's block
+  EXPECT_TRUE(c->in_index);
+  f.index.erase(c);
+  EXPECT_FALSE(c->in_index);
+  EXPECT_EQ(*f.index.best_fit(S(0), 2 * MiB), b);
+  EXPECT_EQ(f.index.size(), 3u);
+}
+
+TEST(FreeIndex, ShrinkAndGrowKeepTheOrderWhetherOrNotTheNodeMoves) {
+  // Random re-keys against a std::set with the same order: the index must stay sorted and
+  // every lookup must agree.
+  IndexFixture f;
+  std::mt19937_64 rng(5);
+  std::vector<Block*> blocks;
+  for (int i = 0; i < 200; ++i) {
+    Block* b = f.make(0x100000 + static_cast<std::uintptr_t>(i) * 0x1000000, (1 + rng() % 64) * 512, rng() % 3);
+    f.index.insert(b);
+    blocks.push_back(b);
+  }
+  for (int step = 0; step < 5000; ++step) {
+    Block* b = blocks[rng() % blocks.size()];
+    const std::size_t delta = (1 + rng() % 8) * 512;
+    if (rng() % 2 == 0 && b->size > delta) {
+      f.index.shrink(b, b->ptr + delta, b->size - delta);  // a split takes the front
+    } else {
+      f.index.grow(b, b->ptr - delta, b->size + delta);     // a merge with the neighbour before
+    }
+  }
+  std::set<Block*, FreeOrder> model(blocks.begin(), blocks.end());
+  ASSERT_EQ(f.index.size(), model.size());
+  auto it = f.index.begin();
+  for (Block* b : model) {
+    ASSERT_EQ(*it, b);
+    ASSERT_EQ(b->pos, it);
+    ++it;
+  }
+  for (int q = 0; q < 500; ++q) {
+    const auto stream = S(rng() % 3);
+    const std::size_t size = (1 + rng() % 80) * 512;
+    auto want = model.lower_bound(FreeKey{stream, size, nullptr});
+    const Block* expect = want != model.end() && (*want)->stream == stream ? *want : nullptr;
+    auto got = f.index.best_fit(stream, size);
+    EXPECT_EQ(got == f.index.end() ? nullptr : *got, expect);
+  }
+}
+
+// ---- PtrMap ---------------------------------------------------------------------------------
+
+TEST(PtrMap, AgreesWithAHashMapThroughGrowthAndBackwardShiftDeletion) {
+  PtrMap<int> map;
+  std::unordered_map<const void*, int*> model;
+  std::vector<int> values(20000);
+  std::mt19937_64 rng(11);
+  std::vector<const void*> keys;
+  for (int step = 0; step < 60000; ++step) {
+    // 512-byte aligned keys close together: long probe runs, the case deletion must handle.
+    const auto key = reinterpret_cast<const void*>(0x7f0000000000 + (rng() % 20000) * 512);
+    if (model.count(key) == 0 && rng() % 3 != 0) {
+      int* v = &values[(reinterpret_cast<std::uintptr_t>(key) - 0x7f0000000000) / 512];
+      map.insert(key, v);
+      model[key] = v;
+    } else {
+      EXPECT_EQ(map.erase(key), model.count(key) ? model[key] : nullptr);
+      model.erase(key);
+    }
+    if (step % 1000 == 0) {
+      ASSERT_EQ(map.size(), model.size());
+      for (const auto& [k, v] : model) ASSERT_EQ(map.find(k), v);
+      std::size_t seen = 0;
+      map.for_each([&](const void* k, int* v) {
+        ++seen;
+        EXPECT_EQ(model.at(k), v);
+      });
+      EXPECT_EQ(seen, model.size());
+    }
+  }
+  EXPECT_EQ(map.find(reinterpret_cast<const void*>(0x1234)), nullptr);
+  EXPECT_EQ(map.erase(reinterpret_cast<const void*>(0x1234)), nullptr);
+}
+
+// ---- ObjectPool -----------------------------------------------------------------------------
+
+TEST(ObjectPool, RecyclesStorageAndConstructsAndDestroysObjects) {
+  static int live = 0;
+  struct Counted {
+    explicit Counted(int v) : value(v) { ++live; }
+    ~Counted() { --live; }
+    int value;
+  };
+  ObjectPool<Counted> pool;
+  std::vector<Counted*> made;
+  for (int i = 0; i < 130; ++i) made.push_back(pool.create(i));  // three chunks
+  EXPECT_EQ(live, 130);
+  std::set<Counted*> distinct(made.begin(), made.end());
+  EXPECT_EQ(distinct.size(), made.size());
+  for (int i = 0; i < 130; ++i) EXPECT_EQ(made[static_cast<std::size_t>(i)]->value, i);
+  Counted* last = made.back();
+  pool.destroy(last);
+  EXPECT_EQ(live, 129);
+  EXPECT_EQ(pool.create(7), last) << "the storage given back is the first reused";
+  for (Counted* c : made) pool.destroy(c);
+  EXPECT_EQ(live, 0);
+}
+
+TEST(ObjectPool, PoolAllocatorServesSetNodesFromItsStorage) {
+  PoolAllocator<int>::Storage storage;
+  std::set<int, std::less<>, PoolAllocator<int>> s{std::less<>{}, PoolAllocator<int>(&storage)};
+  for (int i = 0; i < 1000; ++i) s.insert(i * 7 % 1000);
+  EXPECT_EQ(s.size(), 1000u);
+  EXPECT_EQ(*s.begin(), 0);
+  for (int i = 0; i < 1000; i += 2) s.erase(i);
+  EXPECT_EQ(s.size(), 500u);
+  std::vector<int> many(5000, 1);  // n > 1 allocations go to operator new, not the node pool
+  std::vector<int, PoolAllocator<int>> v(many.begin(), many.end(), PoolAllocator<int>(&storage));
+  EXPECT_EQ(v.size(), 5000u);
+}
+
+// ---- the fast path's statistics ---------------------------------------------------------------
+
+// A naive model: every event applied to explicit current/peak/allocated/freed per pool.
+struct NaiveStats {
+  DeviceStats s;
+  void up(StatArray& a, bool small, std::int64_t n) {
+    for (int p : {kAll, small ? kSmallPool : kLargePool}) a[p].increase(n);
+  }
+  void down(StatArray& a, bool small, std::int64_t n) {
+    for (int p : {kAll, small ? kSmallPool : kLargePool}) a[p].decrease(n);
+  }
+};
+
+TEST(HotStats, ExpandsToWhatANaiveCountGives) {
+  HotStats hot;
+  NaiveStats naive;
+  std::mt19937_64 rng(3);
+  struct Live {
+    bool small;
+    std::int64_t bytes, requested;
+    bool pending;
+  };
+  std::vector<Live> live;
+  for (int step = 0; step < 20000; ++step) {
+    const int op = static_cast<int>(rng() % 10);
+    if (op < 4 || live.empty()) {
+      const bool small = rng() % 2 == 0;
+      const std::int64_t bytes = static_cast<std::int64_t>((1 + rng() % 100) * 512);
+      const std::int64_t requested = bytes - static_cast<std::int64_t>(rng() % 512);
+      hot.allocated_block(small, bytes, requested);
+      naive.up(naive.s.allocation, small, 1);
+      naive.up(naive.s.allocated_bytes, small, bytes);
+      naive.up(naive.s.requested_bytes, small, requested);
+      naive.up(naive.s.active, small, 1);
+      naive.up(naive.s.active_bytes, small, bytes);
+      live.push_back({small, bytes, requested, false});
+      continue;
+    }
+    const std::size_t i = rng() % live.size();
+    Live& l = live[i];
+    if (l.pending) {  // its last event completed
+      hot.pending_done(l.small, l.bytes);
+      hot.inactive_block(l.small, l.requested);
+      naive.down(naive.s.active, l.small, 1);
+      naive.down(naive.s.active_bytes, l.small, l.bytes);
+      naive.down(naive.s.requested_bytes, l.small, l.requested);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    } else if (op == 9) {  // freed, waiting for another stream
+      hot.freed_block(l.small, l.bytes, true);
+      naive.down(naive.s.allocation, l.small, 1);
+      naive.down(naive.s.allocated_bytes, l.small, l.bytes);
+      l.pending = true;
+    } else if (op == 8) {  // freed and taken straight back (immediate reuse)
+      const std::int64_t requested = l.bytes - static_cast<std::int64_t>(rng() % 512);
+      hot.reallocated_block(l.small, l.bytes, l.requested, requested);
+      naive.down(naive.s.allocation, l.small, 1);
+      naive.down(naive.s.allocated_bytes, l.small, l.bytes);
+      naive.down(naive.s.active, l.small, 1);
+      naive.down(naive.s.active_bytes, l.small, l.bytes);
+      naive.down(naive.s.requested_bytes, l.small, l.requested);
+      naive.up(naive.s.allocation, l.small, 1);
+      naive.up(naive.s.allocated_bytes, l.small, l.bytes);
+      naive.up(naive.s.requested_bytes, l.small, requested);
+      naive.up(naive.s.active, l.small, 1);
+      naive.up(naive.s.active_bytes, l.small, l.bytes);
+      l.requested = requested;
+    } else {  // freed outright
+      hot.freed_block(l.small, l.bytes, false);
+      hot.inactive_block(l.small, l.requested);
+      naive.down(naive.s.allocation, l.small, 1);
+      naive.down(naive.s.allocated_bytes, l.small, l.bytes);
+      naive.down(naive.s.active, l.small, 1);
+      naive.down(naive.s.active_bytes, l.small, l.bytes);
+      naive.down(naive.s.requested_bytes, l.small, l.requested);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    if (step == 10000) {  // the resets start everything over from the values now
+      hot.reset_peak();
+      hot.reset_accumulated();
+      naive.s.reset_peak();
+      naive.s.reset_accumulated();
+    }
+  }
+  DeviceStats out;
+  hot.expand(out);
+  for (auto [name, have, want] :
+       {std::tuple{"allocation", &out.allocation, &naive.s.allocation},
+        std::tuple{"allocated_bytes", &out.allocated_bytes, &naive.s.allocated_bytes},
+        std::tuple{"requested_bytes", &out.requested_bytes, &naive.s.requested_bytes},
+        std::tuple{"active", &out.active, &naive.s.active},
+        std::tuple{"active_bytes", &out.active_bytes, &naive.s.active_bytes}}) {
+    for (int p = 0; p < 3; ++p) {
+      SCOPED_TRACE(std::string(name) + " pool " + std::to_string(p));
+      EXPECT_EQ((*have)[p].current, (*want)[p].current);
+      EXPECT_EQ((*have)[p].peak, (*want)[p].peak);
+      EXPECT_EQ((*have)[p].allocated, (*want)[p].allocated);
+      EXPECT_EQ((*have)[p].freed, (*want)[p].freed);
+    }
+  }
+}
+
+// ---- Ledger ---------------------------------------------------------------------------------
+
+TEST(Ledger, BooksSegmentsAndPagesAndHoldsTheCap) {
+  DeviceStats stats;
+  Ledger ledger(stats);
+  EXPECT_TRUE(ledger.fits(SIZE_MAX / 2));
+  EXPECT_EQ(ledger.room(), SIZE_MAX);
+  ledger.segment_allocated(true, 2 * MiB, false);
+  ledger.segment_allocated(false, 100 * MiB, true);
+  ledger.mapped(false, 40 * MiB);
+  EXPECT_EQ(ledger.reserved(), 142 * MiB);
+  EXPECT_EQ(stats.segment[kAll].current, 2);
+  EXPECT_EQ(stats.reserved_bytes[kSmallPool].current, static_cast<std::int64_t>(2 * MiB));
+  EXPECT_EQ(stats.oversize_segments.current, 1);
+  EXPECT_EQ(stats.num_device_alloc, 3);
+  ledger.set_cap(150 * MiB);
+  EXPECT_TRUE(ledger.fits(8 * MiB));
+  EXPECT_FALSE(ledger.fits(8 * MiB + 1));
+  EXPECT_EQ(ledger.room(), 8 * MiB);
+  ledger.unmapped(false, 40 * MiB);
+  ledger.segment_freed(false, 100 * MiB, true);
+  EXPECT_EQ(ledger.reserved(), 2 * MiB);
+  EXPECT_EQ(stats.oversize_segments.current, 0);
+  EXPECT_EQ(stats.num_device_free, 2);
+  EXPECT_EQ(stats.reserved_bytes[kAll].peak, static_cast<std::int64_t>(142 * MiB));
+  ledger.set_cap(MiB);  // below what is held: no room, nothing fits
+  EXPECT_EQ(ledger.room(), 0u);
+  EXPECT_FALSE(ledger.fits(1));
+}
+
+// ---- the device lock ------------------------------------------------------------------------
+
+struct Owner {
+  int settled = 0;
+  bool fail = false;
+  Block* last = nullptr;
+  void settle_deferred(Block* b) {
+    if (fail) throw std::runtime_error("settle failed");
+    ++settled;
+    last = b;
+  }
+};
+
+TEST(DeviceLock, EveryLockButMallocsSettlesTheDeferredFree) {
+  Owner owner;
+  DeviceLock<Owner> lock(&owner);
+  Block b(nullptr, 512, nullptr, nullptr, true);
+  {
+    std::lock_guard guard(lock);  // nothing deferred: nothing to settle
+    lock.defer(&b);
+  }
+  EXPECT_EQ(owner.settled, 0);
+  {
+    UnsettledGuard guard(lock);  // malloc's way: the deferred free stays
+    EXPECT_EQ(lock.deferred(), &b);
+  }
+  {
+    std::lock_guard guard(lock);  // any other path: settled on entry
+    EXPECT_EQ(lock.deferred(), nullptr);
+  }
+  EXPECT_EQ(owner.settled, 1);
+  EXPECT_EQ(owner.last, &b);
+  // A settle that throws leaves the lock free.
+  {
+    std::lock_guard guard(lock);
+    lock.defer(&b);
+  }
+  owner.fail = true;
+  EXPECT_THROW(lock.lock(), std::runtime_error);
+  owner.fail = false;
+  {
+    UnsettledGuard guard(lock);  // would deadlock if the failed lock() had kept it
+  }
+}
+
+// ---- StreamEvents and PageMapper on the simulated device -----------------------------------
+
+TEST(StreamEvents, ABlockBecomesFreeWhenItsLastStreamIsDone) {
+  SimBackend sim;
+  StreamEvents events(sim, 0);
+  Block b(nullptr, 512, S(1), nullptr, true);
+  b.stream_uses = {S(2), S(3)};
+  sim.hold_stream(S(2));
+  events.record(&b);
+  EXPECT_EQ(b.event_count, 2);
+  EXPECT_EQ(events.outstanding(), 2u);
+  std::vector<Block*> done;
+  events.poll([&](Block* x) { done.push_back(x); });
+  EXPECT_EQ(events.outstanding(), 1u);  // stream 3's event completed, stream 2 is held
+  EXPECT_TRUE(done.empty());
+  sim.release_stream(S(2));
+  events.poll([&](Block* x) { done.push_back(x); });
+  EXPECT_EQ(done, std::vector<Block*>{&b});
+  EXPECT_EQ(events.outstanding(), 0u);
+  EXPECT_FALSE(events.wait_all([&](Block*) { ADD_FAILURE(); }));
+  // A failing record puts its events back: nothing is counted.
+  Block c(nullptr, 512, S(1), nullptr, true);
+  c.stream_uses = {S(2), S(4)};
+  sim.inject_fault(SimCall::record_event, 2, SimFault::error);
+  EXPECT_THROW(events.record(&c), stitch::backend_error);
+  EXPECT_EQ(c.event_count, 0);
+  EXPECT_EQ(events.outstanding(), 0u);
+}
+
+TEST(PageMapper, MapsAllOrNothingAndRetriesWhatAnUndoLeft) {
+  SimBackend::Options o;
+  o.capacity = 10 * MiB;  // five 2 MiB pages
+  SimBackend sim(o);
+  PageMapper pages(sim, 0);
+  Segment seg;
+  seg.page = 2 * MiB;
+  seg.size = 16 * MiB;
+  seg.base = static_cast<char*>(sim.reserve(0, seg.size, seg.page));
+  seg.pages.assign(8, 0);
+  ASSERT_TRUE(pages.map(seg, 0, 3));
+  EXPECT_EQ(sim.usage(0).physical_handles, 3u);
+  // One more page than the device has: nothing of it stays.
+  EXPECT_FALSE(pages.map(seg, 3, 3));
+  EXPECT_EQ(sim.usage(0).physical_handles, 3u);
+  EXPECT_EQ(seg.pages[3], 0u);
+  // A failed map whose undo fails too: the stray range is unmapped before the next map.
+  sim.inject_fault(SimCall::map, 2, SimFault::error);
+  sim.inject_fault(SimCall::unmap, 1, SimFault::error);
+  EXPECT_THROW((void)pages.map(seg, 4, 2), stitch::backend_error);
+  EXPECT_EQ(seg.pages[4], 0u);
+  EXPECT_TRUE(pages.map(seg, 4, 1));  // the stray is retried first, then the page maps
+  EXPECT_EQ(sim.usage(0).physical_handles, 4u);
+  // An orphaned handle is released on the next retry.
+  sim.unmap(0, seg.base, 2 * MiB);
+  sim.inject_fault(SimCall::release_physical, 1, SimFault::error);
+  EXPECT_TRUE(pages.release(seg, 0, 1) != nullptr);
+  EXPECT_EQ(pages.orphans().size(), 1u);
+  pages.release_orphans();
+  EXPECT_TRUE(pages.orphans().empty());
+  EXPECT_EQ(sim.usage(0).physical_handles, 3u);
+}
+
+TEST(Undo, RunsUnlessDoneAndOnExceptions) {
+  int undone = 0;
+  {
+    Undo u([&] { ++undone; });
+  }
+  EXPECT_EQ(undone, 1);
+  {
+    Undo u([&] { ++undone; });
+    u.done();
+  }
+  EXPECT_EQ(undone, 1);
+  try {
+    Undo u([&] { ++undone; });
+    throw std::runtime_error("step failed");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(undone, 2);
+}
+
+}  // namespace
+}  // namespace stitch::detail
