@@ -31,7 +31,8 @@ class RawPool {
   }
 
  private:
-  union alignas(Align) Slot {
+  // At least a pointer's alignment: a free slot holds the free-list link.
+  union alignas(Align > alignof(void*) ? Align : alignof(void*)) Slot {
     Slot* next;
     unsigned char bytes[Size];
   };
