@@ -391,6 +391,7 @@ TEST(PageMapper, MapsAllOrNothingAndRetriesWhatAnUndoLeft) {
   seg.size = 16 * MiB;
   seg.base = static_cast<char*>(sim.reserve(0, seg.size, seg.page));
   seg.pages.assign(8, 0);
+  seg.extent.assign(8, 0);
   ASSERT_TRUE(pages.map(seg, 0, 3));
   EXPECT_EQ(sim.usage(0).physical_handles, 3u);
   // One more page than the device has: nothing of it stays.

@@ -71,13 +71,17 @@ struct Live {
 /// turn it off so that the pressure path is what serves them.
 constexpr const char* kNoReuse = ",stitch_reuse_pages:False";
 
+/// These tests are about the fine-grained machinery itself: fine pages from the first byte
+/// (stitch_fine_above:0). The policy that keeps it off while there is room is tested in
+/// stitching_policy_test.cpp.
 struct Fixture {
   explicit Fixture(std::size_t capacity_mb = 1024, const std::string& extra = "") {
     stitch::SimBackend::Options o;
     o.capacity = capacity_mb * kMiB;
     sim = std::make_shared<stitch::SimBackend>(o);
     alloc = std::make_unique<stitch::Allocator>(
-        stitch::Config::parse("backend:sim,expandable_segments:True,stitching:True" + extra), sim);
+        stitch::Config::parse("backend:sim,expandable_segments:True,stitching:True,stitch_fine_above:0" + extra),
+        sim);
   }
   std::int64_t stat(const char* key) const { return *alloc->stat(0, key); }
 

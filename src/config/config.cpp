@@ -208,6 +208,14 @@ constexpr KeySpec kKeys[] = {
     {"stitch_reuse_pages", false, "True or False",
      [](ConfigParser& p, Config& c, const KeySpec& k) { c.stitch_reuse_pages = parse_bool(p, k); },
      [](const Config& c) { return c.stitching ? std::string(py_bool(c.stitch_reuse_pages)) : std::string(); }},
+    {"stitch_fine_above", false, "a number in [0, 1]",
+     [](ConfigParser& p, Config& c, const KeySpec& k) {
+       const std::string v = p.value(k);
+       const double f = parse_double(k, v);
+       if (!(f >= 0.0 && f <= 1.0)) bad_value(k.name, v, k.accepted);
+       c.stitch_fine_above = f;
+     },
+     [](const Config& c) { return c.stitching ? fmt::format("{}", c.stitch_fine_above) : std::string(); }},
     {"per_process_memory_fraction", false, "a number in [0, 1]",
      [](ConfigParser& p, Config& c, const KeySpec& k) {
        const std::string v = p.value(k);

@@ -93,8 +93,12 @@ struct Segment {
   bool expandable = false;     ///< a reserved range whose pages are mapped on demand
   bool stitched = false;       ///< expandable too: a range reserved to fit one request, mapped
                                ///< with pages moved from other ranges (stitcher.cpp)
-  std::size_t page = 0;        ///< expandable: bytes per page (one physical handle each)
-  std::vector<phys_handle_t> pages;  ///< expandable: handle of each page, 0 when unmapped
+  /// Expandable: bytes per page slot. A physical handle covers one slot or, for the coarse pages
+  /// of a stitching range, several consecutive slots (always mapped and unmapped whole).
+  std::size_t page = 0;
+  std::vector<phys_handle_t> pages;  ///< expandable: the handle covering each slot, 0 when unmapped
+  /// Expandable: at a handle's first slot, the number of slots it covers; 0 elsewhere.
+  std::vector<std::uint16_t> extent;
   Block* head = nullptr;       ///< lowest-address block
   Segment* prev = nullptr;     ///< device-wide list of segments
   Segment* next = nullptr;

@@ -253,14 +253,22 @@ class DeviceAllocator {
   // expandable segments (expandable.cpp)
   Block* grow_expandable(Pool& pool, stream_t stream, std::size_t rounded);
   /// grow_expandable without stitching: PyTorch's search over chains of free and unmapped blocks.
-  Block* grow_expandable_chain(Pool& pool, stream_t stream, std::size_t rounded);
-  /// Maps the first `bytes` (whole pages) of the unmapped block `target` and files them free,
-  /// merged with free neighbours; nullptr (nothing changed) when the device or the memory
-  /// fraction cannot give them.
-  Block* map_front(Pool& pool, Block* target, std::size_t bytes);
+  /// Mapping pages of `unit` bytes into ranges with slots of `slot` bytes (the same, or one
+  /// granule for stitching ranges).
+  Block* grow_expandable_chain(Pool& pool, stream_t stream, std::size_t rounded, std::size_t slot,
+                               std::size_t unit);
+  /// Stitching only: whether a grow by `bytes` would take reserved memory past stitch_fine_above
+  /// of what the device and the memory fraction allow (then growth uses fine pages and page
+  /// reuse).
+  [[nodiscard]] bool short_of_memory(std::size_t bytes);
+  /// Maps the first `bytes` (whole slots) of the unmapped block `target`, in handles of `unit`
+  /// bytes and one-slot handles for the rest, and files them free, merged with free neighbours;
+  /// nullptr (nothing changed) when the device or the memory fraction cannot give them.
+  Block* map_front(Pool& pool, Block* target, std::size_t bytes, std::size_t unit);
   /// The bookkeeping after `bytes` at the front of `target` were mapped: returns the free block.
   Block* file_mapped(Pool& pool, Block* target, std::size_t bytes);
-  Segment* create_expandable(Pool& pool, stream_t stream, std::size_t min_bytes);
+  /// A new expandable range of `stream` in `pool`, in pages of `page` bytes.
+  Segment* create_expandable(Pool& pool, stream_t stream, std::size_t min_bytes, std::size_t page);
   /// A segment over the reserved, wholly unmapped range [va, va + bytes) in pages of `page`:
   /// one unmapped block, filed in pool.unmapped (expandable; stitched when `stitched`).
   Segment* adopt_unmapped_range(Pool& pool, stream_t stream, char* va, std::size_t bytes,
@@ -272,7 +280,9 @@ class DeviceAllocator {
   void mark_unmapped(Block* block, std::size_t start, std::size_t end);
   Block* insert_unmapped(Block* block);
   void split_unmapped_tail(Block* block, std::size_t keep);
-  [[nodiscard]] std::size_t page_size(bool small);
+  /// The page of expandable ranges: coarse (PyTorch's: 2 MiB small pool, 20 MiB large pool) or
+  /// fine (one granule).
+  [[nodiscard]] std::size_t page_size(bool small, bool fine);
   /// Returns a wholly unmapped expandable range (one unmapped block) to the device.
   bool release_if_unmapped(Segment* segment);
 
@@ -310,6 +320,7 @@ class DeviceAllocator {
   Backend& backend_;
   Config config_;
   bool configured_ = false;             ///< set_config() ran once
+  std::size_t device_total_ = 0;        ///< the device's memory, once short_of_memory asked
 
   mutable detail::DeviceLock<DeviceAllocator> mutex_{this};
   NodeStorage index_nodes_;

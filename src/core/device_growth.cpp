@@ -21,7 +21,8 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(Pool& pool, stream_t stre
   if (ledger_.cap() && config_.garbage_collection_threshold > 0.0) garbage_collect();
   Block* block = nullptr;
   // stitch_before_grow_mb: large requests reuse the stream's scattered free pages first.
-  if (config_.stitching && config_.stitch_before_grow != 0 && rounded >= config_.stitch_before_grow)
+  if (config_.stitching && config_.stitch_before_grow != 0 && rounded >= config_.stitch_before_grow &&
+      short_of_memory(rounded))
     block = stitcher_.stitch(pool.small, stream, rounded, true);
   if (block == nullptr) block = grow();
   if (block == nullptr && release_available_cached_blocks(stream, rounded)) block = grow();
@@ -41,7 +42,7 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(Pool& pool, stream_t stre
 
 std::size_t DeviceAllocator::growth_size(bool small, std::size_t rounded) {
   if (!config_.expandable_segments) return detail::segment_size(rounded);
-  return detail::round_up(rounded, page_size(small));
+  return detail::round_up(rounded, page_size(small, short_of_memory(rounded)));
 }
 
 DeviceAllocator::Block* DeviceAllocator::grow(Pool& pool, stream_t stream, std::size_t rounded,

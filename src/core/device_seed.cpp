@@ -11,7 +11,7 @@ namespace stitch {
 
 std::size_t DeviceAllocator::expandable_page(bool small) {
   std::lock_guard lock(mutex_);
-  return page_size(small);
+  return page_size(small, false);
 }
 
 void DeviceAllocator::carve(Pool& pool, Block* free_run, char* origin,
@@ -74,7 +74,10 @@ std::vector<void*> DeviceAllocator::seed_expandable(stream_t stream, bool small,
   for (const SeedRun& r : runs) span = std::max(span, r.offset + r.size);
   std::vector<void*> out;
   out.reserve(blocks.size());
-  Segment* segment = span == 0 ? nullptr : create_expandable(pool, stream, span);
+  // The recording's pages (coarse), in a range of this configuration's slots.
+  const std::size_t unit = page_size(small, false);
+  const std::size_t slot = config_.stitching ? page_size(small, true) : unit;
+  Segment* segment = span == 0 ? nullptr : create_expandable(pool, stream, span, slot);
   std::size_t next_block = 0;
   auto skip_blocks_until = [&](std::size_t offset) {
     while (next_block < blocks.size() && blocks[next_block].offset < offset) {
@@ -83,8 +86,7 @@ std::vector<void*> DeviceAllocator::seed_expandable(stream_t stream, bool small,
     }
   };
   for (const SeedRun& r : runs) {
-    if (segment == nullptr || r.size == 0 || r.offset % segment->page != 0 || r.size % segment->page != 0)
-      break;
+    if (segment == nullptr || r.size == 0 || r.offset % unit != 0 || r.size % unit != 0) break;
     skip_blocks_until(r.offset);
     // The unmapped block holding the run: the last one, as runs come in address order.
     Block* u = segment->head;
@@ -92,7 +94,7 @@ std::vector<void*> DeviceAllocator::seed_expandable(stream_t stream, bool small,
     if (u == nullptr || u->ptr > segment->base + r.offset ||
         u->ptr + u->size < segment->base + r.offset + r.size)
       break;
-    if (!pages_.map(*segment, r.offset / segment->page, r.size / segment->page)) break;
+    if (!pages_.map(*segment, r.offset / slot, r.size / slot, unit / slot)) break;
     pool.unmapped.erase(u);
     char* at = segment->base + r.offset;
     if (at > u->ptr) {  // address space before the run stays unmapped

@@ -46,12 +46,24 @@ void DeviceAllocator::validate_locked() const {
   for (const Segment* s = segments_; s != nullptr; s = s->next) {
     if (s->stitched && !s->expandable) broken(device_, "a stitched segment is not expandable");
     if (s->expandable) {
-      if (s->page == 0 || s->size % s->page != 0 || s->pages.size() != s->size / s->page)
+      if (s->page == 0 || s->size % s->page != 0 || s->pages.size() != s->size / s->page ||
+          s->extent.size() != s->pages.size())
         broken(device_, "expandable segment page table is wrong");
-      for (phys_handle_t h : s->pages) {
-        if (h == 0) continue;
-        count(reserved, s->small, static_cast<std::int64_t>(s->page));
-        handles.push_back(h);
+      for (std::size_t i = 0; i < s->pages.size();) {
+        if (s->pages[i] == 0) {
+          if (s->extent[i] != 0) broken(device_, "an unmapped page slot starts a handle");
+          ++i;
+          continue;
+        }
+        const std::size_t slots = s->extent[i];
+        if (slots == 0 || i + slots > s->pages.size())
+          broken(device_, "a mapped page slot is not covered by a whole handle");
+        for (std::size_t k = i + 1; k < i + slots; ++k)
+          if (s->pages[k] != s->pages[i] || s->extent[k] != 0)
+            broken(device_, "a handle's slots disagree");
+        count(reserved, s->small, static_cast<std::int64_t>(slots * s->page));
+        handles.push_back(s->pages[i]);
+        i += slots;
       }
     } else {
       count(segment, s->small, 1);

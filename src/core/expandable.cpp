@@ -13,27 +13,39 @@
 #include "core/assert.hpp"
 #include "core/constants.hpp"
 #include "core/device_allocator.hpp"
+#include "core/page_mapper.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch {
 
+using detail::PageMapper;
 using detail::round_up;
 
-std::size_t DeviceAllocator::page_size(bool small) {
+std::size_t DeviceAllocator::page_size(bool small, bool fine) {
   // PyTorch's page sizes (2 MiB small pool, 20 MiB large pool), in granularity multiples:
   // bigger large-pool pages mean fewer map calls, whose cost grows with the number of pages.
-  // With stitching, pages are one granule in both pools: a partly used page is the only memory
-  // stitching cannot move, so it bounds the waste at one granule per range edge, at the price of
-  // up to 10x more map calls when a large-pool range grows.
+  // Fine pages (stitching, when memory runs short) are one granule in both pools: a partly used
+  // page is the only memory stitching cannot move, so it bounds the waste at one granule per
+  // range edge, at the price of up to 10x more map calls when a large-pool range grows.
   const std::size_t granularity = backend_.granularity(device_);
-  if (config_.stitching) return granularity;
+  if (fine) return granularity;
   return round_up(small ? detail::kSmallBuffer : detail::kLargeBuffer, granularity);
 }
 
+bool DeviceAllocator::short_of_memory(std::size_t bytes) {
+  // With room, stitching grows as expandable segments do; past stitch_fine_above of what the
+  // device (or the memory fraction) allows, it grows in fine pages and reuses free pages.
+  if (!config_.stitching) return false;
+  if (device_total_ == 0) device_total_ = backend_.memory_info(device_).total;
+  std::size_t limit = device_total_;
+  if (ledger_.cap()) limit = std::min(limit, *ledger_.cap());
+  return static_cast<double>(ledger_.reserved() + bytes) >
+         config_.stitch_fine_above * static_cast<double>(limit);
+}
+
 DeviceAllocator::Segment* DeviceAllocator::create_expandable(Pool& pool, stream_t stream,
-                                                             std::size_t min_bytes) {
+                                                             std::size_t min_bytes, std::size_t page) {
   // Reserve 1 1/8 of the device (as PyTorch does), so holes can be refilled at the end.
-  const std::size_t page = page_size(pool.small);
   const std::size_t total = backend_.memory_info(device_).total;
   const std::size_t bytes =
       std::max(round_up(total + total / 8, page), round_up(min_bytes, page));
@@ -51,6 +63,7 @@ DeviceAllocator::Segment* DeviceAllocator::adopt_unmapped_range(Pool& pool, stre
   segment->stitched = stitched;
   segment->page = page;
   segment->pages.assign(bytes / page, 0);
+  segment->extent.assign(bytes / page, 0);
   block->mapped = false;
   pool.unmapped.insert(block);
   return segment;
@@ -58,7 +71,13 @@ DeviceAllocator::Segment* DeviceAllocator::adopt_unmapped_range(Pool& pool, stre
 
 DeviceAllocator::Block* DeviceAllocator::grow_expandable(Pool& pool, stream_t stream,
                                                          std::size_t rounded) {
-  if (!config_.stitching) return grow_expandable_chain(pool, stream, rounded);
+  const std::size_t coarse = page_size(pool.small, false);
+  if (!config_.stitching) return grow_expandable_chain(pool, stream, rounded, coarse, coarse);
+  // Stitching ranges have one-granule slots. With room they grow as expandable segments do, in
+  // coarse pages (one handle over several slots); short of memory, in fine pages, and the
+  // stream's free pages elsewhere are reused first.
+  const std::size_t slot = page_size(pool.small, true);
+  if (!short_of_memory(rounded)) return grow_expandable_chain(pool, stream, rounded, slot, coarse);
   // The lowest-address unmapped range that, with the free block just before it, covers the
   // request: this fills holes before growing at the end, keeping the segment in one piece.
   // With stitch_reuse_pages (which leaves holes where pages moved out) the free block just after
@@ -69,6 +88,7 @@ DeviceAllocator::Block* DeviceAllocator::grow_expandable(Pool& pool, stream_t st
   for (auto it = pool.unmapped.lower_bound(&probe);
        it != pool.unmapped.end() && (*it)->stream == stream; ++it) {
     Block* u = *it;
+    if (u->segment->page != slot) continue;  // a range made without stitching
     const std::size_t before = u->prev != nullptr && u->prev->in_index ? u->prev->size : 0;
     const std::size_t after =
         reuse && u->next != nullptr && u->next->in_index ? u->next->size : 0;
@@ -78,35 +98,37 @@ DeviceAllocator::Block* DeviceAllocator::grow_expandable(Pool& pool, stream_t st
     }
   }
   if (target == nullptr) {
-    Segment* segment = create_expandable(pool, stream, rounded);
+    Segment* segment = create_expandable(pool, stream, rounded, slot);
     if (segment == nullptr) return nullptr;
     target = segment->head;
   }
-  Segment* segment = target->segment;
   const std::size_t before =
       target->prev != nullptr && target->prev->in_index ? target->prev->size : 0;
-  const std::size_t need = before < rounded ? rounded - before : segment->page;
+  const std::size_t need = before < rounded ? rounded - before : slot;
   // (Without the free block after, the hole alone covers `need`: the min changes nothing.)
-  const std::size_t bytes = std::min(round_up(need, segment->page), target->size);
-  if (reuse && segment->page == backend_.granularity(device_)) {
+  const std::size_t bytes = std::min(round_up(need, slot), target->size);
+  if (reuse) {
     // stitch_reuse_pages: the stream's free pages elsewhere come first (stitcher.cpp).
-    if (!stitcher_.map_reused_pages(target, bytes / segment->page)) return nullptr;
+    if (!stitcher_.map_reused_pages(target, bytes / slot)) return nullptr;
     return file_mapped(pool, target, bytes);
   }
-  return map_front(pool, target, bytes);
+  return map_front(pool, target, bytes, slot);
 }
 
 DeviceAllocator::Block* DeviceAllocator::grow_expandable_chain(Pool& pool, stream_t stream,
-                                                               std::size_t rounded) {
+                                                               std::size_t rounded,
+                                                               std::size_t slot, std::size_t unit) {
   // PyTorch's expandable segments (find_expandable_block, try_allocate_expandable_block): the
   // lowest-address unmapped range that, with the free block just before it and every free or
-  // unmapped block after it, has room for the request; its unmapped pieces are mapped in turn
-  // (one map each), each merging with its free neighbours, until the block holds the request.
+  // unmapped block after it, has room for the request; its unmapped pieces are mapped in turn,
+  // in pages of `unit` bytes (one map each), each merging with its free neighbours, until the
+  // block holds the request.
   auto allocatable = [](const Block* b) { return b != nullptr && (b->in_index || !b->mapped); };
   Block probe(nullptr, 0, stream, nullptr, pool.small);
   Block* candidate = nullptr;
   for (auto it = pool.unmapped.lower_bound(&probe);
        it != pool.unmapped.end() && (*it)->stream == stream; ++it) {
+    if ((*it)->segment->page != slot) continue;  // a range of the other kind (stitching or not)
     Block* c = allocatable((*it)->prev) ? (*it)->prev : *it;
     std::size_t room = 0;
     for (const Block* b = c; room < rounded && allocatable(b); b = b->next) room += b->size;
@@ -116,14 +138,13 @@ DeviceAllocator::Block* DeviceAllocator::grow_expandable_chain(Pool& pool, strea
     }
   }
   if (candidate == nullptr) {
-    Segment* segment = create_expandable(pool, stream, rounded);
+    Segment* segment = create_expandable(pool, stream, rounded, slot);
     if (segment == nullptr) return nullptr;
     candidate = segment->head;
   }
-  const std::size_t page = candidate->segment->page;
   Block* block = candidate;
   if (!block->mapped) {
-    block = map_front(pool, block, std::min(round_up(rounded, page), block->size));
+    block = map_front(pool, block, std::min(round_up(rounded, unit), block->size), unit);
     if (block == nullptr) return nullptr;
   }
   while (block->size < rounded) {
@@ -131,17 +152,19 @@ DeviceAllocator::Block* DeviceAllocator::grow_expandable_chain(Pool& pool, strea
     STITCH_ASSERT(next != nullptr && !next->mapped,
                   "grow_expandable_chain: the chain continues with an unmapped block");
     if (next == nullptr || next->mapped) return nullptr;
-    block = map_front(pool, next, std::min(round_up(rounded - block->size, page), next->size));
+    block = map_front(pool, next, std::min(round_up(rounded - block->size, unit), next->size), unit);
     if (block == nullptr) return nullptr;
   }
   return block;
 }
 
-DeviceAllocator::Block* DeviceAllocator::map_front(Pool& pool, Block* target, std::size_t bytes) {
+DeviceAllocator::Block* DeviceAllocator::map_front(Pool& pool, Block* target, std::size_t bytes,
+                                                   std::size_t unit) {
+  // Handles of `unit` bytes, and one-slot handles for what is left of a hole smaller than that.
   Segment* segment = target->segment;
   if (!ledger_.fits(bytes)) return nullptr;
   const std::size_t first = static_cast<std::size_t>(target->ptr - segment->base) / segment->page;
-  if (!pages_.map(*segment, first, bytes / segment->page)) return nullptr;
+  if (!pages_.map(*segment, first, bytes / segment->page, unit / segment->page)) return nullptr;
   return file_mapped(pool, target, bytes);
 }
 
@@ -198,8 +221,11 @@ void DeviceAllocator::unmap_free_pages(Block* block) {
   Segment* segment = block->segment;
   const std::size_t page = segment->page;
   const auto offset = static_cast<std::size_t>(block->ptr - segment->base);
-  const std::size_t start = round_up(offset, page);
-  const std::size_t end = (offset + block->size) / page * page;
+  std::size_t first = round_up(offset, page) / page;
+  std::size_t last = (offset + block->size) / page;
+  PageMapper::whole_handles(*segment, first, last);  // a coarse page goes whole or not at all
+  const std::size_t start = first * page;
+  const std::size_t end = last * page;
   if (end <= start) return;
   backend_.unmap(device_, segment->base + start, end - start);  // throws: nothing changed
   trace(TraceAction::segment_unmap, segment->base + start, end - start, segment->stream);

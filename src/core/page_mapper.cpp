@@ -5,6 +5,8 @@
 #include "core/assert.hpp"
 #include "core/undo.hpp"
 
+#include <algorithm>
+
 namespace stitch::detail {
 
 PageMapper::~PageMapper() {
@@ -22,25 +24,58 @@ PageMapper::~PageMapper() {
   }
 }
 
-bool PageMapper::map(Segment& segment, std::size_t first, std::size_t count) {
-  STITCH_ASSERT(first + count <= segment.pages.size(), "PageMapper::map: pages inside the range");
+void PageMapper::set(Segment& segment, std::size_t first, std::size_t slots, phys_handle_t handle) noexcept {
+  for (std::size_t i = first; i < first + slots; ++i) {
+    segment.pages[i] = handle;
+    segment.extent[i] = 0;
+  }
+  if (handle != 0) segment.extent[first] = static_cast<std::uint16_t>(slots);
+}
+
+std::size_t PageMapper::head_of(const Segment& segment, std::size_t i) noexcept {
+  while (segment.extent[i] == 0 && i > 0 && segment.pages[i - 1] == segment.pages[i]) --i;
+  return i;
+}
+
+void PageMapper::whole_handles(const Segment& segment, std::size_t& first, std::size_t& last) noexcept {
+  // A handle that began before `first` cannot go: start after it. One that ends after `last`
+  // cannot either: stop at its first slot.
+  if (first < last && segment.extent[first] == 0) {
+    const std::size_t head = head_of(segment, first);
+    first = std::min(last, head + segment.extent[head]);
+  }
+  if (first < last) {
+    const std::size_t head = head_of(segment, last - 1);
+    if (head + segment.extent[head] > last) last = std::max(first, head);
+  }
+}
+
+bool PageMapper::map(Segment& segment, std::size_t first, std::size_t count, std::size_t per) {
+  STITCH_ASSERT(first + count <= segment.pages.size() && per > 0,
+                "PageMapper::map: slots inside the range");
   unmap_strays();  // a stray range may lie where these pages go
-  std::size_t done = 0;
+  const std::size_t whole = count / per * per;  // slots in handles of `per` slots
+  std::size_t done = 0;  // slots mapped
   Undo undo([&] {
-    for (std::size_t i = first; i < first + done; ++i) {
-      unmap_or_stray(segment.base + i * segment.page, segment.page);
+    for (std::size_t i = first; i < first + done;) {
+      const std::size_t slots = segment.extent[i];
+      unmap_or_stray(segment.base + i * segment.page, slots * segment.page);
       release_or_orphan(segment.pages[i]);
-      segment.pages[i] = 0;
+      set(segment, i, slots, 0);
+      i += slots;
     }
   });
-  for (; done < count; ++done) {
+  while (done < count) {
     const std::size_t i = first + done;
-    const phys_handle_t handle = backend_.create_physical(device_, segment.page);
+    const std::size_t slots = done < whole ? per : 1;
+    const std::size_t bytes = slots * segment.page;
+    const phys_handle_t handle = backend_.create_physical(device_, bytes);
     if (handle == 0) return false;  // out of memory: the undo runs
     Undo release([&] { release_or_orphan(handle); });
-    backend_.map(device_, segment.base + i * segment.page, segment.page, handle);
+    backend_.map(device_, segment.base + i * segment.page, bytes, handle);
     release.done();
-    segment.pages[i] = handle;
+    set(segment, i, slots, handle);
+    done += slots;
   }
   undo.done();
   return true;
@@ -48,7 +83,8 @@ bool PageMapper::map(Segment& segment, std::size_t first, std::size_t count) {
 
 std::exception_ptr PageMapper::release(Segment& segment, std::size_t first, std::size_t last) noexcept {
   std::exception_ptr error;
-  for (std::size_t i = first; i < last; ++i) {
+  for (std::size_t i = first; i < last;) {
+    const std::size_t slots = segment.extent[i] != 0 ? segment.extent[i] : 1;
     try {
       backend_.release_physical(device_, segment.pages[i]);
     } catch (...) {  // unmapped already: keep the handle and retry on the next release
@@ -58,7 +94,8 @@ std::exception_ptr PageMapper::release(Segment& segment, std::size_t first, std:
       }
       if (!error) error = std::current_exception();
     }
-    segment.pages[i] = 0;
+    set(segment, i, slots, 0);
+    i += slots;
   }
   return error;
 }

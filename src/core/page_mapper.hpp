@@ -23,13 +23,22 @@ class PageMapper {
   PageMapper(const PageMapper&) = delete;
   PageMapper& operator=(const PageMapper&) = delete;
 
-  /// Creates and maps pages [first, first + count) of `segment` (one handle each). All or
-  /// nothing: false when the device is out of memory, and on a backend error it rethrows; either
-  /// way every page mapped here was unmapped and released again (or filed as stray / orphan).
-  bool map(Segment& segment, std::size_t first, std::size_t count);
-  /// Releases the handles of pages [first, last) of `segment` (just unmapped) and zeroes them;
-  /// a handle whose release fails is kept as an orphan. Returns the first failure (or null).
+  /// Creates and maps page slots [first, first + count) of `segment`, `per` slots to a handle
+  /// (the count % per slots at the end one to a handle): one create and one map per handle.
+  /// All or nothing: false when
+  /// the device is out of memory, and on a backend error it rethrows; either way every handle
+  /// mapped here was unmapped and released again (or filed as stray / orphan).
+  bool map(Segment& segment, std::size_t first, std::size_t count, std::size_t per = 1);
+  /// Releases the handles of slots [first, last) of `segment` (just unmapped; whole handles)
+  /// and zeroes them; a handle whose release fails is kept as an orphan. Returns the first
+  /// failure (or null).
   std::exception_ptr release(Segment& segment, std::size_t first, std::size_t last) noexcept;
+  /// Sets slots [first, first + slots) of `segment` to `handle` (mapped there, covering them).
+  static void set(Segment& segment, std::size_t first, std::size_t slots, phys_handle_t handle) noexcept;
+  /// The first slot of the handle covering slot `i` (mapped).
+  static std::size_t head_of(const Segment& segment, std::size_t i) noexcept;
+  /// [first, last) shrunk to the whole handles inside it (slots of mapped memory).
+  static void whole_handles(const Segment& segment, std::size_t& first, std::size_t& last) noexcept;
   /// Releases `handle`, or keeps it as an orphan when that fails.
   void release_or_orphan(phys_handle_t handle) noexcept;
   /// Unmaps `bytes` at `va` while undoing; if that fails too, files the range as stray.

@@ -30,6 +30,7 @@
 
 #include "core/assert.hpp"
 #include "core/device_allocator.hpp"
+#include "core/page_mapper.hpp"
 #include "core/stat_update.hpp"
 
 namespace stitch::detail {
@@ -43,9 +44,19 @@ using Run = PageRun;
 /// reserved / kReuseSlack (see map_reused_pages).
 constexpr std::size_t kReuseSlack = 64;
 
-/// Picks runs from `runs` adding up to `want` pages (or all of them when they do not reach it)
-/// and appends them to `plan`; returns the pages taken. Largest runs first, and the last piece
-/// from the smallest run that covers what is still missing: few unmap calls, few broken runs.
+/// The most slots, at most `n`, from the start of `run` that end at a handle boundary (a
+/// coarse page moves whole or not at all).
+std::size_t cut(const Run& run, std::size_t n) {
+  const Segment* s = run.block->segment;
+  std::size_t pos = run.first;
+  while (pos < run.first + run.count && pos + s->extent[pos] <= run.first + n) pos += s->extent[pos];
+  return pos - run.first;
+}
+
+/// Picks runs from `runs` adding up to `want` slots (or all of them when they do not reach it)
+/// and appends them to `plan`; returns the slots taken. Largest runs first, and the last piece
+/// from the smallest run that covers what is still missing (at a handle boundary): few unmap
+/// calls, few broken runs.
 std::size_t take(std::vector<Run> runs, std::size_t want, std::vector<Run>& plan) {
   std::stable_sort(runs.begin(), runs.end(),
                    [](const Run& a, const Run& b) { return a.count > b.count; });
@@ -53,26 +64,32 @@ std::size_t take(std::vector<Run> runs, std::size_t want, std::vector<Run>& plan
   std::size_t next = 0;  // runs[next..] are untaken
   while (taken < want && next < runs.size()) {
     const std::size_t missing = want - taken;
-    // Smallest untaken run covering `missing` (runs are sorted by decreasing size).
+    // Smallest untaken run covering `missing` exactly (runs are sorted by decreasing size).
     std::size_t cover = runs.size();
-    for (std::size_t i = next; i < runs.size() && runs[i].count >= missing; ++i) cover = i;
+    for (std::size_t i = next; i < runs.size() && runs[i].count >= missing; ++i)
+      if (cut(runs[i], missing) == missing) cover = i;
     if (cover != runs.size()) {
       plan.push_back(Run{runs[cover].block, runs[cover].first, missing});
       return taken + missing;
     }
-    plan.push_back(runs[next]);
-    taken += runs[next].count;
+    const Run& r = runs[next];
+    const std::size_t n = r.count <= missing ? r.count : cut(r, missing);
+    if (n > 0) {
+      plan.push_back(Run{r.block, r.first, n});
+      taken += n;
+    }
     ++next;
   }
   return taken;
 }
 }  // namespace
 
-void Stitcher::map_back(Segment* segment, std::size_t index, phys_handle_t handle) noexcept {
-  // Undo of a move: maps `handle` again at page `index` of `segment`, where an unmapped block
+void Stitcher::map_back(Segment* segment, std::size_t index, phys_handle_t handle,
+                        std::size_t slots) noexcept {
+  // Undo of a move: maps `handle` again at slot `index` of `segment`, where an unmapped block
   // now lies, and files that page as free (it was free when it left).
-  const std::size_t page = segment->page;
-  char* at = segment->base + index * page;
+  const std::size_t page = segment->page * slots;
+  char* at = segment->base + index * segment->page;
   try {
     d_.backend_.map(d_.device_, at, page, handle);
   } catch (...) {
@@ -94,7 +111,7 @@ void Stitcher::map_back(Segment* segment, std::size_t index, phys_handle_t handl
   }
   d_.split_unmapped_tail(u, page);  // the unmapped rest stays unmapped
   u->mapped = true;
-  segment->pages[index] = handle;
+  PageMapper::set(*segment, index, slots, handle);
   d_.trace(TraceAction::segment_map, at, page, segment->stream);
   d_.ledger_.mapped(segment->small, page);
   d_.insert_free(pool, u);
@@ -125,8 +142,9 @@ std::size_t Stitcher::free_page_runs(stream_t stream, std::vector<Run>& own,
       if (!s->expandable || s->page != page || b == skip_a || b == skip_b) continue;
       if (s->stream != stream && others == nullptr) continue;
       const auto offset = static_cast<std::size_t>(b->ptr - s->base);
-      const std::size_t first = round_up(offset, page) / page;
-      const std::size_t last = (offset + b->size) / page;
+      std::size_t first = round_up(offset, page) / page;
+      std::size_t last = (offset + b->size) / page;
+      PageMapper::whole_handles(*s, first, last);  // coarse pages move whole
       if (last <= first) continue;
       (s->stream == stream ? own : (*others)[s->stream]).push_back(Run{b, first, last - first});
       total += last - first;
@@ -147,13 +165,15 @@ void Stitcher::move_out(const std::vector<Run>& plan, std::vector<MovedPage>& mo
       d_.backend_.unmap(d_.device_, at, bytes);
     } catch (...) {
       for (std::size_t i = moved.size(); i > first_moved; --i)
-        map_back(moved[i - 1].segment, moved[i - 1].index, moved[i - 1].handle);
+        map_back(moved[i - 1].segment, moved[i - 1].index, moved[i - 1].handle, moved[i - 1].slots);
       moved.resize(first_moved);
       throw;
     }
-    for (std::size_t i = run.first; i < run.first + run.count; ++i) {
-      moved.push_back(MovedPage{s, i, s->pages[i]});
-      s->pages[i] = 0;
+    for (std::size_t i = run.first; i < run.first + run.count;) {
+      const std::size_t slots = s->extent[i];
+      moved.push_back(MovedPage{s, i, s->pages[i], slots});
+      PageMapper::set(*s, i, slots, 0);
+      i += slots;
     }
     d_.trace(TraceAction::segment_unmap, at, bytes, s->stream);
     d_.ledger_.unmapped(s->small, bytes);
@@ -163,26 +183,35 @@ void Stitcher::move_out(const std::vector<Run>& plan, std::vector<MovedPage>& mo
   }
 }
 
-std::vector<phys_handle_t> Stitcher::map_side_by_side(
-    char* at, std::size_t page, const std::vector<MovedPage>& moved,
-    const std::vector<phys_handle_t>& fresh) {
-  std::vector<phys_handle_t> handles;
-  handles.reserve(moved.size() + fresh.size());
-  for (const MovedPage& m : moved) handles.push_back(m.handle);
-  handles.insert(handles.end(), fresh.begin(), fresh.end());
-  std::size_t mapped = 0;
+void Stitcher::map_side_by_side(Segment& dest, std::size_t first,
+                                const std::vector<MovedPage>& moved,
+                                const std::vector<phys_handle_t>& fresh) {
+  const std::size_t page = dest.page;
+  char* at = dest.base + first * page;
+  std::size_t mapped = 0;  // slots
   try {
     d_.pages_.unmap_strays();  // a stray range may lie where these pages go
-    for (; mapped < handles.size(); ++mapped)
-      d_.backend_.map(d_.device_, at + mapped * page, page, handles[mapped]);
+    for (const MovedPage& m : moved) {
+      d_.backend_.map(d_.device_, at + mapped * page, m.slots * page, m.handle);
+      mapped += m.slots;
+    }
+    for (phys_handle_t h : fresh) {
+      d_.backend_.map(d_.device_, at + mapped * page, page, h);
+      ++mapped;
+    }
   } catch (...) {
     if (mapped > 0) d_.pages_.unmap_or_stray(at, mapped * page);
     for (auto it = moved.rbegin(); it != moved.rend(); ++it)
-      map_back(it->segment, it->index, it->handle);
+      map_back(it->segment, it->index, it->handle, it->slots);
     for (phys_handle_t h : fresh) d_.pages_.release_or_orphan(h);
     throw;
   }
-  return handles;
+  std::size_t slot = first;
+  for (const MovedPage& m : moved) {
+    PageMapper::set(dest, slot, m.slots, m.handle);
+    slot += m.slots;
+  }
+  for (phys_handle_t h : fresh) PageMapper::set(dest, slot++, 1, h);
 }
 
 void Stitcher::dissolve_emptied(const std::vector<Segment*>& sources) noexcept {
@@ -246,9 +275,7 @@ bool Stitcher::map_reused_pages(Block* target, std::size_t count) {
   }
   // On a failure everything is undone; after two faults in a row stray mappings stay in
   // `dest`'s pages (unmapped in the bookkeeping) until unmap_strays() succeeds.
-  const std::vector<phys_handle_t> handles =
-      map_side_by_side(dest->base + first * page, page, moved, fresh);
-  for (std::size_t i = 0; i < count; ++i) dest->pages[first + i] = handles[i];
+  map_side_by_side(*dest, first, moved, fresh);
   ++d_.stats_.num_page_reuses;
   dissolve_emptied(sources);
   return true;
@@ -338,10 +365,15 @@ Block* Stitcher::stitch(bool small, stream_t stream,
     throw;
   }
 
-  // 5. Map the moved pages, then the fresh ones, side by side into the new range.
-  std::vector<phys_handle_t> handles;
+  // 5. Map the moved pages, then the fresh ones, side by side into the new range (its page
+  // table is filled here and moves into the segment below).
+  Segment table;
+  table.base = static_cast<char*>(va);
+  table.page = page;
+  table.pages.assign(pages, 0);
+  table.extent.assign(pages, 0);
   try {
-    handles = map_side_by_side(static_cast<char*>(va), page, moved, fresh);
+    map_side_by_side(table, 0, moved, fresh);
   } catch (...) {  // the pages are back where they were, the fresh ones released
     // With stray mappings left (a second failure), release_or_keep keeps the range as an empty
     // stitched segment, given back once the stray unmap succeeds.
@@ -355,7 +387,8 @@ Block* Stitcher::stitch(bool small, stream_t stream,
   segment->expandable = true;
   segment->stitched = true;
   segment->page = page;
-  segment->pages = std::move(handles);
+  segment->pages = std::move(table.pages);
+  segment->extent = std::move(table.extent);
   d_.trace(TraceAction::segment_map, va, segment->size, stream);
   d_.ledger_.mapped(pool.small, segment->size);
   ++d_.stats_.num_stitches;

@@ -42,11 +42,13 @@ class Stitcher {
   bool map_reused_pages(Block* target, std::size_t count);
 
  private:
-  /// A page moved out of its segment: where it was and its physical handle.
+  /// A page moved out of its segment: where it was (its first slot), its physical handle and
+  /// the slots it covers.
   struct MovedPage {
     Segment* segment;
     std::size_t index;
     phys_handle_t handle;
+    std::size_t slots;
   };
   /// The whole free pages of one-granule expandable ranges (both pools): `stream`'s own in
   /// `own`, other streams' in `others` (when given). Skips `skip_a` and `skip_b`. Returns the
@@ -59,17 +61,16 @@ class Stitcher {
   /// so far back and rethrows.
   void move_out(const std::vector<PageRun>& plan, std::vector<MovedPage>& moved,
                 std::vector<Segment*>& sources);
-  /// Maps the moved pages, then the fresh ones, side by side from `at` (one page each) and
-  /// returns their handles in that order. On a failure unmaps what it mapped (a range whose
-  /// unmap fails too is filed as stray), maps the moved pages back where they were, releases the
-  /// fresh ones and rethrows.
-  std::vector<phys_handle_t> map_side_by_side(char* at, std::size_t page,
-                                              const std::vector<MovedPage>& moved,
-                                              const std::vector<phys_handle_t>& fresh);
+  /// Maps the moved pages, then the fresh ones (one slot each), side by side into `dest` from
+  /// slot `first`, and enters them in its page table. On a failure unmaps what it mapped (a
+  /// range whose unmap fails too is filed as stray), maps the moved pages back where they were,
+  /// releases the fresh ones and rethrows.
+  void map_side_by_side(Segment& dest, std::size_t first, const std::vector<MovedPage>& moved,
+                        const std::vector<phys_handle_t>& fresh);
   /// Dissolves the stitched segments among `sources` that no longer hold a mapped page.
   void dissolve_emptied(const std::vector<Segment*>& sources) noexcept;
   /// Undo of a move: maps `handle` again at page `index` of `segment` and files it free.
-  void map_back(Segment* segment, std::size_t index, phys_handle_t handle) noexcept;
+  void map_back(Segment* segment, std::size_t index, phys_handle_t handle, std::size_t slots) noexcept;
   /// Gives back an unused, wholly unmapped stitching range (or keeps it as an empty stitched
   /// segment when that fails).
   void release_or_keep(bool small, stream_t stream, void* va, std::size_t bytes,

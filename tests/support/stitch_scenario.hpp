@@ -21,9 +21,10 @@ namespace stitch::test {
 
 /// The settings of the scenario, after "backend:<name>,". stitch_reuse_pages:False: a grow may
 /// not take the stream's free pages, so the pressure path (a stitched range, num_stitches) is
-/// what serves a large request.
+/// what serves a large request; stitch_fine_above:0: fine pages from the first byte, so that the
+/// holes are pages stitching can move.
 inline constexpr const char* kScenarioConf =
-    "expandable_segments:True,stitching:True,stitch_reuse_pages:False";
+    "expandable_segments:True,stitching:True,stitch_reuse_pages:False,stitch_fine_above:0";
 
 inline std::size_t round_down(std::size_t n, std::size_t unit) { return n / unit * unit; }
 inline std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }

@@ -101,7 +101,7 @@ std::string settings_difference(const Config& config) {
   static constexpr std::string_view kTunables[] = {
       "max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions",
       "garbage_collection_threshold", "expandable_segments", "stitching", "stitch_before_grow_mb",
-      "stitch_reuse_pages", "per_process_memory_fraction"};
+      "stitch_reuse_pages", "stitch_fine_above", "per_process_memory_fraction"};
   // The defaults, with stitching as `config` has it: keys that apply only with stitching are
   // compared with their own defaults.
   Config defaults;

@@ -1,0 +1,128 @@
+// Tests of stitching's policy (docs/stitching.md, "With room"): while the device has room,
+// stitching ranges grow in PyTorch's pages, exactly as expandable segments do (same map calls,
+// no stream synchronization, no unmaps); past stitch_fine_above they grow in one-granule pages;
+// and under pressure a coarse page moves to a stitched range whole.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "stitch/allocator.hpp"
+#include "stitch/errors.hpp"
+#include "stitch/sim_backend.hpp"
+#include "support/data_pattern.hpp"
+#include "tools/replay/replayer.hpp"
+#include "tools/replay/workload.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace rp = stitch::replay;
+using stitch::SimCall;
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr const char* kExpandable = "expandable_segments:True";
+constexpr const char* kStitching = "expandable_segments:True,stitching:True";
+
+fs::path shipped_dir() { return fs::path(__FILE__).parent_path().parent_path() / "traces"; }
+
+struct Device {
+  explicit Device(std::size_t capacity_mb, const std::string& conf = kStitching) {
+    stitch::SimBackend::Options o;
+    o.capacity = capacity_mb * kMiB;
+    sim = std::make_shared<stitch::SimBackend>(o);
+    alloc = std::make_unique<stitch::Allocator>(stitch::Config::parse("backend:sim," + conf), sim);
+  }
+  std::int64_t stat(const char* key) const { return *alloc->stat(0, key); }
+  std::uint64_t maps() const { return sim->call_count(SimCall::map); }
+  std::shared_ptr<stitch::SimBackend> sim;
+  std::unique_ptr<stitch::Allocator> alloc;
+};
+
+TEST(StitchingPolicy, WithRoomStitchingCostsWhatExpandableSegmentsCost) {
+  int traces = 0;
+  for (const auto& entry : fs::directory_iterator(shipped_dir())) {
+    if (entry.path().extension() != ".pickle") continue;
+    SCOPED_TRACE(entry.path().filename().string());
+    const rp::Workload w = rp::read_workload(entry.path().string());
+    const rp::DeviceWorkload& t = w.devices.at(0);
+    rp::ReplayOptions o;  // the 1 TiB device: room all along
+    o.config = kExpandable;
+    const rp::ReplayResult expandable = rp::replay(t, o);
+    o.config = kStitching;
+    const rp::ReplayResult stitching = rp::replay(t, o);
+    EXPECT_EQ(stitching.maps, expandable.maps);
+    EXPECT_EQ(stitching.stream_syncs, 0);
+    EXPECT_LE(stitching.unmaps, expandable.unmaps);
+    EXPECT_EQ(stitching.peak_reserved, expandable.peak_reserved);
+    ++traces;
+  }
+  EXPECT_EQ(traces, 6);
+}
+
+TEST(StitchingPolicy, PastTheThresholdRangesGrowInFinePages) {
+  Device d(1000);  // stitch_fine_above 0.1: fine pages once reserved passes 100 MiB
+  auto maps_for = [&](std::size_t bytes) {
+    const auto before = d.maps();
+    (void)d.alloc->allocate(bytes);
+    return d.maps() - before;
+  };
+  EXPECT_EQ(maps_for(30 * kMiB), 2u);  // two 20 MiB pages, as expandable segments map them
+  EXPECT_EQ(maps_for(40 * kMiB), 2u);  // 10 MiB left in the last page, two more pages
+  EXPECT_LT(d.stat("reserved_bytes.all.current"), static_cast<std::int64_t>(100 * kMiB));
+  // Past 100 MiB: one-granule pages, 15 of them with the 10 MiB left free before.
+  EXPECT_EQ(maps_for(40 * kMiB), 15u) << "past 100 MiB: one-granule pages";
+  d.alloc->validate();
+  Device always(1000, std::string(kStitching) + ",stitch_fine_above:0");
+  const auto before = always.maps();
+  (void)always.alloc->allocate(30 * kMiB);
+  EXPECT_EQ(always.maps() - before, 15u) << "stitch_fine_above:0: fine pages from the first byte";
+  Device never(1000, std::string(kStitching) + ",stitch_fine_above:1");
+  for (int i = 0; i < 40; ++i) (void)never.alloc->allocate(20 * kMiB);
+  EXPECT_EQ(never.maps(), 40u) << "stitch_fine_above:1: coarse pages until the device is full";
+}
+
+TEST(StitchingPolicy, UnderPressureCoarsePagesMoveWhole) {
+  // Coarse pages all along (stitch_fine_above:1), ten blocks of one page each, every other one
+  // freed: five whole free 20 MiB pages, none adjacent to another. A 60 MiB request on a full
+  // device takes three of them, moved whole (no new physical memory): into the growing range
+  // with page reuse, into a stitched range without it.
+  for (const bool reuse : {true, false}) {
+    SCOPED_TRACE(reuse ? "page reuse" : "stitched range");
+    Device d(200, std::string(kStitching) + ",stitch_fine_above:1" +
+                      (reuse ? "" : ",stitch_reuse_pages:False"));
+    std::vector<void*> blocks;
+    for (int i = 0; i < 10; ++i) {
+      blocks.push_back(d.alloc->allocate(20 * kMiB));
+      stitch::test::write_pattern(blocks.back(), 20 * kMiB, static_cast<std::uint64_t>(i));
+    }
+    for (int i = 0; i < 10; i += 2) d.alloc->deallocate(blocks[static_cast<std::size_t>(i)]);
+    ASSERT_EQ(d.sim->usage(0).physical_handles, 10u);
+    void* big = d.alloc->allocate(60 * kMiB);
+    EXPECT_EQ(d.stat(reuse ? "num_page_reuses" : "num_stitches"), 1);
+    EXPECT_EQ(d.sim->usage(0).physical_handles, 10u) << "pages moved, none made";
+    EXPECT_EQ(d.stat("reserved_bytes.all.current"), static_cast<std::int64_t>(200 * kMiB));
+    stitch::test::write_pattern(big, 60 * kMiB, 99);
+    for (int i = 1; i < 10; i += 2)
+      EXPECT_TRUE(stitch::test::pattern_intact(blocks[static_cast<std::size_t>(i)], 20 * kMiB,
+                                               static_cast<std::uint64_t>(i)));
+    EXPECT_TRUE(stitch::test::pattern_intact(big, 60 * kMiB, 99));
+    d.alloc->validate();
+    // A coarse page that a live block shares stays mapped through empty_cache: it goes whole
+    // or not at all.
+    d.alloc->deallocate(big);
+    void* part = d.alloc->allocate(5 * kMiB);
+    d.alloc->empty_cache();
+    EXPECT_GE(d.stat("reserved_bytes.all.current"), static_cast<std::int64_t>(6 * 20 * kMiB));
+    d.alloc->validate();
+    d.alloc->deallocate(part);
+    for (int i = 1; i < 10; i += 2) d.alloc->deallocate(blocks[static_cast<std::size_t>(i)]);
+    d.alloc->empty_cache();
+    EXPECT_EQ(d.stat("reserved_bytes.all.current"), 0);
+    EXPECT_EQ(d.sim->usage(0).physical_handles, 0u);
+  }
+}
+
+}  // namespace
