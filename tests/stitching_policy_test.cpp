@@ -63,7 +63,7 @@ TEST(StitchingPolicy, WithRoomStitchingCostsWhatExpandableSegmentsCost) {
 }
 
 TEST(StitchingPolicy, PastTheThresholdRangesGrowInFinePages) {
-  Device d(1000);  // stitch_fine_above 0.1: fine pages once reserved passes 100 MiB
+  Device d(1000);  // stitch_fine_above 0.08: fine pages once reserved would pass 80 MiB
   auto maps_for = [&](std::size_t bytes) {
     const auto before = d.maps();
     (void)d.alloc->allocate(bytes);
@@ -71,9 +71,9 @@ TEST(StitchingPolicy, PastTheThresholdRangesGrowInFinePages) {
   };
   EXPECT_EQ(maps_for(30 * kMiB), 2u);  // two 20 MiB pages, as expandable segments map them
   EXPECT_EQ(maps_for(40 * kMiB), 2u);  // 10 MiB left in the last page, two more pages
-  EXPECT_LT(d.stat("reserved_bytes.all.current"), static_cast<std::int64_t>(100 * kMiB));
-  // Past 100 MiB: one-granule pages, 15 of them with the 10 MiB left free before.
-  EXPECT_EQ(maps_for(40 * kMiB), 15u) << "past 100 MiB: one-granule pages";
+  EXPECT_EQ(d.stat("reserved_bytes.all.current"), static_cast<std::int64_t>(80 * kMiB));
+  // Past 80 MiB: one-granule pages, 15 of them with the 10 MiB left free before.
+  EXPECT_EQ(maps_for(40 * kMiB), 15u) << "past 80 MiB: one-granule pages";
   d.alloc->validate();
   Device always(1000, std::string(kStitching) + ",stitch_fine_above:0");
   const auto before = always.maps();
