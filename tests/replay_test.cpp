@@ -640,6 +640,47 @@ TEST(ReplayGeneratedTraces, ShippedTracesReplayWithPrincipledOrderings) {
   EXPECT_GT(tv.at("").reserved_over_requested(), 1.2);  // the pattern does fragment the defaults
 }
 
+// ---- the cost model ----------------------------------------------------------------------------
+
+TEST(ReplayCosts, TheEstimateChargesEachCallItsCost) {
+  const rp::CostModel published = rp::CostModel::published();
+  rp::CallCounts counts;
+  counts.calls[static_cast<std::size_t>(rp::CostCall::mem_map)] = 10;
+  counts.calls[static_cast<std::size_t>(rp::CostCall::mem_create)] = 2;
+  counts.bytes[static_cast<std::size_t>(rp::CostCall::mem_create)] = 40 * MiB;
+  EXPECT_DOUBLE_EQ(published.estimate_us(counts), 10 * 1.45 + 2 * 193.3);
+  // A cost file overrides what it names, per call or per MiB; the rest stays published.
+  const rp::CostModel mine = rp::CostModel::from_json(
+      R"({"cuMemMap": 2, "cuMemCreate": {"per_call_us": 10, "per_mib_us": 1.5}})", "mine.json");
+  EXPECT_EQ(mine.source, "mine.json");
+  EXPECT_DOUBLE_EQ(mine.estimate_us(counts), 10 * 2.0 + 2 * 10.0 + 40 * 1.5);
+  EXPECT_DOUBLE_EQ(mine.costs[static_cast<std::size_t>(rp::CostCall::mem_unmap)].per_call_us, 25.6);
+  for (const char* bad : {R"({"cuMemMapp": 1})", R"({"cuMemMap": -1})", R"({"cuMemMap": 1)",
+                          R"({"cuMemMap": {"per_gib": 1}})", "[]"}) {
+    SCOPED_TRACE(bad);
+    try {
+      (void)rp::CostModel::from_json(bad, "bad.json");
+      ADD_FAILURE() << "accepted";
+    } catch (const stitch::error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("bad.json: offset ", 0), 0u) << e.what();
+    }
+  }
+}
+
+TEST(ReplayCosts, AReplayCountsTheSimulatedDevicesCalls) {
+  const rp::DeviceWorkload t = generated("recompute", 2);
+  rp::ReplayOptions o;
+  o.config = "expandable_segments:True";
+  const rp::ReplayResult r = rp::replay(t, o);
+  EXPECT_EQ(r.calls.calls[static_cast<std::size_t>(rp::CostCall::mem_map)], static_cast<std::uint64_t>(r.maps));
+  EXPECT_EQ(r.calls.calls[static_cast<std::size_t>(rp::CostCall::mem_set_access)], static_cast<std::uint64_t>(r.maps));
+  EXPECT_EQ(r.calls.calls[static_cast<std::size_t>(rp::CostCall::mem_create)], static_cast<std::uint64_t>(r.maps));
+  // 2 MiB pages in the small pool, 20 MiB in the large: whole pages either way.
+  EXPECT_EQ(r.calls.bytes[static_cast<std::size_t>(rp::CostCall::mem_map)] % (2 * MiB), 0u);
+  EXPECT_GT(r.calls.bytes[static_cast<std::size_t>(rp::CostCall::mem_map)], static_cast<std::uint64_t>(r.maps) * 2 * MiB);
+  EXPECT_GT(rp::CostModel::published().estimate_us(r.calls), 0.0);
+}
+
 // ---- real PyTorch traces (skipped when absent) -------------------------------------------------------
 
 TEST(ReplayRealTraces, EveryRealTraceLoadsAndTheFidelityReplayReproducesThePeak) {

@@ -111,6 +111,8 @@ class STITCH_EXPORT SimBackend : public Backend {
   void clear_faults();
   /// Calls of a kind made so far (including failed ones).
   [[nodiscard]] std::uint64_t call_count(SimCall call) const;
+  /// Bytes those calls asked for (allocate, create_physical, map, unmap; 0 for the others).
+  [[nodiscard]] std::uint64_t call_bytes(SimCall call) const;
   /// Faults that fired so far.
   [[nodiscard]] std::uint64_t faults_fired() const;
   /// Usage figures of a device.

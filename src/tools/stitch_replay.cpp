@@ -45,6 +45,9 @@ options:
                     pages by pool and stream); one more replay to the peak each
   --plot FILE.svg   write requested/reserved/unallocated over the trace (one file per trace and
                     device: FILE-<n>.svg when there are several)
+  --costs FILE      the per-call costs of the estimated device time (a JSON object of call
+                    name: µs per call, or {"per_call_us": x, "per_mib_us": y}; the GPU check
+                    writes one); default: published figures (docs/fragmentation.md)
   --no-progress     no progress bar, even on a terminal
   -h, --help        this text
 )";
@@ -58,6 +61,7 @@ int main(int argc, char** argv) {
   bool search = false, json = false, breakdown = false, progress = isatty(STDERR_FILENO) != 0;
   int only_device = -1;
   std::string plot;
+  CostModel costs = CostModel::published();
   try {
     for (stitch::tools::ArgReader args(argc, argv); args.next();) {
       const std::string& a = args.current();
@@ -79,6 +83,8 @@ int main(int argc, char** argv) {
         json = true;
       } else if (a == "--plot") {
         plot = value();
+      } else if (a == "--costs") {
+        costs = CostModel::from_file(value());
       } else if (a == "--no-progress") {
         progress = false;
       } else if (!a.empty() && a[0] == '-') {
@@ -112,6 +118,7 @@ int main(int argc, char** argv) {
     for (const DeviceWorkload& t : w.devices) {
       if (only_device >= 0 && t.device != only_device) continue;
       TraceReport report = trace_report(path, w, t);
+      report.costs = costs;
       try {
         report.fidelity = fidelity(t, w.recorded);
       } catch (const std::exception& e) {

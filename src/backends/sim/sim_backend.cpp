@@ -232,6 +232,7 @@ struct SimBackend::Impl {
   std::unordered_map<event_t, std::unique_ptr<Event>> events;
   std::unordered_map<stream_t, Stream> streams;
   std::array<std::uint64_t, kCallKinds> calls{};
+  std::array<std::uint64_t, kCallKinds> call_bytes{};  ///< bytes the calls of each kind asked for
   std::vector<Fault> faults;
   std::uint64_t fired = 0;
   std::uint64_t forced = 0;
@@ -282,8 +283,9 @@ struct SimBackend::Impl {
 
   /// Counts a call and fires a fault armed for it. Returns true when the call must report
   /// out-of-memory; throws backend_error for an error fault. Called before anything else.
-  bool enter(SimCall call) {
+  bool enter(SimCall call, std::size_t bytes = 0) {
     const std::uint64_t n = ++calls[index_of(call)];
+    call_bytes[index_of(call)] += bytes;
     auto armed = [&](const Fault& f) { return f.call == call && f.at == n; };
     auto it = std::find_if(faults.begin(), faults.end(), armed);
     if (it == faults.end()) return false;
@@ -339,7 +341,7 @@ bool SimBackend::supports_virtual_memory(int device) {
 
 void* SimBackend::allocate(int device, std::size_t bytes) {
   std::lock_guard lock(impl_->mutex);
-  if (impl_->enter(SimCall::allocate)) return nullptr;
+  if (impl_->enter(SimCall::allocate, bytes)) return nullptr;
   Device& d = impl_->device(device, "allocate");
   if (bytes == 0) throw backend_error(prefix("allocate", device) + "size 0");
   if (!d.fits(bytes)) return nullptr;
@@ -444,7 +446,7 @@ void SimBackend::release_reservation(int device, void* va, std::size_t bytes) {
 
 phys_handle_t SimBackend::create_physical(int device, std::size_t bytes) {
   std::lock_guard lock(impl_->mutex);
-  if (impl_->enter(SimCall::create_physical)) return 0;
+  if (impl_->enter(SimCall::create_physical, bytes)) return 0;
   Device& d = impl_->device(device, "create_physical");
   const std::size_t g = impl_->options.granularity;
   if (bytes == 0 || bytes % g != 0) {
@@ -475,7 +477,7 @@ void SimBackend::release_physical(int device, phys_handle_t handle) {
 
 void SimBackend::map(int device, void* va, std::size_t bytes, phys_handle_t handle) {
   std::lock_guard lock(impl_->mutex);
-  (void)impl_->enter(SimCall::map);
+  (void)impl_->enter(SimCall::map, bytes);
   Device& d = impl_->device(device, "map");
   auto h = d.physical.find(handle);
   if (h == d.physical.end() || h->second.released) {
@@ -511,7 +513,7 @@ void SimBackend::map(int device, void* va, std::size_t bytes, phys_handle_t hand
 
 void SimBackend::unmap(int device, void* va, std::size_t bytes) {
   std::lock_guard lock(impl_->mutex);
-  (void)impl_->enter(SimCall::unmap);
+  (void)impl_->enter(SimCall::unmap, bytes);
   Device& d = impl_->device(device, "unmap");
   const std::uintptr_t a = addr(va);
   // The range must be exactly a run of adjacent mappings, the first starting at `va`.
@@ -651,6 +653,11 @@ void SimBackend::clear_faults() {
 std::uint64_t SimBackend::call_count(SimCall call) const {
   std::lock_guard lock(impl_->mutex);
   return impl_->calls[index_of(call)];
+}
+
+std::uint64_t SimBackend::call_bytes(SimCall call) const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->call_bytes[index_of(call)];
 }
 
 std::uint64_t SimBackend::faults_fired() const {

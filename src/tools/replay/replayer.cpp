@@ -73,6 +73,7 @@ ReplayResult replay(const DeviceWorkload& trace, const ReplayOptions& options) {
     r.device_frees = static_cast<std::int64_t>(sim.call_count(SimCall::deallocate));
     r.ooms = run.failures();
     r.seeded_segments = run.seeded();
+    r.calls = CallCounts::of(sim);
     const Snapshot history = run.snapshot();
     for (const TraceEntry& e : history.device_traces[0])
       if (e.action == TraceAction::segment_alloc || e.action == TraceAction::segment_map)

@@ -12,6 +12,7 @@
 #include "stitch/config.hpp"
 #include "stitch/snapshot.hpp"
 #include "replay/workload.hpp"
+#include "tools/replay/cost_model.hpp"
 
 namespace stitch::replay {
 
@@ -58,6 +59,7 @@ struct ReplayResult {
   std::int64_t stream_syncs = 0;          ///< synchronize_stream calls (page moves, releases)
   std::size_t ooms = 0;                   ///< requests that failed
   std::size_t seeded_segments = 0;        ///< warm start: segments and runs made for the start
+  CallCounts calls;                       ///< the device calls, for the cost model
   double seconds = 0.0;
   std::vector<std::size_t> segments;      ///< sizes of the segments/maps made, in order
   std::vector<Sample> series;

@@ -99,21 +99,24 @@ std::string format_table(const TraceReport& t) {
                        t.fidelity->replayed_segments);
   for (std::size_t i = 0; i < t.rows.size(); ++i)
     out += fmt::format("  {} = {}\n", config_label(i), config_name(t.rows[i].result.config));
+  out += fmt::format("  est. ms: device time of the calls at {} costs (docs/fragmentation.md)\n",
+                     t.costs.source);
   const bool min_cap = std::any_of(t.rows.begin(), t.rows.end(),
                                    [](const Row& r) { return r.min_capacity_searched; });
-  out += fmt::format("  {:<6} {:>11} {:>11} {:>8} {:>11} {:>11} {:>7} {:>7} {:>7} {:>7} {:>7} {:>5} {:>9}",
+  out += fmt::format("  {:<6} {:>11} {:>11} {:>8} {:>11} {:>11} {:>7} {:>7} {:>7} {:>7} {:>7} {:>9} {:>5} {:>9}",
                      "config", "peak req", "peak rsv", "rsv/req", "peak unalc", "lfree@worst",
-                     "allocs", "frees", "maps", "unmaps", "syncs", "OOMs", "events/s");
+                     "allocs", "frees", "maps", "unmaps", "syncs", "est. ms", "OOMs", "events/s");
   if (min_cap) out += fmt::format(" {:>12}", "min capacity");
   out += "\n";
   for (std::size_t i = 0; i < t.rows.size(); ++i) {
     const Row& row = t.rows[i];
     const ReplayResult& r = row.result;
-    out += fmt::format("  {:<6} {:>11} {:>11} {:>8.3f} {:>11} {:>11} {:>7} {:>7} {:>7} {:>7} {:>7} {:>5} {:>9.0f}",
+    out += fmt::format("  {:<6} {:>11} {:>11} {:>8.3f} {:>11} {:>11} {:>7} {:>7} {:>7} {:>7} {:>7} {:>9.1f} {:>5} {:>9.0f}",
                        config_label(i), human_size(r.peak_requested), human_size(r.peak_reserved),
                        r.reserved_over_requested(), human_size(r.peak_unallocated),
                        human_size(r.largest_free_at_worst), r.device_allocs, r.device_frees, r.maps,
-                       r.unmaps, r.stream_syncs, r.ooms, r.events_per_second());
+                       r.unmaps, r.stream_syncs, t.costs.estimate_us(r.calls) / 1000.0, r.ooms,
+                       r.events_per_second());
     if (min_cap)
       out += fmt::format(" {:>12}", !row.min_capacity_searched ? "-"
                                     : row.min_capacity ? human_size(*row.min_capacity)
@@ -139,8 +142,9 @@ std::string format_json(const std::vector<TraceReport>& reports) {
     } else {
       out += ",\"recorded_peak_reserved\":null";
     }
-    out += fmt::format(",\"recorded_settings\":\"{}\",\"settings_recorded\":{}",
-                       detail::json_escape(t.recorded_settings), t.settings_recorded ? "true" : "false");
+    out += fmt::format(",\"recorded_settings\":\"{}\",\"settings_recorded\":{},\"cost_model\":\"{}\"",
+                       detail::json_escape(t.recorded_settings), t.settings_recorded ? "true" : "false",
+                       detail::json_escape(t.costs.source));
     if (t.fidelity)
       out += fmt::format(",\"fidelity\":{{\"recorded_peak_reserved\":{},\"replayed_peak_reserved\":{},"
                          "\"peak_error\":{:.6f},\"segment_agreement\":{:.6f},\"recorded_segments\":{},"
@@ -160,6 +164,10 @@ std::string format_json(const std::vector<TraceReport>& reports) {
                          r.peak_requested, r.peak_reserved, r.reserved_over_requested(), r.peak_unallocated,
                          r.largest_free_at_worst, r.device_allocs, r.device_frees, r.maps, r.unmaps,
                          r.stream_syncs, r.ooms, r.events_per_second());
+      out += fmt::format(",\"estimated_device_us\":{:.1f},\"calls\":{{", t.costs.estimate_us(r.calls));
+      for (std::size_t c = 0; c < kCostCalls; ++c)
+        out += fmt::format("{}\"{}\":{}", c ? "," : "", cost_name(static_cast<CostCall>(c)), r.calls.calls[c]);
+      out += "}";
       if (t.rows[j].min_capacity_searched) {
         if (t.rows[j].min_capacity) {
           out += fmt::format(",\"min_capacity\":{}", *t.rows[j].min_capacity);

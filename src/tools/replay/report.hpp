@@ -36,6 +36,7 @@ struct TraceReport {
   bool settings_recorded = false;   ///< the file gave them (else PyTorch's defaults are assumed)
   std::optional<Fidelity> fidelity;  ///< the replay under the recorded settings, when it was run
   std::vector<Row> rows;
+  CostModel costs = CostModel::published();  ///< prices the rows' device calls
 };
 
 /// Builds a trace's report header from its workload.
