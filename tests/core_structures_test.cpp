@@ -390,19 +390,18 @@ TEST(PageMapper, MapsAllOrNothingAndRetriesWhatAnUndoLeft) {
   seg.page = 2 * MiB;
   seg.size = 16 * MiB;
   seg.base = static_cast<char*>(sim.reserve(0, seg.size, seg.page));
-  seg.pages.assign(8, 0);
-  seg.extent.assign(8, 0);
+  seg.pages.reset(8);
   ASSERT_TRUE(pages.map(seg, 0, 3));
   EXPECT_EQ(sim.usage(0).physical_handles, 3u);
   // One more page than the device has: nothing of it stays.
   EXPECT_FALSE(pages.map(seg, 3, 3));
   EXPECT_EQ(sim.usage(0).physical_handles, 3u);
-  EXPECT_EQ(seg.pages[3], 0u);
+  EXPECT_EQ(seg.pages.handle(3), 0u);
   // A failed map whose undo fails too: the stray range is unmapped before the next map.
   sim.inject_fault(SimCall::map, 2, SimFault::error);
   sim.inject_fault(SimCall::unmap, 1, SimFault::error);
   EXPECT_THROW((void)pages.map(seg, 4, 2), stitch::backend_error);
-  EXPECT_EQ(seg.pages[4], 0u);
+  EXPECT_EQ(seg.pages.handle(4), 0u);
   EXPECT_TRUE(pages.map(seg, 4, 1));  // the stray is retried first, then the page maps
   EXPECT_EQ(sim.usage(0).physical_handles, 4u);
   // An orphaned handle is released on the next retry.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/object_pool.hpp"
+#include "core/page_table.hpp"
 #include "stitch/backend.hpp"
 
 namespace stitch::detail {
@@ -96,9 +97,7 @@ struct Segment {
   /// Expandable: bytes per page slot. A physical handle covers one slot or, for the coarse pages
   /// of a stitching range, several consecutive slots (always mapped and unmapped whole).
   std::size_t page = 0;
-  std::vector<phys_handle_t> pages;  ///< expandable: the handle covering each slot, 0 when unmapped
-  /// Expandable: at a handle's first slot, the number of slots it covers; 0 elsewhere.
-  std::vector<std::uint16_t> extent;
+  PageTable pages;  ///< expandable: the handle covering each slot
   Block* head = nullptr;       ///< lowest-address block
   Segment* prev = nullptr;     ///< device-wide list of segments
   Segment* next = nullptr;

@@ -46,23 +46,24 @@ void DeviceAllocator::validate_locked() const {
   for (const Segment* s = segments_; s != nullptr; s = s->next) {
     if (s->stitched && !s->expandable) broken(device_, "a stitched segment is not expandable");
     if (s->expandable) {
-      if (s->page == 0 || s->size % s->page != 0 || s->pages.size() != s->size / s->page ||
-          s->extent.size() != s->pages.size())
+      const detail::PageTable& t = s->pages;
+      if (s->page == 0 || s->size % s->page != 0 || t.slots() != s->size / s->page ||
+          t.stored() > t.slots())
         broken(device_, "expandable segment page table is wrong");
-      for (std::size_t i = 0; i < s->pages.size();) {
-        if (s->pages[i] == 0) {
-          if (s->extent[i] != 0) broken(device_, "an unmapped page slot starts a handle");
+      for (std::size_t i = 0; i < t.stored();) {
+        if (t.handle(i) == 0) {
+          if (t.extent(i) != 0) broken(device_, "an unmapped page slot starts a handle");
           ++i;
           continue;
         }
-        const std::size_t slots = s->extent[i];
-        if (slots == 0 || i + slots > s->pages.size())
+        const std::size_t slots = t.extent(i);
+        if (slots == 0 || i + slots > t.stored())
           broken(device_, "a mapped page slot is not covered by a whole handle");
         for (std::size_t k = i + 1; k < i + slots; ++k)
-          if (s->pages[k] != s->pages[i] || s->extent[k] != 0)
+          if (t.handle(k) != t.handle(i) || t.extent(k) != 0)
             broken(device_, "a handle's slots disagree");
         count(reserved, s->small, static_cast<std::int64_t>(slots * s->page));
-        handles.push_back(s->pages[i]);
+        handles.push_back(t.handle(i));
         i += slots;
       }
     } else {
@@ -88,9 +89,13 @@ void DeviceAllocator::validate_locked() const {
         const auto offset = static_cast<std::size_t>(b->ptr - s->base);
         const std::size_t first = offset / s->page;
         const std::size_t last = (offset + b->size - 1) / s->page;
-        for (std::size_t i = first; i <= last; ++i) {
-          if (b->mapped && s->pages[i] == 0) broken(device_, "a mapped block lies on an unmapped page");
-          if (!b->mapped && s->pages[i] != 0) broken(device_, "an unmapped block lies on a mapped page");
+        // Slots without storage are unmapped: an unmapped block is checked up to the storage.
+        const std::size_t end = b->mapped ? last + 1 : std::min(last + 1, s->pages.stored());
+        for (std::size_t i = first; i < end; ++i) {
+          if (b->mapped && s->pages.handle(i) == 0)
+            broken(device_, "a mapped block lies on an unmapped page");
+          if (!b->mapped && s->pages.handle(i) != 0)
+            broken(device_, "an unmapped block lies on a mapped page");
         }
       } else if (!b->mapped) {
         broken(device_, "unmapped block in a plain segment");

@@ -62,8 +62,7 @@ DeviceAllocator::Segment* DeviceAllocator::adopt_unmapped_range(Pool& pool, stre
   segment->expandable = true;
   segment->stitched = stitched;
   segment->page = page;
-  segment->pages.assign(bytes / page, 0);
-  segment->extent.assign(bytes / page, 0);
+  segment->pages.reset(bytes / page);
   block->mapped = false;
   pool.unmapped.insert(block);
   return segment;
@@ -223,7 +222,7 @@ void DeviceAllocator::unmap_free_pages(Block* block) {
   const auto offset = static_cast<std::size_t>(block->ptr - segment->base);
   std::size_t first = round_up(offset, page) / page;
   std::size_t last = (offset + block->size) / page;
-  PageMapper::whole_handles(*segment, first, last);  // a coarse page goes whole or not at all
+  segment->pages.whole_handles(first, last);  // a coarse page goes whole or not at all
   const std::size_t start = first * page;
   const std::size_t end = last * page;
   if (end <= start) return;

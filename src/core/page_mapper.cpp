@@ -24,44 +24,19 @@ PageMapper::~PageMapper() {
   }
 }
 
-void PageMapper::set(Segment& segment, std::size_t first, std::size_t slots, phys_handle_t handle) noexcept {
-  for (std::size_t i = first; i < first + slots; ++i) {
-    segment.pages[i] = handle;
-    segment.extent[i] = 0;
-  }
-  if (handle != 0) segment.extent[first] = static_cast<std::uint16_t>(slots);
-}
-
-std::size_t PageMapper::head_of(const Segment& segment, std::size_t i) noexcept {
-  while (segment.extent[i] == 0 && i > 0 && segment.pages[i - 1] == segment.pages[i]) --i;
-  return i;
-}
-
-void PageMapper::whole_handles(const Segment& segment, std::size_t& first, std::size_t& last) noexcept {
-  // A handle that began before `first` cannot go: start after it. One that ends after `last`
-  // cannot either: stop at its first slot.
-  if (first < last && segment.extent[first] == 0) {
-    const std::size_t head = head_of(segment, first);
-    first = std::min(last, head + segment.extent[head]);
-  }
-  if (first < last) {
-    const std::size_t head = head_of(segment, last - 1);
-    if (head + segment.extent[head] > last) last = std::max(first, head);
-  }
-}
-
 bool PageMapper::map(Segment& segment, std::size_t first, std::size_t count, std::size_t per) {
-  STITCH_ASSERT(first + count <= segment.pages.size() && per > 0,
+  STITCH_ASSERT(first + count <= segment.pages.slots() && per > 0,
                 "PageMapper::map: slots inside the range");
+  segment.pages.make_room(first + count);
   unmap_strays();  // a stray range may lie where these pages go
   const std::size_t whole = count / per * per;  // slots in handles of `per` slots
   std::size_t done = 0;  // slots mapped
   Undo undo([&] {
     for (std::size_t i = first; i < first + done;) {
-      const std::size_t slots = segment.extent[i];
+      const std::size_t slots = segment.pages.extent(i);
       unmap_or_stray(segment.base + i * segment.page, slots * segment.page);
-      release_or_orphan(segment.pages[i]);
-      set(segment, i, slots, 0);
+      release_or_orphan(segment.pages.handle(i));
+      segment.pages.set(i, slots, 0);
       i += slots;
     }
   });
@@ -74,7 +49,7 @@ bool PageMapper::map(Segment& segment, std::size_t first, std::size_t count, std
     Undo release([&] { release_or_orphan(handle); });
     backend_.map(device_, segment.base + i * segment.page, bytes, handle);
     release.done();
-    set(segment, i, slots, handle);
+    segment.pages.set(i, slots, handle);
     done += slots;
   }
   undo.done();
@@ -84,17 +59,17 @@ bool PageMapper::map(Segment& segment, std::size_t first, std::size_t count, std
 std::exception_ptr PageMapper::release(Segment& segment, std::size_t first, std::size_t last) noexcept {
   std::exception_ptr error;
   for (std::size_t i = first; i < last;) {
-    const std::size_t slots = segment.extent[i] != 0 ? segment.extent[i] : 1;
+    const std::size_t slots = std::max<std::size_t>(segment.pages.extent(i), 1);
     try {
-      backend_.release_physical(device_, segment.pages[i]);
+      backend_.release_physical(device_, segment.pages.handle(i));
     } catch (...) {  // unmapped already: keep the handle and retry on the next release
       try {
-        orphans_.push_back(segment.pages[i]);
+        orphans_.push_back(segment.pages.handle(i));
       } catch (...) {
       }
       if (!error) error = std::current_exception();
     }
-    set(segment, i, slots, 0);
+    segment.pages.set(i, slots, 0);
     i += slots;
   }
   return error;

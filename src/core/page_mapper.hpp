@@ -33,12 +33,6 @@ class PageMapper {
   /// and zeroes them; a handle whose release fails is kept as an orphan. Returns the first
   /// failure (or null).
   std::exception_ptr release(Segment& segment, std::size_t first, std::size_t last) noexcept;
-  /// Sets slots [first, first + slots) of `segment` to `handle` (mapped there, covering them).
-  static void set(Segment& segment, std::size_t first, std::size_t slots, phys_handle_t handle) noexcept;
-  /// The first slot of the handle covering slot `i` (mapped).
-  static std::size_t head_of(const Segment& segment, std::size_t i) noexcept;
-  /// [first, last) shrunk to the whole handles inside it (slots of mapped memory).
-  static void whole_handles(const Segment& segment, std::size_t& first, std::size_t& last) noexcept;
   /// Releases `handle`, or keeps it as an orphan when that fails.
   void release_or_orphan(phys_handle_t handle) noexcept;
   /// Unmaps `bytes` at `va` while undoing; if that fails too, files the range as stray.

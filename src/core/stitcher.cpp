@@ -49,7 +49,8 @@ constexpr std::size_t kReuseSlack = 64;
 std::size_t cut(const Run& run, std::size_t n) {
   const Segment* s = run.block->segment;
   std::size_t pos = run.first;
-  while (pos < run.first + run.count && pos + s->extent[pos] <= run.first + n) pos += s->extent[pos];
+  while (pos < run.first + run.count && pos + s->pages.extent(pos) <= run.first + n)
+    pos += s->pages.extent(pos);
   return pos - run.first;
 }
 
@@ -111,7 +112,7 @@ void Stitcher::map_back(Segment* segment, std::size_t index, phys_handle_t handl
   }
   d_.split_unmapped_tail(u, page);  // the unmapped rest stays unmapped
   u->mapped = true;
-  PageMapper::set(*segment, index, slots, handle);
+  segment->pages.set(index, slots, handle);
   d_.trace(TraceAction::segment_map, at, page, segment->stream);
   d_.ledger_.mapped(segment->small, page);
   d_.insert_free(pool, u);
@@ -144,7 +145,7 @@ std::size_t Stitcher::free_page_runs(stream_t stream, std::vector<Run>& own,
       const auto offset = static_cast<std::size_t>(b->ptr - s->base);
       std::size_t first = round_up(offset, page) / page;
       std::size_t last = (offset + b->size) / page;
-      PageMapper::whole_handles(*s, first, last);  // coarse pages move whole
+      s->pages.whole_handles(first, last);  // coarse pages move whole
       if (last <= first) continue;
       (s->stream == stream ? own : (*others)[s->stream]).push_back(Run{b, first, last - first});
       total += last - first;
@@ -170,9 +171,9 @@ void Stitcher::move_out(const std::vector<Run>& plan, std::vector<MovedPage>& mo
       throw;
     }
     for (std::size_t i = run.first; i < run.first + run.count;) {
-      const std::size_t slots = s->extent[i];
-      moved.push_back(MovedPage{s, i, s->pages[i], slots});
-      PageMapper::set(*s, i, slots, 0);
+      const std::size_t slots = s->pages.extent(i);
+      moved.push_back(MovedPage{s, i, s->pages.handle(i), slots});
+      s->pages.set(i, slots, 0);
       i += slots;
     }
     d_.trace(TraceAction::segment_unmap, at, bytes, s->stream);
@@ -190,6 +191,9 @@ void Stitcher::map_side_by_side(Segment& dest, std::size_t first,
   char* at = dest.base + first * page;
   std::size_t mapped = 0;  // slots
   try {
+    std::size_t slots = fresh.size();
+    for (const MovedPage& m : moved) slots += m.slots;
+    dest.pages.make_room(first + slots);
     d_.pages_.unmap_strays();  // a stray range may lie where these pages go
     for (const MovedPage& m : moved) {
       d_.backend_.map(d_.device_, at + mapped * page, m.slots * page, m.handle);
@@ -208,10 +212,10 @@ void Stitcher::map_side_by_side(Segment& dest, std::size_t first,
   }
   std::size_t slot = first;
   for (const MovedPage& m : moved) {
-    PageMapper::set(dest, slot, m.slots, m.handle);
+    dest.pages.set(slot, m.slots, m.handle);
     slot += m.slots;
   }
-  for (phys_handle_t h : fresh) PageMapper::set(dest, slot++, 1, h);
+  for (phys_handle_t h : fresh) dest.pages.set(slot++, 1, h);
 }
 
 void Stitcher::dissolve_emptied(const std::vector<Segment*>& sources) noexcept {
@@ -370,8 +374,7 @@ Block* Stitcher::stitch(bool small, stream_t stream,
   Segment table;
   table.base = static_cast<char*>(va);
   table.page = page;
-  table.pages.assign(pages, 0);
-  table.extent.assign(pages, 0);
+  table.pages.reset(pages);
   try {
     map_side_by_side(table, 0, moved, fresh);
   } catch (...) {  // the pages are back where they were, the fresh ones released
@@ -388,7 +391,6 @@ Block* Stitcher::stitch(bool small, stream_t stream,
   segment->stitched = true;
   segment->page = page;
   segment->pages = std::move(table.pages);
-  segment->extent = std::move(table.extent);
   d_.trace(TraceAction::segment_map, va, segment->size, stream);
   d_.ledger_.mapped(pool.small, segment->size);
   ++d_.stats_.num_stitches;
