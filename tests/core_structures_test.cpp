@@ -23,6 +23,7 @@
 #include "core/ledger.hpp"
 #include "core/object_pool.hpp"
 #include "core/page_mapper.hpp"
+#include "core/page_table.hpp"
 #include "core/ptr_map.hpp"
 #include "core/stream_events.hpp"
 #include "core/undo.hpp"
@@ -379,6 +380,58 @@ TEST(StreamEvents, ABlockBecomesFreeWhenItsLastStreamIsDone) {
   EXPECT_THROW(events.record(&c), stitch::backend_error);
   EXPECT_EQ(c.event_count, 0);
   EXPECT_EQ(events.outstanding(), 0u);
+}
+
+TEST(PageTable, StorageGrowsWithTheHighestMappedSlotAndHandlesStayWhole) {
+  PageTable t;
+  t.reset(1u << 20);  // a range of a million slots: nothing stored yet
+  EXPECT_EQ(t.slots(), 1u << 20);
+  EXPECT_EQ(t.stored(), 0u);
+  EXPECT_EQ(t.handle(12345), 0u);
+  EXPECT_EQ(t.extent(12345), 0u);
+  t.set(100, 4, 0);  // unmapping slots without storage changes nothing
+  EXPECT_EQ(t.stored(), 0u);
+
+  // A coarse handle over slots [10, 20) and single-slot handles at 20 and 21.
+  t.make_room(22);
+  EXPECT_GE(t.stored(), 22u);
+  EXPECT_LT(t.stored(), 64u);  // doubling from what is stored, not the range
+  t.set(10, 10, 7);
+  t.set(20, 1, 8);
+  t.set(21, 1, 9);
+  for (std::size_t i = 10; i < 20; ++i) EXPECT_EQ(t.handle(i), 7u);
+  EXPECT_EQ(t.extent(10), 10u);
+  EXPECT_EQ(t.extent(15), 0u);
+  EXPECT_EQ(t.head_of(17), 10u);
+  EXPECT_EQ(t.head_of(21), 21u);
+
+  // Shrinking to whole handles: a range cutting the coarse handle keeps only what is whole.
+  std::size_t first = 12, last = 22;
+  t.whole_handles(first, last);
+  EXPECT_EQ(first, 20u);
+  EXPECT_EQ(last, 22u);
+  first = 10;
+  last = 15;
+  t.whole_handles(first, last);
+  EXPECT_EQ(first, last);  // inside one handle: nothing whole
+  first = 10;
+  last = 21;
+  t.whole_handles(first, last);
+  EXPECT_EQ(first, 10u);
+  EXPECT_EQ(last, 21u);
+
+  // Unmapping clears the handle and its extent; growth keeps what was stored.
+  t.set(10, 10, 0);
+  EXPECT_EQ(t.handle(15), 0u);
+  EXPECT_EQ(t.extent(10), 0u);
+  t.make_room(1000);
+  EXPECT_GE(t.stored(), 1000u);
+  EXPECT_EQ(t.handle(21), 9u);
+  EXPECT_EQ(t.extent(21), 1u);
+  EXPECT_EQ(t.handle(999), 0u);
+  t.reset(8);
+  EXPECT_EQ(t.stored(), 0u);
+  EXPECT_EQ(t.handle(21), 0u);
 }
 
 TEST(PageMapper, MapsAllOrNothingAndRetriesWhatAnUndoLeft) {
