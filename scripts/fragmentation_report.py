@@ -6,7 +6,7 @@ usage: fragmentation_report.py --out docs/fragmentation.md [--plots DIR] [--read
 
 Each JSON file is what `stitch-replay --json --min-capacity` printed for one or more traces. For
 every trace the report has a table with one row per configuration (reserved / requested, peak
-reserved, minimum capacity, segment allocations and page maps as the cost, OOMs) and, when the
+reserved, minimum capacity, the device calls and their estimated time as the cost, OOMs) and, when the
 trace recorded PyTorch's own segments, what PyTorch reserved in the real run. The descriptions come
 from the tables of the given README.md files (first column: the file name). With --plots, SVG plots
 named after the traces are linked and shrunk in place (coordinates rounded to whole pixels,
@@ -124,6 +124,91 @@ def fidelity_error(r):
     return None if not f else f["replayed_peak_reserved"] / f["recorded_peak_reserved"] - 1.0
 
 
+# Where the published per-call costs come from (stitch-replay's CostModel::published()).
+COST_SOURCES = {
+    "cudaMalloc": "third-party estimate (jvoltci.github.io \"mosaic\" lesson); RMM PR #283 measured about 38 µs per malloc+free",
+    "cudaFree": "third-party estimate (jvoltci.github.io \"mosaic\" lesson); cudaFree also synchronizes the device, which is not counted",
+    "cuMemCreate": "kvcached `benchmarks/bench_vmm`, A100-80GB, average per 2 MiB page",
+    "cuMemMap": "kvcached `benchmarks/bench_vmm`, A100-80GB, average per 2 MiB page",
+    "cuMemSetAccess": "kvcached `benchmarks/bench_vmm`, A100-80GB, average per 2 MiB page; granted once per map",
+    "cuMemUnmap": "kvcached `benchmarks/bench_vmm`, A100-80GB, average per 2 MiB page",
+    "cuMemRelease": "not published; derived from \"a few ms per GiB\" for unmap plus release on an L20 (torch_memory_saver #111)",
+    "cuMemAddressReserve": "kvcached `benchmarks/bench_vmm` (8 GB reservation, A100-80GB)",
+    "cuMemAddressFree": "not published; taken equal to cuMemAddressReserve",
+    "cudaStreamSynchronize": "not published; an estimate for a stream with no work queued (a real sync also waits for the queued kernels)",
+}
+
+
+def est_ms(c):
+    us = c.get("estimated_device_us")
+    return "—" if us is None else f"{us / 1000.0:,.1f}"
+
+
+def render_costs(w, reports):
+    """The cost model: each call kind with its cost and where the figure comes from."""
+    model = next((r for r in reports if r.get("call_costs")), None)
+    if model is None:
+        return
+    w("## Estimated device time")
+    w("")
+    source = model.get("cost_model", "published")
+    w("stitch-replay counts every call the replay makes to the device and charges each a cost per")
+    w("call (plus, where a cost file says so, per MiB); the sum is the estimated device time, the")
+    w("driver time a GPU would spend on this allocator's calls. It leaves out kernels, the waiting")
+    w("inside a stream synchronization, and the device-wide synchronization of cudaFree. The per-call")
+    w("figures vary by GPU and driver (a second, unnamed GPU measured cuMemCreate at 7.6 µs instead")
+    w("of 193 µs): the estimate ranks configurations, it is not a prediction. `stitch-replay --costs")
+    w("FILE` takes other figures; `scripts/gpu-check.sh` writes such a file from its own measurements.")
+    w("")
+    if source == "published":
+        w("Costs used here (published figures):")
+    else:
+        w(f"Costs used here: from `{os.path.basename(source)}`.")
+    w("")
+    w("| call | µs per call | µs per MiB | source |")
+    w("|---|---:|---:|---|")
+    for name, cost in model["call_costs"].items():
+        src = COST_SOURCES.get(name, "") if source == "published" else os.path.basename(source)
+        w(f"| {name} | {cost['per_call_us']:g} | {cost['per_mib_us']:g} | {src} |")
+    w("")
+
+
+def render_cost_summary(w, reports, configs, labels):
+    """Each configuration's calls against expandable segments' on the unlimited device."""
+    base = "expandable_segments:True"
+    if base not in configs:
+        return
+    for c in configs:
+        if c in ("", base):
+            continue
+        ratios, syncs, more_unmaps, est, est_base, n = [], 0, [], 0.0, 0.0, 0
+        for r in reports:
+            by = {x["config"]: x for x in r["configs"]}
+            if base not in by or c not in by:
+                continue
+            n += 1
+            b, x = by[base], by[c]
+            name = trace_name(r["trace"])
+            ratios.append(((x["maps"] / b["maps"]) if b["maps"] else (1.0 if x["maps"] == 0 else float("inf")), name))
+            syncs += x["stream_syncs"]
+            if x["unmaps"] > b["unmaps"]:
+                more_unmaps.append(name)
+            est += x.get("estimated_device_us", 0.0)
+            est_base += b.get("estimated_device_us", 0.0)
+        if n == 0:
+            continue
+        worst = max(ratios)
+        same = sum(1 for ratio, _ in ratios if ratio == 1.0)
+        maps = (f"the same map calls on all {n} traces" if same == n else
+                f"map calls at most {worst[0]:.2f}x ({worst[1]}), the same on {same} of {n} traces")
+        w(f"{labels[c]} against {labels[base]} ({config_name(base)}) on the unlimited device: "
+          f"{maps}, {syncs:,} stream synchronizations, "
+          f"more unmaps on {len(more_unmaps)} of {n} traces"
+          + (f" ({', '.join(more_unmaps)})" if more_unmaps else "")
+          + (f"; estimated device time {est / est_base:.2f}x in all" if est_base else "") + ".")
+        w("")
+
+
 def render(reports, readme_rows, plots_dir, out_path, command):
     lines = []
     w = lines.append
@@ -160,8 +245,11 @@ def render(reports, readme_rows, plots_dir, out_path, command):
     w("  driver, page ranges mapped and unmapped (expandable segments and stitching map pages with")
     w("  cuMemMap instead of allocating segments), and stream synchronizations, on the unlimited")
     w("  (1 TiB) device;")
+    w("- **est. device ms**: the device time those calls would take at the costs below (see")
+    w("  [Estimated device time](#estimated-device-time)), on the unlimited device;")
     w("- **OOMs**: requests that failed on the unlimited device: 0 unless the trace is broken.")
     w("")
+    render_costs(w, reports)
     w("## The state at the start, PyTorch's peak, and the fidelity replay")
     w("")
     w("A snapshot holds the allocator's segments at the moment it was dumped and the trace of")
@@ -275,6 +363,7 @@ def render(reports, readme_rows, plots_dir, out_path, command):
         w("Smallest minimum capacity of all configurations (ties counted for each): "
           + "; ".join(f"{labels[c]} on {best_counts[c]} of {n_cap}" for c in configs) + ".")
         w("")
+    render_cost_summary(w, reports, configs, labels)
     # Fidelity on the real traces with segment events.
     errs = [(trace_name(r["trace"]), fidelity_error(r)) for r in reports if fidelity_error(r) is not None]
     if errs:
@@ -305,14 +394,15 @@ def render(reports, readme_rows, plots_dir, out_path, command):
                      f"({human(r.get('cached_at_start', 0))} of it cached)")
         w(f"{r['events']:,} events; {start}.")
         w("")
-        w("| config | peak requested | peak reserved | reserved / requested | min capacity | cudaMalloc | maps | unmaps | syncs | OOMs |")
-        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        w("| config | peak requested | peak reserved | reserved / requested | min capacity | cudaMalloc | maps | unmaps | syncs | est. device ms | OOMs |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for c in r["configs"]:
             mc = c.get("min_capacity", "unset")
             mc_text = "—" if mc == "unset" else ("does not fit" if mc is None else human(mc))
             w(f"| {labels[c['config']]}: {config_name(c['config'])} | {human(c['peak_requested'])} | "
               f"{human(c['peak_reserved'])} | {c['reserved_over_requested']:.3f} | {mc_text} | "
-              f"{c['device_allocs']:,} | {c['maps']:,} | {c['unmaps']:,} | {c['stream_syncs']:,} | {c['ooms']} |")
+              f"{c['device_allocs']:,} | {c['maps']:,} | {c['unmaps']:,} | {c['stream_syncs']:,} | "
+              f"{est_ms(c)} | {c['ooms']} |")
         rec = r.get("recorded_peak_reserved")
         by = r.get("recorded_by", "PyTorch")
         if rec or kind == "real":

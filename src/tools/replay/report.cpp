@@ -145,6 +145,12 @@ std::string format_json(const std::vector<TraceReport>& reports) {
     out += fmt::format(",\"recorded_settings\":\"{}\",\"settings_recorded\":{},\"cost_model\":\"{}\"",
                        detail::json_escape(t.recorded_settings), t.settings_recorded ? "true" : "false",
                        detail::json_escape(t.costs.source));
+    out += ",\"call_costs\":{";
+    for (std::size_t c = 0; c < kCostCalls; ++c)
+      out += fmt::format("{}\"{}\":{{\"per_call_us\":{},\"per_mib_us\":{}}}", c ? "," : "",
+                         cost_name(static_cast<CostCall>(c)), t.costs.costs[c].per_call_us,
+                         t.costs.costs[c].per_mib_us);
+    out += "}";
     if (t.fidelity)
       out += fmt::format(",\"fidelity\":{{\"recorded_peak_reserved\":{},\"replayed_peak_reserved\":{},"
                          "\"peak_error\":{:.6f},\"segment_agreement\":{:.6f},\"recorded_segments\":{},"
