@@ -187,14 +187,14 @@ TEST_P(BackendConformance, VirtualMemoryMapWriteReadUnmap) {
   ASSERT_NE(h1, 0u);
   ASSERT_NE(h2, 0u);
   EXPECT_NE(h1, h2);
-  b().map(0, va, 2 * g, h1);
-  b().map(0, va + 2 * g, 2 * g, h2);
+  b().map(0, va, 2 * g, h1, 0);
+  b().map(0, va + 2 * g, 2 * g, h2, 0);
   // The two mappings form one contiguous range.
   if (write(va, 4 * g, 7)) expect_pattern(va, 4 * g, 7);
   // Unmapping a range made of several mappings at once.
   b().unmap(0, va, 4 * g);
   // The reservation survives unmap: map again (the handles still hold their bytes).
-  b().map(0, va, 2 * g, h2);
+  b().map(0, va, 2 * g, h2, 0);
   if (write(va + g, 16, 3)) expect_pattern(va + g, 16, 3);
   b().unmap(0, va, 2 * g);
   b().release_physical(0, h1);
@@ -211,8 +211,8 @@ TEST_P(BackendConformance, TwoRangesMappedToOneHandleAlias) {
   ASSERT_NE(c, nullptr);
   const phys_handle_t h = b().create_physical(0, g);
   ASSERT_NE(h, 0u);
-  b().map(0, a + g, g, h);
-  b().map(0, c, g, h);
+  b().map(0, a + g, g, h, 0);
+  b().map(0, c, g, h, 0);
   if (write(a + g, g, 11)) expect_pattern(c, g, 11);
   if (write(c + 100, 200, 5)) expect_pattern(a + g + 100, 200, 5);
   // Released while mapped twice: the memory stays valid until the last mapping goes.
@@ -221,6 +221,45 @@ TEST_P(BackendConformance, TwoRangesMappedToOneHandleAlias) {
   expect_pattern(c + 100, 200, 5);
   b().unmap(0, c, g);
   b().release_reservation(0, a, 2 * g);
+  b().release_reservation(0, c, g);
+}
+
+TEST_P(BackendConformance, AHandleMapsInPiecesFromOffsets) {
+  // Splitting a page: a handle mapped whole, unmapped, and mapped again one granule at a time at
+  // the same addresses keeps its data; a piece can then move to another range on its own.
+  if (!b().supports_virtual_memory(0)) GTEST_SKIP() << "no virtual memory support";
+  const std::size_t g = b().granularity(0);
+  auto* a = static_cast<char*>(b().reserve(0, 3 * g, g));
+  auto* c = static_cast<char*>(b().reserve(0, g, g));
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(c, nullptr);
+  const phys_handle_t h = b().create_physical(0, 3 * g);
+  ASSERT_NE(h, 0u);
+  b().map(0, a, 3 * g, h, 0);
+  const bool host = write(a, g, 21) && write(a + g, g, 22) && write(a + 2 * g, g, 23);
+  b().synchronize_device(0);
+  b().unmap(0, a, 3 * g);
+  for (std::size_t k = 0; k < 3; ++k) b().map(0, a + k * g, g, h, k * g);
+  if (host) {
+    expect_pattern(a, g, 21);
+    expect_pattern(a + g, g, 22);
+    expect_pattern(a + 2 * g, g, 23);
+  }
+  // The middle piece moves to another range; its neighbours stay where they are.
+  b().unmap(0, a + g, g);
+  b().map(0, c, g, h, g);
+  if (host) {
+    expect_pattern(c, g, 22);
+    expect_pattern(a + 2 * g, g, 23);
+  }
+  // Released while its pieces are mapped: the memory stays until the last piece goes.
+  b().release_physical(0, h);
+  if (host) expect_pattern(a, g, 21);
+  b().unmap(0, a, g);
+  b().unmap(0, a + 2 * g, g);
+  if (host) expect_pattern(c, g, 22);
+  b().unmap(0, c, g);
+  b().release_reservation(0, a, 3 * g);
   b().release_reservation(0, c, g);
 }
 
@@ -240,7 +279,7 @@ TEST_P(BackendConformance, VirtualMemoryReleaseOrders) {
   h = b().create_physical(0, g);
   ASSERT_NE(va, nullptr);
   ASSERT_NE(h, 0u);
-  b().map(0, va, g, h);
+  b().map(0, va, g, h, 0);
   b().unmap(0, va, g);
   b().release_physical(0, h);
   b().release_reservation(0, va, g);
@@ -249,7 +288,7 @@ TEST_P(BackendConformance, VirtualMemoryReleaseOrders) {
   h = b().create_physical(0, g);
   ASSERT_NE(va, nullptr);
   ASSERT_NE(h, 0u);
-  b().map(0, va, g, h);
+  b().map(0, va, g, h, 0);
   b().release_physical(0, h);
   if (write(va, 64, 9)) expect_pattern(va, 64, 9);
   b().unmap(0, va, g);
@@ -259,7 +298,7 @@ TEST_P(BackendConformance, VirtualMemoryReleaseOrders) {
   h = b().create_physical(0, g);
   ASSERT_NE(va, nullptr);
   ASSERT_NE(h, 0u);
-  b().map(0, va, g, h);
+  b().map(0, va, g, h, 0);
   b().unmap(0, va, g);
   b().release_reservation(0, va, g);
   b().release_physical(0, h);

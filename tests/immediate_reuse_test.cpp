@@ -64,8 +64,8 @@ class FixedAddressBackend final : public Backend {
     return sim_->create_physical(d, bytes);
   }
   void release_physical(int d, phys_handle_t h) override { sim_->release_physical(d, h); }
-  void map(int d, void* va, std::size_t bytes, phys_handle_t h) override {
-    sim_->map(d, real(va), bytes, h);
+  void map(int d, void* va, std::size_t bytes, phys_handle_t h, std::size_t offset) override {
+    sim_->map(d, real(va), bytes, h, offset);
   }
   void unmap(int d, void* va, std::size_t bytes) override { sim_->unmap(d, real(va), bytes); }
   event_t create_event(int d) override { return sim_->create_event(d); }
@@ -74,6 +74,7 @@ class FixedAddressBackend final : public Backend {
   bool query_event(int d, event_t e) override { return sim_->query_event(d, e); }
   void synchronize_event(int d, event_t e) override { sim_->synchronize_event(d, e); }
   void synchronize_stream(int d, stream_t s) override { sim_->synchronize_stream(d, s); }
+  void synchronize_device(int d) override { sim_->synchronize_device(d); }
 
  private:
   static constexpr std::uintptr_t kAlign = std::uintptr_t{2} << 20;

@@ -88,14 +88,14 @@ struct Counters {
 
 class Stress {
  public:
-  Stress(std::uint64_t seed, std::uint64_t ops_per_thread_per_phase, bool expandable)
+  Stress(std::uint64_t seed, std::uint64_t ops_per_thread_per_phase, const std::string& conf)
       : seed_(seed), ops_(ops_per_thread_per_phase) {
     SimBackend::Options options;
     options.devices = kDevices;
     options.capacity = 4 * GiB;
     sim_ = std::make_shared<SimBackend>(options);
     alloc_ = std::make_unique<Allocator>(
-        Config::parse(expandable ? "backend:sim,expandable_segments:True" : "backend:sim"), sim_);
+        Config::parse("backend:sim" + conf), sim_);
     for (int t = 0; t < kThreads; ++t) rngs_.emplace_back(mix(seed + static_cast<std::uint64_t>(t) + 1));
   }
 
@@ -348,7 +348,8 @@ class Stress {
   std::vector<std::string> errors_;
 };
 
-void run_stress(bool expandable, std::uint64_t default_ops) {
+/// `conf`: settings after "backend:sim" (empty, or starting with a comma).
+void run_stress(const std::string& conf, std::uint64_t default_ops) {
   const std::uint64_t seed = env_or("STITCH_STRESS_SEED", kDefaultSeed);
   const std::uint64_t total = env_or("STITCH_STRESS_OPS", default_ops);
   const std::uint64_t per_thread_phase = std::max<std::uint64_t>(1, total / kThreads / kCheckpoints);
@@ -356,10 +357,10 @@ void run_stress(bool expandable, std::uint64_t default_ops) {
               static_cast<unsigned long long>(seed),
               static_cast<unsigned long long>(per_thread_phase * kThreads * kCheckpoints), kThreads,
               kCheckpoints, static_cast<unsigned long long>(per_thread_phase),
-              expandable ? ", expandable_segments:True" : "");
+              conf.c_str());
   ::testing::Test::RecordProperty("seed", std::to_string(seed));
 
-  Stress stress(seed, per_thread_phase, expandable);
+  Stress stress(seed, per_thread_phase, conf);
   for (int phase = 0; phase < kCheckpoints; ++phase) {
     stress.run_phase();
     stress.checkpoint(("checkpoint " + std::to_string(phase + 1)).c_str());
@@ -381,6 +382,12 @@ void run_stress(bool expandable, std::uint64_t default_ops) {
               static_cast<unsigned long long>(c.holds.load()),
               static_cast<unsigned long long>(c.releases.load()), stress.live(),
               static_cast<unsigned long long>(stress.sim().forced_completions()));
+  for (int d = 0; d < kDevices; ++d)
+    std::printf("[ device %d ] stitches %lld, page reuses %lld, page splits %lld, retries %lld\n", d,
+                static_cast<long long>(stress.a().stat(d, "num_stitches").value_or(0)),
+                static_cast<long long>(stress.a().stat(d, "num_page_reuses").value_or(0)),
+                static_cast<long long>(stress.a().stat(d, "num_page_splits").value_or(0)),
+                static_cast<long long>(stress.a().stat(d, "num_alloc_retries").value_or(0)));
   stress.drain();
   EXPECT_TRUE(stress.errors().empty()) << "seed " << seed << ": " << stress.errors().front();
   EXPECT_EQ(c.overlaps.load(), 0u);
@@ -395,16 +402,26 @@ void run_stress(bool expandable, std::uint64_t default_ops) {
   for (int d = 0; d < kDevices; ++d) {
     EXPECT_GT(stress.a().stat(d, "num_device_alloc").value_or(0), 0) << d;
     EXPECT_EQ(stress.a().stat(d, "num_invalid_frees").value_or(-1), 0) << d;
+    if (conf.find("stitching:True") != std::string::npos) {  // the fine machinery ran too
+      EXPECT_GT(stress.a().stat(d, "num_stitches").value_or(0), 0) << d;
+      EXPECT_GT(stress.a().stat(d, "num_page_splits").value_or(0), 0) << d;
+    }
   }
 }
 
 TEST(Randomized, MillionOperationsOnTwoDevicesKeepEveryInvariant) {
-  run_stress(/*expandable=*/false, kDefaultOps);
+  run_stress("", kDefaultOps);
 }
 
 // The same mix with expandable segments (pages mapped into per-stream reserved ranges), shorter.
 TEST(Randomized, ExpandableSegmentsKeepEveryInvariant) {
-  run_stress(/*expandable=*/true, kDefaultOps / 4);
+  run_stress(",expandable_segments:True", kDefaultOps / 4);
+}
+
+// And with stitching at its defaults: coarse pages with room, fine pages, page reuse, stitches
+// and split pages as the devices fill.
+TEST(Randomized, StitchingKeepsEveryInvariant) {
+  run_stress(",expandable_segments:True,stitching:True", kDefaultOps / 4);
 }
 
 }  // namespace

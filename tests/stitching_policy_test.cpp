@@ -1,7 +1,8 @@
 // Tests of stitching's policy (docs/stitching.md, "With room"): while the device has room,
 // stitching ranges grow in PyTorch's pages, exactly as expandable segments do (same map calls,
-// no stream synchronization, no unmaps); past stitch_fine_above they grow in one-granule pages;
-// and under pressure a coarse page moves to a stitched range whole.
+// no stream synchronization, no unmaps); past stitch_fine_above, or when the device cannot give
+// a whole page, they grow in one-granule pages; under pressure a coarse page moves to a stitched
+// range whole, and partly free ones are split so that their free part moves.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -63,25 +64,113 @@ TEST(StitchingPolicy, WithRoomStitchingCostsWhatExpandableSegmentsCost) {
 }
 
 TEST(StitchingPolicy, PastTheThresholdRangesGrowInFinePages) {
-  Device d(1000);  // stitch_fine_above 0.08: fine pages once reserved would pass 80 MiB
-  auto maps_for = [&](std::size_t bytes) {
-    const auto before = d.maps();
-    (void)d.alloc->allocate(bytes);
-    return d.maps() - before;
+  Device d(100);  // stitch_fine_above 0.9: fine pages once reserved would pass 90 MiB
+  auto maps_for = [](Device& dev, std::size_t bytes) {
+    const auto before = dev.maps();
+    (void)dev.alloc->allocate(bytes);
+    return dev.maps() - before;
   };
-  EXPECT_EQ(maps_for(30 * kMiB), 2u);  // two 20 MiB pages, as expandable segments map them
-  EXPECT_EQ(maps_for(40 * kMiB), 2u);  // 10 MiB left in the last page, two more pages
+  EXPECT_EQ(maps_for(d, 30 * kMiB), 2u);  // two 20 MiB pages, as expandable segments map them
+  EXPECT_EQ(maps_for(d, 40 * kMiB), 2u);  // 10 MiB left in the last page, two more pages
   EXPECT_EQ(d.stat("reserved_bytes.all.current"), static_cast<std::int64_t>(80 * kMiB));
-  // Past 80 MiB: one-granule pages, 15 of them with the 10 MiB left free before.
-  EXPECT_EQ(maps_for(40 * kMiB), 15u) << "past 80 MiB: one-granule pages";
+  // Past 90 MiB: one-granule pages, 3 of them with the 10 MiB left free before.
+  EXPECT_EQ(maps_for(d, 15 * kMiB), 3u) << "past 90 MiB: one-granule pages";
   d.alloc->validate();
+  Device roomy(1000);  // the same requests with room: coarse pages throughout
+  EXPECT_EQ(maps_for(roomy, 30 * kMiB) + maps_for(roomy, 40 * kMiB) + maps_for(roomy, 15 * kMiB), 5u);
   Device always(1000, std::string(kStitching) + ",stitch_fine_above:0");
-  const auto before = always.maps();
-  (void)always.alloc->allocate(30 * kMiB);
-  EXPECT_EQ(always.maps() - before, 15u) << "stitch_fine_above:0: fine pages from the first byte";
+  EXPECT_EQ(maps_for(always, 30 * kMiB), 15u) << "stitch_fine_above:0: fine pages from the first byte";
   Device never(1000, std::string(kStitching) + ",stitch_fine_above:1");
   for (int i = 0; i < 40; ++i) (void)never.alloc->allocate(20 * kMiB);
   EXPECT_EQ(never.maps(), 40u) << "stitch_fine_above:1: coarse pages until the device is full";
+}
+
+TEST(StitchingPolicy, WhenTheDeviceCannotGiveACoarsePageRangesGrowInFinePages) {
+  // The device has less left than a 20 MiB page (another process may hold memory the device
+  // total counts): fine pages serve what coarse pages cannot.
+  Device d(90, std::string(kStitching) + ",stitch_fine_above:1");
+  for (int i = 0; i < 4; ++i) (void)d.alloc->allocate(20 * kMiB);
+  const auto before = d.maps();
+  EXPECT_NE(d.alloc->allocate(8 * kMiB), nullptr);
+  EXPECT_EQ(d.maps() - before, 4u) << "four one-granule pages";
+  EXPECT_EQ(d.stat("num_ooms"), 0);
+  d.alloc->validate();
+}
+
+TEST(StitchingPolicy, ShortOfMemoryPartlyFreeCoarsePagesSplitAndTheirFreePartMoves) {
+  // Coarse pages all along (stitch_fine_above:1): ten 10 MiB blocks fill five 20 MiB pages, and
+  // every other block is freed, so each page is half free and none can move whole. A 50 MiB
+  // request on the full device splits the five pages (one device synchronization) and stitches
+  // their free halves: no new physical memory, live data intact.
+  for (const bool reuse : {true, false}) {
+    SCOPED_TRACE(reuse ? "page reuse" : "no page reuse");
+    Device d(100, std::string(kStitching) + ",stitch_fine_above:1" +
+                      (reuse ? "" : ",stitch_reuse_pages:False"));
+    std::vector<void*> blocks;
+    for (int i = 0; i < 10; ++i) {
+      blocks.push_back(d.alloc->allocate(10 * kMiB));
+      stitch::test::write_pattern(blocks.back(), 10 * kMiB, static_cast<std::uint64_t>(i));
+    }
+    for (int i = 0; i < 10; i += 2) d.alloc->deallocate(blocks[static_cast<std::size_t>(i)]);
+    ASSERT_EQ(d.sim->usage(0).physical_handles, 5u);
+    void* big = d.alloc->allocate(50 * kMiB);
+    ASSERT_NE(big, nullptr);
+    EXPECT_EQ(d.stat("num_page_splits"), 5);
+    EXPECT_EQ(d.stat("num_stitches"), 1);
+    EXPECT_EQ(d.sim->call_count(SimCall::synchronize_device), 1u);
+    EXPECT_EQ(d.sim->usage(0).physical_handles, 5u) << "pages moved, none made";
+    EXPECT_EQ(d.stat("reserved_bytes.all.current"), static_cast<std::int64_t>(100 * kMiB));
+    stitch::test::write_pattern(big, 50 * kMiB, 99);
+    for (int i = 1; i < 10; i += 2)
+      EXPECT_TRUE(stitch::test::pattern_intact(blocks[static_cast<std::size_t>(i)], 10 * kMiB,
+                                               static_cast<std::uint64_t>(i)));
+    EXPECT_TRUE(stitch::test::pattern_intact(big, 50 * kMiB, 99));
+    d.alloc->validate();
+
+    // Given back, the moved pieces cannot go to the device while their pages' other halves are
+    // live: they stay reserved as loose pieces, and the next growth maps them before it creates.
+    d.alloc->deallocate(big);
+    d.alloc->empty_cache();
+    EXPECT_EQ(d.stat("reserved_bytes.all.current"), static_cast<std::int64_t>(100 * kMiB));
+    EXPECT_EQ(d.sim->usage(0).physical_handles, 5u);
+    d.alloc->validate();
+    const auto creates = d.sim->call_count(SimCall::create_physical);
+    void* again = d.alloc->allocate(40 * kMiB);
+    ASSERT_NE(again, nullptr);
+    EXPECT_EQ(d.sim->call_count(SimCall::create_physical), creates) << "loose pieces first";
+    d.alloc->validate();
+    d.alloc->deallocate(again);
+
+    // Once all of a page's pieces are free, empty_cache gives the page back.
+    for (int i = 1; i < 10; i += 2) d.alloc->deallocate(blocks[static_cast<std::size_t>(i)]);
+    d.alloc->empty_cache();
+    EXPECT_EQ(d.stat("reserved_bytes.all.current"), 0);
+    EXPECT_EQ(d.sim->usage(0).physical_handles, 0u);
+    d.alloc->validate();
+  }
+}
+
+TEST(StitchingPolicy, AFailedSplitMapsThePageWholeAgain) {
+  Device d(100, std::string(kStitching) + ",stitch_fine_above:1,stitch_reuse_pages:False");
+  std::vector<void*> blocks;
+  for (int i = 0; i < 10; ++i) {
+    blocks.push_back(d.alloc->allocate(10 * kMiB));
+    stitch::test::write_pattern(blocks.back(), 10 * kMiB, static_cast<std::uint64_t>(i));
+  }
+  for (int i = 0; i < 10; i += 2) d.alloc->deallocate(blocks[static_cast<std::size_t>(i)]);
+  // The third piece of the first page split fails to map.
+  d.sim->inject_fault(SimCall::map, 3, stitch::SimFault::error);
+  EXPECT_THROW((void)d.alloc->allocate(50 * kMiB), stitch::backend_error);
+  EXPECT_EQ(d.stat("num_page_splits"), 0);
+  for (int i = 1; i < 10; i += 2)
+    EXPECT_TRUE(stitch::test::pattern_intact(blocks[static_cast<std::size_t>(i)], 10 * kMiB,
+                                             static_cast<std::uint64_t>(i)));
+  d.alloc->validate();
+  // Nothing is lost: the same request succeeds next time.
+  void* big = d.alloc->allocate(50 * kMiB);
+  ASSERT_NE(big, nullptr);
+  EXPECT_EQ(d.stat("num_page_splits"), 5);
+  d.alloc->validate();
 }
 
 TEST(StitchingPolicy, UnderPressureCoarsePagesMoveWhole) {

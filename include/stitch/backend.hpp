@@ -65,9 +65,12 @@ class STITCH_EXPORT Backend {
   /// Releases physical memory. If it is still mapped somewhere it is freed when the last mapping
   /// goes away (as cuMemRelease does).
   virtual void release_physical(int device, phys_handle_t handle) = 0;
-  /// Maps the whole of `handle` (of size `bytes`) at `va`, inside a reservation, and makes it
-  /// readable and writable from `device`.
-  virtual void map(int device, void* va, std::size_t bytes, phys_handle_t handle) = 0;
+  /// Maps `bytes` of `handle`, from `offset` into it, at `va` (inside a reservation), and makes
+  /// them readable and writable from `device` (cuMemMap and cuMemSetAccess). `offset` and
+  /// `bytes` are multiples of granularity(); offset 0 and the handle's size map it whole. A
+  /// handle may be mapped in several pieces at once.
+  virtual void map(int device, void* va, std::size_t bytes, phys_handle_t handle,
+                   std::size_t offset) = 0;
   /// Unmaps `bytes` at `va` (a range previously mapped by one or more map() calls).
   virtual void unmap(int device, void* va, std::size_t bytes) = 0;
 
@@ -83,6 +86,8 @@ class STITCH_EXPORT Backend {
   virtual void synchronize_event(int device, event_t event) = 0;
   /// Blocks until all work queued on `stream` has completed.
   virtual void synchronize_stream(int device, stream_t stream) = 0;
+  /// Blocks until all work queued on every stream of `device` has completed.
+  virtual void synchronize_device(int device) = 0;
 };
 
 struct Config;

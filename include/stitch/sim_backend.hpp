@@ -37,6 +37,7 @@ enum class SimCall : int {
   query_event,
   synchronize_event,
   synchronize_stream,
+  synchronize_device,
   count_  ///< number of kinds (not a call)
 };
 
@@ -88,7 +89,8 @@ class STITCH_EXPORT SimBackend : public Backend {
   void release_reservation(int device, void* va, std::size_t bytes) override;
   [[nodiscard]] phys_handle_t create_physical(int device, std::size_t bytes) override;
   void release_physical(int device, phys_handle_t handle) override;
-  void map(int device, void* va, std::size_t bytes, phys_handle_t handle) override;
+  void map(int device, void* va, std::size_t bytes, phys_handle_t handle,
+           std::size_t offset) override;
   void unmap(int device, void* va, std::size_t bytes) override;
   [[nodiscard]] event_t create_event(int device) override;
   void destroy_event(int device, event_t event) override;
@@ -96,6 +98,7 @@ class STITCH_EXPORT SimBackend : public Backend {
   [[nodiscard]] bool query_event(int device, event_t event) override;
   void synchronize_event(int device, event_t event) override;
   void synchronize_stream(int device, stream_t stream) override;
+  void synchronize_device(int device) override;
 
   // ---- test controls --------------------------------------------------------------------------
   /// From now on, events recorded on `stream` stay incomplete until release_stream(stream).

@@ -341,7 +341,7 @@ class DeviceAllocator {
 
   detail::StreamEvents events_{backend_, device_};  ///< cross-stream events (slow path only)
   /// The physical pages of expandable ranges, and what failed undos left (page_mapper.hpp).
-  detail::PageMapper pages_{backend_, device_};
+  detail::PageMapper pages_{backend_, device_, ledger_};
   detail::Stitcher stitcher_{*this};  ///< stitching:True (stitcher.hpp)
 };
 

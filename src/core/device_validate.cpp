@@ -42,7 +42,8 @@ void DeviceAllocator::validate_locked() const {
   std::size_t live_blocks = 0;
   std::size_t pending_events = 0;
 
-  std::vector<phys_handle_t> handles;  // every mapped page's physical handle
+  std::vector<phys_handle_t> handles;  // every mapped page's physical handle (whole pages)
+  std::vector<std::pair<phys_handle_t, std::size_t>> pieces;  // split pages' pieces, and slots
   for (const Segment* s = segments_; s != nullptr; s = s->next) {
     if (s->stitched && !s->expandable) broken(device_, "a stitched segment is not expandable");
     if (s->expandable) {
@@ -60,10 +61,16 @@ void DeviceAllocator::validate_locked() const {
         if (slots == 0 || i + slots > t.stored())
           broken(device_, "a mapped page slot is not covered by a whole handle");
         for (std::size_t k = i + 1; k < i + slots; ++k)
-          if (t.handle(k) != t.handle(i) || t.extent(k) != 0)
+          if (t.handle(k) != t.handle(i) || t.extent(k) != 0 || t.piece(k) != t.piece(i) + k - i)
             broken(device_, "a handle's slots disagree");
         count(reserved, s->small, static_cast<std::int64_t>(slots * s->page));
-        handles.push_back(t.handle(i));
+        if (pages_.is_split(t.handle(i))) {
+          if (slots != 1) broken(device_, "a piece of a split page covers several slots");
+          pieces.emplace_back(t.handle(i), t.piece(i));
+        } else {
+          if (t.piece(i) != 0) broken(device_, "a whole page is mapped from an offset");
+          handles.push_back(t.handle(i));
+        }
         i += slots;
       }
     } else {
@@ -146,6 +153,23 @@ void DeviceAllocator::validate_locked() const {
   std::sort(handles.begin(), handles.end());
   if (std::adjacent_find(handles.begin(), handles.end()) != handles.end())
     broken(device_, "a physical handle is mapped in two pages");
+  // A split page's pieces: each mapped in one slot or loose, all of them accounted for.
+  for (const detail::Piece& p : pages_.loose()) {
+    pieces.emplace_back(p.handle, p.piece);
+    count(reserved, false, static_cast<std::int64_t>(backend_.granularity(device_)));
+  }
+  std::sort(pieces.begin(), pieces.end());
+  if (std::adjacent_find(pieces.begin(), pieces.end()) != pieces.end())
+    broken(device_, "a piece of a split page is mapped twice (or mapped and loose)");
+  for (std::size_t i = 0; i < pieces.size();) {
+    std::size_t j = i;
+    while (j < pieces.size() && pieces[j].first == pieces[i].first) ++j;
+    if (j - i != pages_.pieces_of(pieces[i].first) || pieces[j - 1].second != j - i - 1)
+      broken(device_, "a split page's pieces are not all mapped or loose");
+    if (std::binary_search(handles.begin(), handles.end(), pieces[i].first))
+      broken(device_, "a split page is also mapped whole");
+    i = j;
+  }
   for (phys_handle_t h : pages_.orphans())
     if (std::binary_search(handles.begin(), handles.end(), h))
       broken(device_, "an orphaned physical handle is still mapped in a page");

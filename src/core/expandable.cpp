@@ -76,7 +76,11 @@ DeviceAllocator::Block* DeviceAllocator::grow_expandable(Pool& pool, stream_t st
   // coarse pages (one handle over several slots); short of memory, in fine pages, and the
   // stream's free pages elsewhere are reused first.
   const std::size_t slot = page_size(pool.small, true);
-  if (!short_of_memory(rounded)) return grow_expandable_chain(pool, stream, rounded, slot, coarse);
+  if (!short_of_memory(rounded)) {
+    if (Block* block = grow_expandable_chain(pool, stream, rounded, slot, coarse)) return block;
+    // The device (or the memory fraction) could not give whole coarse pages: memory is short
+    // after all (another process may hold what the device total suggests is free).
+  }
   // The lowest-address unmapped range that, with the free block just before it, covers the
   // request: this fills holes before growing at the end, keeping the segment in one piece.
   // With stitch_reuse_pages (which leaves holes where pages moved out) the free block just after

@@ -1,6 +1,7 @@
 // core/ledger.hpp — what a device holds from its backend, booked in one place: the segments and
 // mapped pages it obtains and gives back (the segment, reserved_bytes, oversize_segments and
-// device-call statistics) and the memory-fraction cap they must stay under.
+// device-call statistics), the unmapped pieces of split pages it still holds, and the
+// memory-fraction cap they must stay under.
 #pragma once
 
 #include <cstddef>
@@ -55,6 +56,15 @@ class Ledger {
   void unmapped(bool small, std::size_t bytes) noexcept {
     ++stats_.num_device_free;
     sub(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
+  }
+  /// `bytes` of unmapped pieces of split pages are still held (their handles live on: other
+  /// pieces are mapped), or are held no longer (mapped again, or released with their handle).
+  /// They count as reserved in the large pool, where split pages come from.
+  void held_unmapped(std::size_t bytes) noexcept {
+    add(stats_.reserved_bytes, false, static_cast<std::int64_t>(bytes));
+  }
+  void no_longer_held(std::size_t bytes) noexcept {
+    sub(stats_.reserved_bytes, false, static_cast<std::int64_t>(bytes));
   }
 
  private:

@@ -1,6 +1,8 @@
-// core/page_table.hpp — the page slots of one expandable range: which physical handle covers
-// each slot (0: unmapped), and at each handle's first slot how many slots it covers. A handle
-// covers one slot or, for the coarse pages of a stitching range, several consecutive ones.
+// core/page_table.hpp — the page slots of one expandable range: which physical handle backs
+// each slot (0: unmapped) and at which slot of that handle (its piece), and at each mapping's
+// first slot how many slots that one map call covers. A mapping covers one slot or, for the
+// coarse pages of a stitching range, several consecutive ones (a whole handle). A split coarse
+// page (page_mapper.hpp) is mapped one piece per slot, and its pieces may move to other ranges.
 //
 // Cost: a range reserves 1 1/8 of the device, but storage grows only with the highest slot ever
 // mapped (doubling, capped at the range): creating a range touches no memory, and a slot beyond
@@ -23,6 +25,7 @@ class PageTable {
   void reset(std::size_t slots) noexcept {
     handles_ = {};
     extents_ = {};
+    pieces_ = {};
     slots_ = slots;
   }
   [[nodiscard]] std::size_t slots() const noexcept { return slots_; }
@@ -32,9 +35,13 @@ class PageTable {
   [[nodiscard]] phys_handle_t handle(std::size_t i) const noexcept {
     return i < handles_.size() ? handles_[i] : 0;
   }
-  /// At a handle's first slot, the slots it covers; 0 elsewhere and where unmapped.
+  /// At a mapping's first slot, the slots it covers; 0 elsewhere and where unmapped.
   [[nodiscard]] std::size_t extent(std::size_t i) const noexcept {
     return i < extents_.size() ? extents_[i] : 0;
+  }
+  /// Which slot of its handle slot `i` is (0 for a one-slot handle and a coarse page's first).
+  [[nodiscard]] std::size_t piece(std::size_t i) const noexcept {
+    return i < pieces_.size() ? pieces_[i] : 0;
   }
 
   /// Storage for the slots below `end` (at most slots()), so that set() there cannot fail.
@@ -45,33 +52,38 @@ class PageTable {
     const std::size_t n = std::min(slots_, std::max(end, 2 * handles_.size()));
     handles_.reserve(n);
     extents_.reserve(n);
+    pieces_.reserve(n);
     handles_.resize(n, 0);
     extents_.resize(n, 0);
+    pieces_.resize(n, 0);
   }
 
-  /// Slots [first, first + count) covered by `handle` (mapped there), or unmapped when it is 0.
-  /// Mapping needs make_room(first + count) first; unmapping slots without storage is a no-op.
-  void set(std::size_t first, std::size_t count, phys_handle_t handle) noexcept {
+  /// Slots [first, first + count) mapped by one call to `handle` from its slot `piece` on, or
+  /// unmapped when `handle` is 0. Mapping needs make_room(first + count) first; unmapping slots
+  /// without storage is a no-op.
+  void set(std::size_t first, std::size_t count, phys_handle_t handle,
+           std::size_t piece = 0) noexcept {
     STITCH_ASSERT(handle == 0 || first + count <= handles_.size(),
                   "PageTable::set: make_room before mapping");
-    STITCH_ASSERT(count <= UINT16_MAX, "PageTable::set: a handle covers at most 65535 slots");
+    STITCH_ASSERT(piece + count <= UINT16_MAX, "PageTable::set: at most 65535 slots a handle");
     const std::size_t end = std::min(first + count, handles_.size());
     for (std::size_t i = first; i < end; ++i) {
       handles_[i] = handle;
       extents_[i] = 0;
+      pieces_[i] = handle != 0 ? static_cast<std::uint16_t>(piece + (i - first)) : 0;
     }
     if (handle != 0) extents_[first] = static_cast<std::uint16_t>(count);
   }
 
-  /// The first slot of the handle covering slot `i` (mapped).
+  /// The first slot of the mapping covering slot `i` (mapped).
   [[nodiscard]] std::size_t head_of(std::size_t i) const noexcept {
     while (extent(i) == 0 && i > 0 && handle(i - 1) == handle(i)) --i;
     return i;
   }
 
-  /// [first, last) shrunk to the whole handles inside it (slots of mapped memory): a handle that
-  /// began before `first` cannot go, so start after it; one that ends after `last` cannot either,
-  /// so stop at its first slot.
+  /// [first, last) shrunk to the whole mappings inside it (slots of mapped memory): a mapping
+  /// that began before `first` cannot go, so start after it; one that ends after `last` cannot
+  /// either, so stop at its first slot.
   void whole_handles(std::size_t& first, std::size_t& last) const noexcept {
     if (first < last && extent(first) == 0) {
       const std::size_t head = head_of(first);
@@ -86,6 +98,7 @@ class PageTable {
  private:
   std::vector<phys_handle_t> handles_;
   std::vector<std::uint16_t> extents_;
+  std::vector<std::uint16_t> pieces_;
   std::size_t slots_ = 0;
 };
 

@@ -26,7 +26,7 @@ constexpr std::array<std::pair<const char*, Stat DeviceStats::*>, 2> kSingles{{
     {"oversize_allocations", &DeviceStats::oversize_allocations},
     {"oversize_segments", &DeviceStats::oversize_segments},
 }};
-constexpr std::array<std::pair<const char*, ScalarField>, 11> kScalars{{
+constexpr std::array<std::pair<const char*, ScalarField>, 12> kScalars{{
     {"num_alloc_retries", &DeviceStats::num_alloc_retries},
     {"num_ooms", &DeviceStats::num_ooms},
     {"num_sync_all_streams", &DeviceStats::num_sync_all_streams},
@@ -36,6 +36,7 @@ constexpr std::array<std::pair<const char*, ScalarField>, 11> kScalars{{
     {"num_stitches", &DeviceStats::num_stitches},
     {"stitched_bytes", &DeviceStats::stitched_bytes},
     {"num_page_reuses", &DeviceStats::num_page_reuses},
+    {"num_page_splits", &DeviceStats::num_page_splits},
     {"num_immediate_reuses", &DeviceStats::num_immediate_reuses},
     {"max_split_size", &DeviceStats::max_split_size},
 }};

@@ -86,15 +86,16 @@ std::size_t take(std::vector<Run> runs, std::size_t want, std::vector<Run>& plan
 }  // namespace
 
 void Stitcher::map_back(Segment* segment, std::size_t index, phys_handle_t handle,
-                        std::size_t slots) noexcept {
+                        std::size_t slots, std::size_t piece) noexcept {
   // Undo of a move: maps `handle` again at slot `index` of `segment`, where an unmapped block
   // now lies, and files that page as free (it was free when it left).
   const std::size_t page = segment->page * slots;
   char* at = segment->base + index * segment->page;
   try {
-    d_.backend_.map(d_.device_, at, page, handle);
+    d_.backend_.map(d_.device_, at, page, handle, piece * segment->page);
   } catch (...) {
-    d_.pages_.release_or_orphan(handle);  // the source keeps a hole there: consistent, just smaller
+    // The source keeps a hole there: consistent, just smaller.
+    d_.pages_.give_back(Piece{handle, piece}, segment->page);
     return;
   }
   // Bookkeeping only from here (an allocation failure in it terminates: noexcept).
@@ -112,7 +113,7 @@ void Stitcher::map_back(Segment* segment, std::size_t index, phys_handle_t handl
   }
   d_.split_unmapped_tail(u, page);  // the unmapped rest stays unmapped
   u->mapped = true;
-  segment->pages.set(index, slots, handle);
+  segment->pages.set(index, slots, handle, piece);
   d_.trace(TraceAction::segment_map, at, page, segment->stream);
   d_.ledger_.mapped(segment->small, page);
   d_.insert_free(pool, u);
@@ -166,13 +167,14 @@ void Stitcher::move_out(const std::vector<Run>& plan, std::vector<MovedPage>& mo
       d_.backend_.unmap(d_.device_, at, bytes);
     } catch (...) {
       for (std::size_t i = moved.size(); i > first_moved; --i)
-        map_back(moved[i - 1].segment, moved[i - 1].index, moved[i - 1].handle, moved[i - 1].slots);
+        map_back(moved[i - 1].segment, moved[i - 1].index, moved[i - 1].handle, moved[i - 1].slots,
+                 moved[i - 1].piece);
       moved.resize(first_moved);
       throw;
     }
     for (std::size_t i = run.first; i < run.first + run.count;) {
       const std::size_t slots = s->pages.extent(i);
-      moved.push_back(MovedPage{s, i, s->pages.handle(i), slots});
+      moved.push_back(MovedPage{s, i, s->pages.handle(i), slots, s->pages.piece(i)});
       s->pages.set(i, slots, 0);
       i += slots;
     }
@@ -186,7 +188,7 @@ void Stitcher::move_out(const std::vector<Run>& plan, std::vector<MovedPage>& mo
 
 void Stitcher::map_side_by_side(Segment& dest, std::size_t first,
                                 const std::vector<MovedPage>& moved,
-                                const std::vector<phys_handle_t>& fresh) {
+                                const std::vector<Piece>& fresh) {
   const std::size_t page = dest.page;
   char* at = dest.base + first * page;
   std::size_t mapped = 0;  // slots
@@ -196,26 +198,70 @@ void Stitcher::map_side_by_side(Segment& dest, std::size_t first,
     dest.pages.make_room(first + slots);
     d_.pages_.unmap_strays();  // a stray range may lie where these pages go
     for (const MovedPage& m : moved) {
-      d_.backend_.map(d_.device_, at + mapped * page, m.slots * page, m.handle);
+      d_.backend_.map(d_.device_, at + mapped * page, m.slots * page, m.handle, m.piece * page);
       mapped += m.slots;
     }
-    for (phys_handle_t h : fresh) {
-      d_.backend_.map(d_.device_, at + mapped * page, page, h);
+    for (const Piece& p : fresh) {
+      d_.backend_.map(d_.device_, at + mapped * page, page, p.handle, p.piece * page);
       ++mapped;
     }
   } catch (...) {
     if (mapped > 0) d_.pages_.unmap_or_stray(at, mapped * page);
     for (auto it = moved.rbegin(); it != moved.rend(); ++it)
-      map_back(it->segment, it->index, it->handle, it->slots);
-    for (phys_handle_t h : fresh) d_.pages_.release_or_orphan(h);
+      map_back(it->segment, it->index, it->handle, it->slots, it->piece);
+    for (const Piece& p : fresh) d_.pages_.give_back(p, page);
     throw;
   }
   std::size_t slot = first;
   for (const MovedPage& m : moved) {
-    dest.pages.set(slot, m.slots, m.handle);
+    dest.pages.set(slot, m.slots, m.handle, m.piece);
     slot += m.slots;
   }
-  for (phys_handle_t h : fresh) dest.pages.set(slot++, 1, h);
+  for (const Piece& p : fresh) dest.pages.set(slot++, 1, p.handle, p.piece);
+}
+
+std::size_t Stitcher::split_partly_free(stream_t stream, bool own_only, std::size_t want) {
+  const std::size_t page = d_.backend_.granularity(d_.device_);
+  // (segment, first slot of the coarse page) -> its whole free slots.
+  std::map<std::pair<Segment*, std::size_t>, std::size_t> gain;
+  for (const DeviceAllocator::Pool* p : {&d_.small_, &d_.large_}) {
+    for (Block* b : p->index) {
+      Segment* s = b->segment;
+      if (!s->expandable || s->page != page || (own_only && s->stream != stream)) continue;
+      const auto offset = static_cast<std::size_t>(b->ptr - s->base);
+      const std::size_t first = round_up(offset, page) / page;
+      const std::size_t last = (offset + b->size) / page;
+      if (last <= first) continue;
+      // The coarse pages at the block's two ends, when they reach out of it.
+      const std::size_t heads[2] = {s->pages.head_of(first), s->pages.head_of(last - 1)};
+      for (int e = 0; e < 2; ++e) {
+        const std::size_t head = heads[e];
+        const std::size_t n = s->pages.extent(head);
+        if (n <= 1 || (e == 1 && head == heads[0])) continue;
+        if (head >= first && head + n <= last) continue;  // inside the block: it moves whole
+        gain[{s, head}] += std::min(head + n, last) - std::max(head, first);
+      }
+    }
+  }
+  std::vector<std::pair<std::size_t, std::pair<Segment*, std::size_t>>> best;
+  std::size_t total = 0;
+  for (const auto& [where, slots] : gain) {
+    best.emplace_back(slots, where);
+    total += slots;
+  }
+  if (total < want) return 0;  // even all of them would not do
+  std::stable_sort(best.begin(), best.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  // Kernels on any stream may use the live blocks on these pages: the device goes idle first.
+  d_.backend_.synchronize_device(d_.device_);
+  std::size_t gained = 0;
+  for (const auto& [slots, where] : best) {
+    if (gained >= want) break;
+    d_.pages_.split(*where.first, where.second);  // throws: the page stays whole
+    ++d_.stats_.num_page_splits;
+    gained += slots;
+  }
+  return gained;
 }
 
 void Stitcher::dissolve_emptied(const std::vector<Segment*>& sources) noexcept {
@@ -250,18 +296,19 @@ bool Stitcher::map_reused_pages(Block* target, std::size_t count) {
   const std::size_t first = static_cast<std::size_t>(target->ptr - dest->base) / page;
   if (reused == 0) return d_.pages_.map(*dest, first, count);
 
-  std::vector<phys_handle_t> fresh;
+  std::vector<Piece> fresh;
   auto release_fresh = [&] {
-    for (phys_handle_t h : fresh) d_.pages_.release_or_orphan(h);
+    for (const Piece& p : fresh) d_.pages_.give_back(p, page);
   };
   try {
+    fresh.reserve(fresh_pages);
     while (fresh.size() < fresh_pages) {
-      const phys_handle_t h = d_.backend_.create_physical(d_.device_, page);
-      if (h == 0) {
+      const Piece p = d_.pages_.fresh_page(page);
+      if (p.handle == 0) {
         release_fresh();
         return false;
       }
-      fresh.push_back(h);
+      fresh.push_back(p);
     }
     // Kernels queued on the stream may still use the pages' old addresses.
     d_.backend_.synchronize_stream(d_.device_, dest->stream);
@@ -295,21 +342,32 @@ Block* Stitcher::stitch(bool small, stream_t stream,
   // 1. Candidates: whole pages inside free blocks of one-granule-page ranges, by stream.
   std::vector<Run> own;
   std::map<stream_t, std::vector<Run>> others;
-  free_page_runs(stream, own, own_only ? nullptr : &others);
   std::map<stream_t, std::size_t> other_pages;
   std::size_t own_total = 0, other_total = 0;
-  for (const Run& r : own) own_total += r.count;
-  for (const auto& [s, runs] : others)
-    for (const Run& r : runs) {
-      other_pages[s] += r.count;
-      other_total += r.count;
-    }
-  if (own_total + other_total == 0) return nullptr;  // only fresh pages: growing failed already
-  if (own_only && own_total < pages) return nullptr;
+  auto collect = [&] {
+    own.clear();
+    others.clear();
+    other_pages.clear();
+    own_total = other_total = 0;
+    free_page_runs(stream, own, own_only ? nullptr : &others);
+    for (const Run& r : own) own_total += r.count;
+    for (const auto& [s, runs] : others)
+      for (const Run& r : runs) {
+        other_pages[s] += r.count;
+        other_total += r.count;
+      }
+  };
+  collect();
 
-  // 2. Fresh pages the device (and the memory fraction) may still give.
+  // 2. Fresh pages the device (and the memory fraction) may still give, loose pieces first.
   std::size_t fresh_limit = own_only ? 0 : d_.backend_.memory_info(d_.device_).free / page;
   fresh_limit = std::min(fresh_limit, d_.ledger_.room() / page);
+  if (!own_only) fresh_limit += d_.pages_.loose_pieces();
+  // Too few: split coarse pages that are partly free, so that their free slots can move too.
+  const std::size_t found = own_total + fresh_limit + other_total;
+  if (found < pages && split_partly_free(stream, own_only, pages - found) > 0) collect();
+  if (own_total + other_total == 0) return nullptr;  // only fresh pages: growing failed already
+  if (own_only && own_total < pages) return nullptr;
   if (own_total + fresh_limit + other_total < pages) return nullptr;
 
   // 3. The plan: own pages first, then fresh ones, then other streams', fewest streams first.
@@ -318,17 +376,18 @@ Block* Stitcher::stitch(bool small, stream_t stream,
   const bool sync_own = planned > 0;
   void* va = d_.backend_.reserve(d_.device_, pages * page, page);  // throws: nothing changed
   if (va == nullptr) return nullptr;
-  std::vector<phys_handle_t> fresh;
+  std::vector<Piece> fresh;
   auto give_up = [&] {  // nothing is mapped in the new range
-    for (phys_handle_t h : fresh) d_.pages_.release_or_orphan(h);
+    for (const Piece& p : fresh) d_.pages_.give_back(p, page);
     release_or_keep(small, stream, va, pages * page, page);
   };
   try {
     const std::size_t want_fresh = std::min(pages - planned, fresh_limit);
+    fresh.reserve(want_fresh);
     while (fresh.size() < want_fresh) {
-      const phys_handle_t h = d_.backend_.create_physical(d_.device_, page);
-      if (h == 0) break;  // the device gave less than it reported: other streams make it up
-      fresh.push_back(h);
+      const Piece p = d_.pages_.fresh_page(page);
+      if (p.handle == 0) break;  // the device gave less than it reported: other streams make it up
+      fresh.push_back(p);
     }
     std::vector<stream_t> to_sync;
     if (sync_own) to_sync.push_back(stream);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/block.hpp"
+#include "core/page_mapper.hpp"
 #include "stitch/backend.hpp"
 
 namespace stitch {
@@ -49,7 +50,13 @@ class Stitcher {
     std::size_t index;
     phys_handle_t handle;
     std::size_t slots;
+    std::size_t piece;  ///< the handle's slot mapped first (a piece of a split page)
   };
+  /// Splits coarse pages of one-granule ranges that free blocks cover in part (of `stream` only
+  /// with `own_only`), those whose free slots are the most first, until they give `want` free
+  /// slots; nothing when all of them would not. One device synchronization for the lot. Returns
+  /// the free slots gained.
+  std::size_t split_partly_free(stream_t stream, bool own_only, std::size_t want);
   /// The whole free pages of one-granule expandable ranges (both pools): `stream`'s own in
   /// `own`, other streams' in `others` (when given). Skips `skip_a` and `skip_b`. Returns the
   /// pages found.
@@ -66,11 +73,12 @@ class Stitcher {
   /// range whose unmap fails too is filed as stray), maps the moved pages back where they were,
   /// releases the fresh ones and rethrows.
   void map_side_by_side(Segment& dest, std::size_t first, const std::vector<MovedPage>& moved,
-                        const std::vector<phys_handle_t>& fresh);
+                        const std::vector<Piece>& fresh);
   /// Dissolves the stitched segments among `sources` that no longer hold a mapped page.
   void dissolve_emptied(const std::vector<Segment*>& sources) noexcept;
   /// Undo of a move: maps `handle` again at page `index` of `segment` and files it free.
-  void map_back(Segment* segment, std::size_t index, phys_handle_t handle, std::size_t slots) noexcept;
+  void map_back(Segment* segment, std::size_t index, phys_handle_t handle, std::size_t slots,
+                std::size_t piece) noexcept;
   /// Gives back an unused, wholly unmapped stitching range (or keeps it as an empty stitched
   /// segment when that fails).
   void release_or_keep(bool small, stream_t stream, void* va, std::size_t bytes,

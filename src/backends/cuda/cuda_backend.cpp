@@ -215,18 +215,19 @@ class CudaBackend final : public Backend {
     if (result != CUDA_SUCCESS) throw_driver(call, device, result);
   }
 
-  void map(int device, void* va, std::size_t bytes, phys_handle_t handle) override {
+  void map(int device, void* va, std::size_t bytes, phys_handle_t handle,
+           std::size_t offset) override {
     const std::string where = hex(va) + ", " + bytes_text(bytes);
-    const std::string call = "cuMemMap(" + where + ", handle " + std::to_string(handle) + ")";
+    const std::string call = "cuMemMap(" + where + ", handle " + std::to_string(handle) +
+                             ", offset " + std::to_string(offset) + ")";
     const DriverApi& api = require_vmm(device, call);
     CUmemAccessDesc access{};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = static_cast<int>(caps_[device].cu_device);
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     DeviceGuard guard(device, call, /*bind_context=*/true);
-    // The whole handle is mapped: the offset into it must be 0.
-    CUresult result =
-        api.mem_map(to_cu(va), bytes, 0, static_cast<CUmemGenericAllocationHandle>(handle), 0);
+    CUresult result = api.mem_map(to_cu(va), bytes, offset,
+                                  static_cast<CUmemGenericAllocationHandle>(handle), 0);
     if (result != CUDA_SUCCESS) throw_driver(call, device, result);
     result = api.mem_set_access(to_cu(va), bytes, &access, 1);
     if (result != CUDA_SUCCESS) {
@@ -303,6 +304,14 @@ class CudaBackend final : public Backend {
     check_device(device, call);
     DeviceGuard guard(device, call);  // the null stream is the current device's default stream
     const cudaError_t err = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+    if (err != cudaSuccess) throw_runtime(call, device, err);
+  }
+
+  void synchronize_device(int device) override {
+    const std::string call = "cudaDeviceSynchronize()";
+    check_device(device, call);
+    DeviceGuard guard(device, call);
+    const cudaError_t err = cudaDeviceSynchronize();
     if (err != cudaSuccess) throw_runtime(call, device, err);
   }
 

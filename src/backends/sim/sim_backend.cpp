@@ -220,6 +220,7 @@ const char* to_string(SimCall call) noexcept {
     case SimCall::query_event: return "query_event";
     case SimCall::synchronize_event: return "synchronize_event";
     case SimCall::synchronize_stream: return "synchronize_stream";
+    case SimCall::synchronize_device: return "synchronize_device";
     case SimCall::count_: return "count_";
   }
   return "unknown";
@@ -475,7 +476,8 @@ void SimBackend::release_physical(int device, phys_handle_t handle) {
   if (it->second.mappings == 0) d.free_physical(it);
 }
 
-void SimBackend::map(int device, void* va, std::size_t bytes, phys_handle_t handle) {
+void SimBackend::map(int device, void* va, std::size_t bytes, phys_handle_t handle,
+                     std::size_t offset) {
   std::lock_guard lock(impl_->mutex);
   (void)impl_->enter(SimCall::map, bytes);
   Device& d = impl_->device(device, "map");
@@ -485,9 +487,14 @@ void SimBackend::map(int device, void* va, std::size_t bytes, phys_handle_t hand
                         (h == d.physical.end() ? " is not a live physical handle"
                                                : " was released"));
   }
-  if (bytes != h->second.bytes) {
+  if (bytes == 0 || offset > h->second.bytes || bytes > h->second.bytes - offset) {
     throw backend_error(prefix("map", device) + "handle " + std::to_string(handle) + " has " +
-                        std::to_string(h->second.bytes) + " bytes, not " + std::to_string(bytes));
+                        std::to_string(h->second.bytes) + " bytes, not " + std::to_string(bytes) +
+                        " from offset " + std::to_string(offset));
+  }
+  if (offset % impl_->options.granularity != 0 || bytes % impl_->options.granularity != 0) {
+    throw backend_error(prefix("map", device) + "offset " + std::to_string(offset) + " or size " +
+                        std::to_string(bytes) + " is not a multiple of the granularity");
   }
   const std::uintptr_t a = addr(va);
   if (a % impl_->options.granularity != 0) {
@@ -502,7 +509,7 @@ void SimBackend::map(int device, void* va, std::size_t bytes, phys_handle_t hand
                         ") overlaps a mapped range");
   }
   void* p = ::mmap(va, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, d.fd,
-                   static_cast<off_t>(h->second.offset));
+                   static_cast<off_t>(h->second.offset + offset));
   if (p == MAP_FAILED) {
     const int err = errno;
     throw backend_error(prefix("map", device) + errno_text("mmap", err));
@@ -613,6 +620,19 @@ void SimBackend::synchronize_stream(int device, stream_t stream) {
   if (s.completed < s.submitted) {
     s.completed = s.submitted;  // held: complete everything submitted so far; stays held
     ++impl_->forced;
+  }
+}
+
+void SimBackend::synchronize_device(int device) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::synchronize_device);
+  (void)impl_->device(device, "synchronize_device");
+  // Streams are not tied to a device here: every stream's work completes (held ones stay held).
+  for (auto& [stream, s] : impl_->streams) {
+    if (s.completed < s.submitted) {
+      s.completed = s.submitted;
+      ++impl_->forced;
+    }
   }
 }
 
