@@ -64,7 +64,8 @@ TEST(StitchingPolicy, WithRoomStitchingCostsWhatExpandableSegmentsCost) {
 }
 
 TEST(StitchingPolicy, PastTheThresholdRangesGrowInFinePages) {
-  Device d(100);  // stitch_fine_above 0.9: fine pages once reserved would pass 90 MiB
+  // stitch_fine_above:0.9: fine pages once reserved would pass 90 MiB.
+  Device d(100, std::string(kStitching) + ",stitch_fine_above:0.9");
   auto maps_for = [](Device& dev, std::size_t bytes) {
     const auto before = dev.maps();
     (void)dev.alloc->allocate(bytes);
@@ -76,13 +77,14 @@ TEST(StitchingPolicy, PastTheThresholdRangesGrowInFinePages) {
   // Past 90 MiB: one-granule pages, 3 of them with the 10 MiB left free before.
   EXPECT_EQ(maps_for(d, 15 * kMiB), 3u) << "past 90 MiB: one-granule pages";
   d.alloc->validate();
-  Device roomy(1000);  // the same requests with room: coarse pages throughout
+  Device roomy(1000, std::string(kStitching) + ",stitch_fine_above:0.9");  // room: coarse pages
   EXPECT_EQ(maps_for(roomy, 30 * kMiB) + maps_for(roomy, 40 * kMiB) + maps_for(roomy, 15 * kMiB), 5u);
   Device always(1000, std::string(kStitching) + ",stitch_fine_above:0");
   EXPECT_EQ(maps_for(always, 30 * kMiB), 15u) << "stitch_fine_above:0: fine pages from the first byte";
-  Device never(1000, std::string(kStitching) + ",stitch_fine_above:1");
-  for (int i = 0; i < 40; ++i) (void)never.alloc->allocate(20 * kMiB);
-  EXPECT_EQ(never.maps(), 40u) << "stitch_fine_above:1: coarse pages until the device is full";
+  Device never(990);  // the default, stitch_fine_above:1
+  for (int i = 0; i < 49; ++i) (void)never.alloc->allocate(20 * kMiB);
+  EXPECT_EQ(never.maps(), 49u) << "stitch_fine_above:1: coarse pages until the device is full";
+  EXPECT_EQ(maps_for(never, 8 * kMiB), 4u) << "then fine pages where a whole page does not fit";
 }
 
 TEST(StitchingPolicy, WhenTheDeviceCannotGiveACoarsePageRangesGrowInFinePages) {
