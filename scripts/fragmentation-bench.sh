@@ -8,7 +8,7 @@
 # ../shared/traces, relative to the repository) — under PyTorch's defaults (""),
 # "expandable_segments:True" and every CONFIG given (STITCH_ALLOC_CONF syntax, e.g.
 # "max_split_size_mb:128"), with --min-capacity, and writes docs/fragmentation.md with a table
-# per trace plus a few SVG plots in docs/plots/. Deterministic: the same traces and configs give
+# per trace plus a few SVG plots in docs/plots/, and the totals table of docs/benchmarks.md. Deterministic: the same traces and configs give
 # the same files. Takes well under a minute once built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,6 +56,6 @@ done
 
 command="./scripts/fragmentation-bench.sh"
 for c in "$@"; do command+=" '$c'"; done
-python3 scripts/fragmentation_report.py --out docs/fragmentation.md --plots docs/plots \
+python3 scripts/fragmentation_report.py --out docs/fragmentation.md --plots docs/plots --totals docs/benchmarks.md \
   --readme traces/README.md --readme "$shared/README.md" --command "$command" "${jsons[@]}"
 echo "fragmentation-bench: wrote docs/fragmentation.md and docs/plots/ ($(ls docs/plots | wc -l) plots)" >&2

@@ -174,6 +174,30 @@ def render_costs(w, reports):
     w("")
 
 
+def render_totals(w, reports, configs, labels):
+    """Per configuration, summed over every trace: the calls and estimated device time on the
+    unlimited device, and on how many traces its minimum capacity is the smallest."""
+    w("| config | maps | unmaps | syncs | est. device ms | smallest min capacity |")
+    w("|---|---:|---:|---:|---:|---:|")
+    best = {c: 0 for c in configs}
+    n_cap = 0
+    for r in reports:
+        caps = {x["config"]: x.get("min_capacity") for x in r["configs"] if x.get("min_capacity")}
+        if caps and len(caps) == len(r["configs"]):
+            n_cap += 1
+            for c, v in caps.items():
+                best[c] += v == min(caps.values())
+    for c in configs:
+        rows = [x for r in reports for x in r["configs"] if x["config"] == c]
+        maps = sum(x["maps"] for x in rows)
+        unmaps = sum(x["unmaps"] for x in rows)
+        syncs = sum(x["stream_syncs"] + x.get("device_syncs", 0) for x in rows)
+        est = sum(x.get("estimated_device_us", 0.0) for x in rows) / 1000.0
+        w(f"| {labels[c]}: {config_name(c)} | {maps:,} | {unmaps:,} | {syncs:,} | {est:,.1f} | "
+          f"{best[c]} of {n_cap} |")
+    w("")
+
+
 def render_cost_summary(w, reports, configs, labels):
     """Each configuration's calls against expandable segments' on the unlimited device."""
     base = "expandable_segments:True"
@@ -348,23 +372,11 @@ def render(reports, readme_rows, plots_dir, out_path, command):
           + f"; minimum capacity lower on {len(less_cap)} of {n}"
           + (f", higher on {', '.join(more_cap)}" if more_cap else "") + ".")
         w("")
-    # The best minimum capacity: which configurations reach it.
-    best_counts = {c: 0 for c in configs}
-    n_cap = 0
-    for r in reports:
-        caps = {x["config"]: x.get("min_capacity") for x in r["configs"] if x.get("min_capacity")}
-        if len(caps) != len(r["configs"]) or not caps:
-            continue
-        n_cap += 1
-        best = min(caps.values())
-        for c, v in caps.items():
-            if v == best:
-                best_counts[c] += 1
-    if n_cap:
-        w("Smallest minimum capacity of all configurations (ties counted for each): "
-          + "; ".join(f"{labels[c]} on {best_counts[c]} of {n_cap}" for c in configs) + ".")
-        w("")
     render_cost_summary(w, reports, configs, labels)
+    w(f"Totals over the {len(reports)} traces (calls on the unlimited device; ties for the smallest "
+      "minimum capacity counted for each):")
+    w("")
+    render_totals(w, reports, configs, labels)
     # Fidelity on the real traces with segment events.
     errs = [(trace_name(r["trace"]), fidelity_error(r)) for r in reports if fidelity_error(r) is not None]
     if errs:
@@ -433,9 +445,41 @@ def render(reports, readme_rows, plots_dir, out_path, command):
     return "\n".join(lines)
 
 
+BEGIN = "<!-- fragmentation totals: written by scripts/fragmentation-bench.sh -->"
+END = "<!-- end of fragmentation totals -->"
+
+
+def write_totals(path, reports, command):
+    """Replaces the part of `path` between BEGIN and END with the totals table."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{path}: no '{BEGIN}' ... '{END}' section")
+    configs = []
+    for r in reports:
+        for c in r["configs"]:
+            if c["config"] not in configs:
+                configs.append(c["config"])
+    labels = {c: label(i) for i, c in enumerate(configs)}
+    lines = [BEGIN, ""]
+    lines.append(f"Totals over the {len(reports)} traces of [fragmentation.md](fragmentation.md)"
+                 + (f" (`{command}`)" if command else "") + ": calls on the unlimited device, the "
+                 "estimated device time at published per-call costs, and on how many traces each "
+                 "configuration needs the smallest device.")
+    lines.append("")
+    render_totals(lines.append, reports, configs, labels)
+    lines.append(END)
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(head + "\n".join(lines) + tail)
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--totals", default="", help="also write the totals table into this file's "
+                    "marked section (docs/benchmarks.md)")
     ap.add_argument("--plots", default="")
     ap.add_argument("--readme", action="append", default=[])
     ap.add_argument("--command", default="")
@@ -452,6 +496,8 @@ def main(argv):
     text = render(reports, read_readme_rows(a.readme), a.plots, a.out, a.command)
     with open(a.out, "w", encoding="utf-8") as f:
         f.write(text)
+    if a.totals:
+        write_totals(a.totals, reports, a.command)
     return 0
 
 

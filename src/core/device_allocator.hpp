@@ -7,7 +7,9 @@
 // - device_lock.hpp: the lock, which settles the deferred free of immediate reuse;
 // - ledger.hpp: what is held from the device, and the memory-fraction cap;
 // - stream_events.hpp: cross-stream events;
-// - page_mapper.hpp: the physical pages of expandable ranges, mapped all or nothing;
+// - page_table.hpp: an expandable range's page slots;
+// - page_mapper.hpp: the physical pages of expandable ranges, mapped all or nothing, split
+//   pages and their loose pieces;
 // - stitcher.hpp: virtual-memory stitching.
 // Member functions by file: device_allocator.cpp (entry points, fast path), device_growth.cpp
 // (the slow-path ladder and its one source of new memory), expandable.cpp (expandable ranges),
