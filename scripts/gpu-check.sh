@@ -75,12 +75,12 @@ BUILD_LOG=$OUT/build.log
 CTEST_LOG=$OUT/ctest.log
 BENCH_LOG=$OUT/bench.log
 SMI=$WORK/nvidia-smi.txt  # copied into report.md, not a file of its own
-TRAIN_LOG=$OUT/train.log  # the PyTorch example's runs, then the deliberate OOM
+TRAIN_LOG=$WORK/train.log  # the PyTorch example's runs, then the deliberate OOM: appended to bench.log
 BENCH=$BUILD/benchmarks/gpu/stitch_gpu_bench
 # Only what this run writes is in OUTDIR afterwards: at most 8 files (report.md, three
-# gpu_bench*.json, four logs), what the device tool brings back.
-rm -f "$OUT"/report.md "$OUT"/gpu_bench*.json "$BUILD_LOG" "$CTEST_LOG" "$BENCH_LOG" "$TRAIN_LOG" \
-  "$OUT"/nvidia-smi.txt "$OUT"/oom.log
+# gpu_bench*.json, costs.json, three logs), what the device tool brings back.
+rm -f "$OUT"/report.md "$OUT"/gpu_bench*.json "$OUT"/costs.json "$BUILD_LOG" "$CTEST_LOG" "$BENCH_LOG" \
+  "$OUT"/train.log "$OUT"/nvidia-smi.txt "$OUT"/oom.log
 
 failures=0
 say() { echo "gpu-check [$((SECONDS - START))s]: $*"; }
@@ -345,7 +345,7 @@ if [ $have_gpu = yes ] && [ -n "$PYTHON" ] && "$PYTHON" -c "import torch; assert
   losses=$(grep '^RESULT ' "$TRAIN_LOG" | sed 's/^RESULT //' | "$PYTHON" -c 'import json,sys; print(" ".join(str(json.loads(l)["final_loss"]) for l in sys.stdin))')
   same=$(echo "$losses" | tr ' ' '\n' | sort -u | wc -l)
   [ "$(grep -c '^RESULT ' "$TRAIN_LOG")" -eq 4 ] && [ "$same" -eq 1 ] || train_rc=1
-  record train-example "$(status_of_rc $train_rc)" $((SECONDS - t0)) "final losses: ${losses:-none}; see train.log"
+  record train-example "$(status_of_rc $train_rc)" $((SECONDS - t0)) "final losses: ${losses:-none}; see bench.log"
 
   t0=$SECONDS
   # A deliberate out-of-memory inside PyTorch must raise a Python exception carrying the report.
@@ -364,7 +364,7 @@ except Exception as e:  # torch.OutOfMemoryError when raise_torch_oom translates
 PY
   rc=$?
   { echo; echo "=== deliberate out of memory inside PyTorch (rc=$rc)"; cat "$WORK/oom.log"; } >>"$TRAIN_LOG"
-  record oom-in-pytorch "$(status_of_rc $rc)" $((SECONDS - t0)) "$(head -1 "$WORK/oom.log") (see train.log)"
+  record oom-in-pytorch "$(status_of_rc $rc)" $((SECONDS - t0)) "$(head -1 "$WORK/oom.log") (see bench.log)"
 else
   record train-example skipped 0 "needs a GPU and python3 with CUDA torch"
 fi
@@ -379,7 +379,9 @@ elif [ "$cpus" -ge 8 ]; then
 else
   printf '%s\t%s\t%s\t%s\n' total ok "$total" "over 8 minutes, but only $cpus CPUs (budget ${BUDGET}s)" >>"$STEPS"
 fi
-report_args=(--out "$OUT/report.md" --steps "$STEPS" --ctest-log "$CTEST_LOG" --nvidia-smi "$SMI")
+[ -s "$TRAIN_LOG" ] && { echo; echo "== the PyTorch example (train step)"; cat "$TRAIN_LOG"; } >>"$BENCH_LOG"
+report_args=(--out "$OUT/report.md" --steps "$STEPS" --ctest-log "$CTEST_LOG" --nvidia-smi "$SMI"
+  --costs-out "$OUT/costs.json")
 [ ${#bench_json[@]} -gt 0 ] && report_args+=(--bench-json "${bench_json[@]}")
 [ $have_gpu = no ] && report_args+=(--no-gpu "${no_gpu_reason:-unknown reason}")
 if [ -n "$PYTHON" ] && timeout 60 "$PYTHON" "$ROOT/scripts/gpu_report.py" "${report_args[@]}"; then

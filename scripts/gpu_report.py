@@ -3,7 +3,7 @@
 step log, the ctest log and nvidia-smi's output) into one markdown report. Standard library only.
 
   gpu_report.py --out report.md [--bench-json F ...] [--steps F] [--ctest-log F]
-                [--nvidia-smi F] [--no-gpu REASON]
+                [--nvidia-smi F] [--no-gpu REASON] [--costs-out costs.json]
   gpu_report.py --self-test FIXTURE.json     # checks the report built from a hand-made JSON
   gpu_report.py --stitch-cost-status F ...   # 'STATUS<TAB>DETAIL' of the stitch_cost benchmarks
 
@@ -13,6 +13,11 @@ number formats: gpu_report_format.py); Google Benchmark appends /real_time, /man
 /iterations:N, /repeats:N and, for aggregates, _median etc. (the median is used).
 Time per operation is 1e9 / items_per_second (one item = one allocator call); ratios are
 stitch ÷ peer, so below 1 is better for stitch, for time and for peak reserved bytes alike.
+
+--costs-out writes the measured VMM call costs as a stitch-replay cost file (`stitch-replay
+--costs FILE`): per call, the cost per call and per MiB fitted to the vmm/<call>/<size> medians
+(least squares over the sizes, neither below 0); calls it did not measure keep the published
+figures there.
 """
 import argparse
 import json
@@ -301,6 +306,56 @@ def vmm_section(res, lines):
     lines.append("")
 
 
+def size_bytes(label):
+    key = size_sort_key(label)
+    return key[1] if key[0] == 0 else None
+
+
+def fit_cost(points):
+    """(per_call_us, per_mib_us) of the line through (MiB, µs) points, least squares, neither
+    negative."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx > 0 else 0.0
+    if slope <= 0:
+        return my, 0.0
+    intercept = my - slope * mx
+    if intercept < 0:  # through the origin
+        return 0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points)
+    return intercept, slope
+
+
+def measured_costs(res):
+    """{call: {"per_call_us", "per_mib_us"}} from the vmm rows, for stitch-replay --costs."""
+    costs = {}
+    for call in VMM_CALLS:
+        if call == "cycle":
+            continue
+        points = []
+        for k, r in res.rows.items():
+            if k[0] != "vmm" or len(k) < 3 or k[1] != call or r["error"]:
+                continue
+            b, t = size_bytes(k[2]), r.get("time_ns")
+            if b and t is not None and t == t:  # not NaN
+                points.append((b / float(1 << 20), t / 1000.0))
+        if points:
+            per_call, per_mib = fit_cost(points)
+            costs[call] = {"per_call_us": round(per_call, 3), "per_mib_us": round(per_mib, 4)}
+    return costs
+
+
+def write_costs(res, path):
+    """Writes the cost file; returns how many calls it holds (0: nothing measured, no file)."""
+    costs = measured_costs(res)
+    if costs:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(costs, f, indent=1, sort_keys=True)
+            f.write("\n")
+    return len(costs)
+
+
 def build_report(res, steps, ctest_log, smi_path, no_gpu):
     lines = ["# stitch GPU check", ""]
     no_dev = no_gpu or res.context.get("stitch_no_device")
@@ -365,6 +420,13 @@ def build_report(res, steps, ctest_log, smi_path, no_gpu):
         lines.append("")
     if res.rows:
         vmm_section(res, lines)
+        costs = measured_costs(res)
+        if costs:
+            lines.append("As stitch-replay costs (`costs.json`: `stitch-replay --costs costs.json "
+                         "TRACE` estimates device time with them), per call + per MiB: "
+                         + "; ".join(f"{c} {v['per_call_us']:g} µs + {v['per_mib_us']:g} µs/MiB"
+                                     for c, v in sorted(costs.items())) + ".")
+            lines.append("")
         gpu_report_stitch.section(res, lines)
 
     if res.notes:
@@ -388,6 +450,8 @@ def generate(args):
     text = build_report(res, read_steps(args.steps), args.ctest_log, args.nvidia_smi, args.no_gpu)
     with open(args.out, "w", encoding="utf-8") as f:
         f.write(text)
+    if getattr(args, "costs_out", None):
+        write_costs(res, args.costs_out)
     return text
 
 
@@ -423,6 +487,23 @@ def self_test(fixture):
         expect(text, "- `mixed/torch_expandable` failed: CUDA out of memory", "error listed")
         expect(text, "| 2MiB | 30 µs | 12 µs | 20 µs | 40 µs | 15 µs | 117 µs |", "vmm table")
         expect(text, "Granularity: minimum 2 MiB, recommended 2 MiB.", "granularity")
+        # The cost file: cuMemCreate over (2, 30), (20, 45), (64, 90) MiB/µs fits 26.96 µs +
+        # 0.978 µs/MiB (26.963 and 0.978 rounded as the file keeps them).
+        costs_path = os.path.join(tmp, "costs.json")
+        res = Results()
+        res.add_file(fixture)
+        if write_costs(res, costs_path) != 5:
+            failures.append("cost file: expected the five VMM calls")
+        with open(costs_path, encoding="utf-8") as f:
+            costs = json.load(f)
+        create = costs.get("cuMemCreate", {})
+        if abs(create.get("per_call_us", 0) - 26.96) > 0.01 or abs(create.get("per_mib_us", 0) - 0.978) > 0.001:
+            failures.append(f"cost file: cuMemCreate fitted as {create}")
+        expect(text, "cuMemCreate 26.963 µs + 0.978 µs/MiB", "costs line")
+        if fit_cost([(2.0, 10.0), (20.0, 8.0)]) != (9.0, 0.0):
+            failures.append("fit: a falling line is its mean")
+        if fit_cost([(2.0, 2.0), (4.0, 5.0)]) != (0.0, 1.2):
+            failures.append(f"fit: through the origin: {fit_cost([(2.0, 2.0), (4.0, 5.0)])}")
         expect(text, "`99% tests passed, 1 tests failed out of 120`", "ctest summary")
         expect(text, "Skipped: 1 test(s), 1 of them CUDA tests", "ctest skipped")
         expect(text, "FAILED: `Foo.Bar (Failed)`", "ctest failures")
@@ -492,6 +573,8 @@ def main(argv):
     ap.add_argument("--ctest-log", help="ctest output")
     ap.add_argument("--nvidia-smi", help="nvidia-smi output")
     ap.add_argument("--no-gpu", help="why no GPU was found (the report says so)")
+    ap.add_argument("--costs-out", help="also write the measured VMM call costs as a "
+                    "stitch-replay cost file (stitch-replay --costs FILE)")
     ap.add_argument("--self-test", metavar="FIXTURE", help="check the report built from FIXTURE")
     ap.add_argument("--stitch-cost-status", nargs="+", metavar="JSON",
                     help="print 'STATUS<TAB>DETAIL' of the stitch_cost benchmarks and exit")

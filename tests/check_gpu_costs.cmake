@@ -1,0 +1,32 @@
+# tests/check_gpu_costs.cmake — the GPU check's cost file prices a replay: gpu_report.py writes
+# costs.json from the benchmark fixture's VMM rows, and stitch-replay --costs reads it and
+# estimates the device time with those figures, not the published ones.
+file(REMOVE_RECURSE "${WORK}")
+file(MAKE_DIRECTORY "${WORK}")
+execute_process(COMMAND "${PYTHON}" "${REPORT}" --out "${WORK}/report.md" --bench-json "${FIXTURE}"
+                --costs-out "${WORK}/costs.json" RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR NOT EXISTS "${WORK}/costs.json")
+  message(FATAL_ERROR "gpu_report.py wrote no cost file (rc ${rc})")
+endif()
+foreach(costs published mine)
+  set(args --no-progress --json --config expandable_segments:True)
+  if(costs STREQUAL mine)
+    list(APPEND args --costs "${WORK}/costs.json")
+  endif()
+  execute_process(COMMAND "${REPLAY}" ${args} "${TRACE}" OUTPUT_VARIABLE out_${costs}
+                  RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "stitch-replay ${args} failed (rc ${rc})")
+  endif()
+  string(REGEX MATCH "\"estimated_device_us\":[0-9.]+" est_${costs} "${out_${costs}}")
+endforeach()
+if(NOT out_mine MATCHES "\"cost_model\":\"[^\"]*costs.json\"")
+  message(FATAL_ERROR "the replay does not name the cost file: ${out_mine}")
+endif()
+if(NOT out_mine MATCHES "\"cuMemCreate\":{\"per_call_us\":26.963,\"per_mib_us\":0.978}")
+  message(FATAL_ERROR "the replay did not take the measured cuMemCreate cost")
+endif()
+if(est_mine STREQUAL est_published OR est_mine STREQUAL "")
+  message(FATAL_ERROR "the estimate did not change with the measured costs: ${est_mine} / ${est_published}")
+endif()
+message(STATUS "published ${est_published}, measured ${est_mine}")
