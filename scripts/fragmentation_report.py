@@ -136,7 +136,6 @@ COST_SOURCES = {
     "cuMemAddressReserve": "kvcached `benchmarks/bench_vmm` (8 GB reservation, A100-80GB)",
     "cuMemAddressFree": "not published; taken equal to cuMemAddressReserve",
     "cudaStreamSynchronize": "not published; an estimate for a stream with no work queued (a real sync also waits for the queued kernels)",
-    "cudaDeviceSynchronize": "not published; an estimate for an idle device (a real sync also waits for every stream's kernels)",
 }
 
 
@@ -191,7 +190,7 @@ def render_totals(w, reports, configs, labels):
         rows = [x for r in reports for x in r["configs"] if x["config"] == c]
         maps = sum(x["maps"] for x in rows)
         unmaps = sum(x["unmaps"] for x in rows)
-        syncs = sum(x["stream_syncs"] + x.get("device_syncs", 0) for x in rows)
+        syncs = sum(x["stream_syncs"] for x in rows)
         est = sum(x.get("estimated_device_us", 0.0) for x in rows) / 1000.0
         w(f"| {labels[c]}: {config_name(c)} | {maps:,} | {unmaps:,} | {syncs:,} | {est:,.1f} | "
           f"{best[c]} of {n_cap} |")
@@ -215,7 +214,7 @@ def render_cost_summary(w, reports, configs, labels):
             b, x = by[base], by[c]
             name = trace_name(r["trace"])
             ratios.append(((x["maps"] / b["maps"]) if b["maps"] else (1.0 if x["maps"] == 0 else float("inf")), name))
-            syncs += x["stream_syncs"] + x.get("device_syncs", 0)
+            syncs += x["stream_syncs"]
             if x["unmaps"] > b["unmaps"]:
                 more_unmaps.append(name)
             est += x.get("estimated_device_us", 0.0)
@@ -227,7 +226,7 @@ def render_cost_summary(w, reports, configs, labels):
         maps = (f"the same map calls on all {n} traces" if same == n else
                 f"map calls at most {worst[0]:.2f}x ({worst[1]}), the same on {same} of {n} traces")
         w(f"{labels[c]} against {labels[base]} ({config_name(base)}) on the unlimited device: "
-          f"{maps}, {syncs:,} stream or device synchronizations, "
+          f"{maps}, {syncs:,} stream synchronizations, "
           f"more unmaps on {len(more_unmaps)} of {n} traces"
           + (f" ({', '.join(more_unmaps)})" if more_unmaps else "")
           + (f"; estimated device time {est / est_base:.2f}x in all" if est_base else "") + ".")
@@ -268,8 +267,8 @@ def render(reports, readme_rows, plots_dir, out_path, command):
     w("  retries, as PyTorch's does), i.e. the GPU this workload needs under this configuration;")
     w("- **cudaMalloc**, **maps**, **unmaps** and **syncs**: the cost: segments allocated from the")
     w("  driver, page ranges mapped and unmapped (expandable segments and stitching map pages with")
-    w("  cuMemMap instead of allocating segments), and stream and device synchronizations, on the")
-    w("  unlimited (1 TiB) device;")
+    w("  cuMemMap instead of allocating segments), and stream synchronizations, on the unlimited")
+    w("  (1 TiB) device;")
     w("- **est. device ms**: the device time those calls would take at the costs below (see")
     w("  [Estimated device time](#estimated-device-time)), on the unlimited device;")
     w("- **OOMs**: requests that failed on the unlimited device: 0 unless the trace is broken.")
@@ -414,7 +413,7 @@ def render(reports, readme_rows, plots_dir, out_path, command):
             mc_text = "—" if mc == "unset" else ("does not fit" if mc is None else human(mc))
             w(f"| {labels[c['config']]}: {config_name(c['config'])} | {human(c['peak_requested'])} | "
               f"{human(c['peak_reserved'])} | {c['reserved_over_requested']:.3f} | {mc_text} | "
-              f"{c['device_allocs']:,} | {c['maps']:,} | {c['unmaps']:,} | {c['stream_syncs'] + c.get('device_syncs', 0):,} | "
+              f"{c['device_allocs']:,} | {c['maps']:,} | {c['unmaps']:,} | {c['stream_syncs']:,} | "
               f"{est_ms(c)} | {c['ooms']} |")
         rec = r.get("recorded_peak_reserved")
         by = r.get("recorded_by", "PyTorch")

@@ -10,8 +10,8 @@ Prints two markdown tables (python3 standard library only; needs a built stitch-
    stitch_fine_above.
 2. Stitching's device calls against expandable segments' on devices with less and less room:
    the unlimited 1 TiB device, a device of 1.02x the peak that expandable segments reserve on
-   it, expandable segments' minimum capacity and stitching's: map calls, unmaps, stream and
-   device synchronizations, the estimated device time at the published costs, and OOMs (the
+   it, expandable segments' minimum capacity and stitching's: map calls, unmaps, stream
+   synchronizations, the estimated device time at the published costs, and OOMs (the
    requests that failed even after the allocator's last resort).
 
 Deterministic: the same build and traces print the same tables.
@@ -83,7 +83,7 @@ def main(argv):
             r = replay(a.replay, t, [EXPANDABLE, STITCHING], capacity=cap)
             cells = []
             for c in (r[EXPANDABLE], r[STITCHING]):
-                syncs = c["stream_syncs"] + c.get("device_syncs", 0)
+                syncs = c["stream_syncs"]
                 cells.append(f"{c['maps']:,} / {c['unmaps']:,} / {syncs:,} / "
                              f"{c['estimated_device_us'] / 1000:,.0f} / {c['ooms']:,}")
             where = label if cap is None else f"{label} ({cap:,} MiB)"

@@ -1284,7 +1284,7 @@ std::vector<std::string> all_pytorch_keys() {
       keys.push_back(std::string(name) + "." + part);
   for (const char* name : {"num_alloc_retries", "num_ooms", "num_sync_all_streams",
                            "num_device_alloc", "num_device_free", "num_invalid_frees",
-                           "num_stitches", "stitched_bytes", "num_page_reuses", "num_page_splits",
+                           "num_stitches", "stitched_bytes", "num_page_reuses", "num_page_borrows",
                            "num_immediate_reuses",
                            "max_split_size"})
     keys.emplace_back(name);

@@ -438,9 +438,7 @@ TEST(PageMapper, MapsAllOrNothingAndRetriesWhatAnUndoLeft) {
   SimBackend::Options o;
   o.capacity = 10 * MiB;  // five 2 MiB pages
   SimBackend sim(o);
-  DeviceStats stats;
-  Ledger ledger(stats);
-  PageMapper pages(sim, 0, ledger);
+  PageMapper pages(sim, 0);
   Segment seg;
   seg.page = 2 * MiB;
   seg.size = 16 * MiB;
@@ -467,53 +465,6 @@ TEST(PageMapper, MapsAllOrNothingAndRetriesWhatAnUndoLeft) {
   pages.release_orphans();
   EXPECT_TRUE(pages.orphans().empty());
   EXPECT_EQ(sim.usage(0).physical_handles, 3u);
-}
-
-TEST(PageMapper, ASplitPageKeepsItsDataAndItsLoosePiecesComeBackBeforeItIsReleased) {
-  SimBackend sim;
-  DeviceStats stats;
-  Ledger ledger(stats);
-  PageMapper pages(sim, 0, ledger);
-  Segment seg;
-  seg.page = 2 * MiB;
-  seg.size = 8 * MiB;
-  seg.base = static_cast<char*>(sim.reserve(0, seg.size, seg.page));
-  seg.pages.reset(4);
-  ASSERT_TRUE(pages.map(seg, 0, 4, 4));  // one coarse page over the four slots
-  for (std::size_t k = 0; k < 4; ++k) seg.base[k * 2 * MiB + 7] = static_cast<char>(k + 1);
-  const phys_handle_t h = seg.pages.handle(0);
-
-  EXPECT_EQ(pages.split(seg, 0), 4u);
-  EXPECT_TRUE(pages.is_split(h));
-  EXPECT_EQ(pages.pieces_of(h), 4u);
-  for (std::size_t k = 0; k < 4; ++k) {
-    EXPECT_EQ(seg.pages.handle(k), h);
-    EXPECT_EQ(seg.pages.extent(k), 1u);
-    EXPECT_EQ(seg.pages.piece(k), k);
-    EXPECT_EQ(seg.base[k * 2 * MiB + 7], static_cast<char>(k + 1)) << "data stays in place";
-  }
-  // Slots 1 and 2 unmapped for good: loose, still held (the handle lives while 0 and 3 are mapped).
-  sim.unmap(0, seg.base + 2 * MiB, 4 * MiB);
-  EXPECT_EQ(pages.release(seg, 1, 3), nullptr);
-  EXPECT_EQ(pages.loose_pieces(), 2u);
-  EXPECT_EQ(stats.reserved_bytes[0].current, static_cast<std::int64_t>(4 * MiB));
-  EXPECT_EQ(sim.usage(0).physical_handles, 1u);
-  // New memory takes a loose piece before it creates a handle.
-  const Piece p = pages.fresh_page(2 * MiB);
-  EXPECT_EQ(p.handle, h);
-  EXPECT_EQ(pages.loose_pieces(), 1u);
-  EXPECT_EQ(sim.usage(0).physical_handles, 1u);
-  pages.give_back(p, 2 * MiB);
-  EXPECT_EQ(pages.loose_pieces(), 2u);
-  // The last pieces go: the handle is released and nothing stays held.
-  sim.unmap(0, seg.base, 2 * MiB);
-  sim.unmap(0, seg.base + 6 * MiB, 2 * MiB);
-  EXPECT_EQ(pages.release(seg, 0, 1), nullptr);
-  EXPECT_EQ(pages.release(seg, 3, 4), nullptr);
-  EXPECT_FALSE(pages.is_split(h));
-  EXPECT_EQ(pages.loose_pieces(), 0u);
-  EXPECT_EQ(stats.reserved_bytes[0].current, 0);
-  EXPECT_EQ(sim.usage(0).physical_handles, 0u);
 }
 
 TEST(Undo, RunsUnlessDoneAndOnExceptions) {

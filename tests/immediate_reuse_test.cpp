@@ -74,7 +74,6 @@ class FixedAddressBackend final : public Backend {
   bool query_event(int d, event_t e) override { return sim_->query_event(d, e); }
   void synchronize_event(int d, event_t e) override { sim_->synchronize_event(d, e); }
   void synchronize_stream(int d, stream_t s) override { sim_->synchronize_stream(d, s); }
-  void synchronize_device(int d) override { sim_->synchronize_device(d); }
 
  private:
   static constexpr std::uintptr_t kAlign = std::uintptr_t{2} << 20;

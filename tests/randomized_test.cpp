@@ -383,10 +383,10 @@ void run_stress(const std::string& conf, std::uint64_t default_ops) {
               static_cast<unsigned long long>(c.releases.load()), stress.live(),
               static_cast<unsigned long long>(stress.sim().forced_completions()));
   for (int d = 0; d < kDevices; ++d)
-    std::printf("[ device %d ] stitches %lld, page reuses %lld, page splits %lld, retries %lld\n", d,
+    std::printf("[ device %d ] stitches %lld, page reuses %lld, page borrows %lld, retries %lld\n", d,
                 static_cast<long long>(stress.a().stat(d, "num_stitches").value_or(0)),
                 static_cast<long long>(stress.a().stat(d, "num_page_reuses").value_or(0)),
-                static_cast<long long>(stress.a().stat(d, "num_page_splits").value_or(0)),
+                static_cast<long long>(stress.a().stat(d, "num_page_borrows").value_or(0)),
                 static_cast<long long>(stress.a().stat(d, "num_alloc_retries").value_or(0)));
   stress.drain();
   EXPECT_TRUE(stress.errors().empty()) << "seed " << seed << ": " << stress.errors().front();
@@ -404,7 +404,7 @@ void run_stress(const std::string& conf, std::uint64_t default_ops) {
     EXPECT_EQ(stress.a().stat(d, "num_invalid_frees").value_or(-1), 0) << d;
     if (conf.find("stitching:True") != std::string::npos) {  // the fine machinery ran too
       EXPECT_GT(stress.a().stat(d, "num_stitches").value_or(0), 0) << d;
-      EXPECT_GT(stress.a().stat(d, "num_page_splits").value_or(0), 0) << d;
+      EXPECT_GT(stress.a().stat(d, "num_page_borrows").value_or(0), 0) << d;
     }
   }
 }
@@ -419,7 +419,7 @@ TEST(Randomized, ExpandableSegmentsKeepEveryInvariant) {
 }
 
 // And with stitching at its defaults: coarse pages with room, fine pages, page reuse, stitches
-// and split pages as the devices fill.
+// and borrowed pages as the devices fill.
 TEST(Randomized, StitchingKeepsEveryInvariant) {
   run_stress(",expandable_segments:True,stitching:True", kDefaultOps / 4);
 }

@@ -86,8 +86,6 @@ class STITCH_EXPORT Backend {
   virtual void synchronize_event(int device, event_t event) = 0;
   /// Blocks until all work queued on `stream` has completed.
   virtual void synchronize_stream(int device, stream_t stream) = 0;
-  /// Blocks until all work queued on every stream of `device` has completed.
-  virtual void synchronize_device(int device) = 0;
 };
 
 struct Config;

@@ -37,7 +37,6 @@ enum class SimCall : int {
   query_event,
   synchronize_event,
   synchronize_stream,
-  synchronize_device,
   count_  ///< number of kinds (not a call)
 };
 
@@ -98,7 +97,6 @@ class STITCH_EXPORT SimBackend : public Backend {
   [[nodiscard]] bool query_event(int device, event_t event) override;
   void synchronize_event(int device, event_t event) override;
   void synchronize_stream(int device, stream_t stream) override;
-  void synchronize_device(int device) override;
 
   // ---- test controls --------------------------------------------------------------------------
   /// From now on, events recorded on `stream` stay incomplete until release_stream(stream).

@@ -64,10 +64,9 @@ struct STITCH_EXPORT DeviceStats {
   std::int64_t num_page_reuses = 0;       ///< grows served partly by moving the stream's free
                                           ///< pages (stitch_reuse_pages; each is one stream sync,
                                           ///< one unmap per source run, one map per page)
-  std::int64_t num_page_splits = 0;       ///< coarse pages split so that their free part can
-                                          ///< move (stitching short of memory; each is one
-                                          ///< unmap and one map per granule, and every split
-                                          ///< batch one device synchronization)
+  std::int64_t num_page_borrows = 0;      ///< free parts of partly used coarse pages mapped a
+                                          ///< second time into a stitched range (one map each;
+                                          ///< lent until that range goes back whole)
   std::int64_t max_split_size = -1;       ///< the configured max_split_size (-1: unlimited)
 
   /// Looks a value up by its flat key, e.g. "reserved_bytes.all.peak" or "num_ooms".

@@ -1,10 +1,11 @@
 // core/block.hpp — Segment (memory obtained from the device) and Block (a piece of a segment).
 //
 // A segment's blocks tile it exactly, linked in address order through prev/next. A block is in
-// one of four states: allocated (handed to a caller), pending (freed by the caller but waiting
+// one of five states: allocated (handed to a caller), pending (freed by the caller but waiting
 // for events on other streams), free (in its pool's FreeIndex, available for reuse) or, in an
 // expandable segment only, unmapped (address space with no physical memory behind it, in its
-// pool's unmapped set).
+// pool's unmapped set) or lent (free memory of a partly used coarse page, mapped a second time
+// into a stitched range that uses it: in no set, unusable here until the range gives it back).
 #pragma once
 
 #include <cstddef>
@@ -60,6 +61,7 @@ struct Block {
   bool in_index = false;       ///< currently in its pool's FreeIndex
   bool oversize = false;       ///< counted in oversize_allocations while allocated
   bool mapped = true;          ///< false: unmapped range of an expandable segment
+  bool lent = false;           ///< mapped, and lent to a stitched range (Segment::borrows)
   int event_count = 0;         ///< outstanding events before a pending block becomes free
   std::uint64_t gc_stamp = 0;  ///< pool call counter when it was last freed (GC age)
   std::vector<stream_t> stream_uses;  ///< other streams that used it (record_stream)
@@ -69,7 +71,9 @@ struct Block {
       : ptr(p), size(s), stream(st), segment(seg), small(is_small) {}
 
   [[nodiscard]] bool is_split() const noexcept { return prev != nullptr || next != nullptr; }
-  [[nodiscard]] bool is_free() const noexcept { return !allocated && event_count == 0 && mapped; }
+  [[nodiscard]] bool is_free() const noexcept {
+    return !allocated && event_count == 0 && mapped && !lent;
+  }
 };
 
 bool FreeOrder::operator()(const Block* a, const Block* b) const noexcept {
@@ -85,6 +89,14 @@ bool AddressOrder::operator()(const Block* a, const Block* b) const noexcept {
   return a->stream != b->stream ? a->stream < b->stream : a->ptr < b->ptr;
 }
 
+/// Free memory a stitched range borrowed: the lent block (in another range) and the slots of
+/// this range that map the same physical memory a second time.
+struct Borrow {
+  Block* block;
+  std::size_t slot;
+  std::size_t count;
+};
+
 struct Segment {
   char* base = nullptr;
   std::size_t size = 0;
@@ -98,6 +110,9 @@ struct Segment {
   /// of a stitching range, several consecutive slots (always mapped and unmapped whole).
   std::size_t page = 0;
   PageTable pages;  ///< expandable: the handle covering each slot
+  /// Stitched: the lent blocks whose memory this range maps too (its other slots are its own).
+  /// Such a range is never moved from or unmapped in part: it goes back whole, once free.
+  std::vector<Borrow> borrows;
   Block* head = nullptr;       ///< lowest-address block
   Segment* prev = nullptr;     ///< device-wide list of segments
   Segment* next = nullptr;

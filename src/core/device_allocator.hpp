@@ -8,8 +8,7 @@
 // - ledger.hpp: what is held from the device, and the memory-fraction cap;
 // - stream_events.hpp: cross-stream events;
 // - page_table.hpp: an expandable range's page slots;
-// - page_mapper.hpp: the physical pages of expandable ranges, mapped all or nothing, split
-//   pages and their loose pieces;
+// - page_mapper.hpp: the physical pages of expandable ranges, mapped all or nothing;
 // - stitcher.hpp: virtual-memory stitching.
 // Member functions by file: device_allocator.cpp (entry points, fast path), device_growth.cpp
 // (the slow-path ladder and its one source of new memory), expandable.cpp (expandable ranges),
@@ -280,6 +279,11 @@ class DeviceAllocator {
   /// Bookkeeping only: bytes [start, end) of `block`'s segment (whole pages inside the free
   /// `block`) become an unmapped block; the rest of `block` stays free on either side.
   void mark_unmapped(Block* block, std::size_t start, std::size_t end);
+  /// Bookkeeping only: bytes [start, end) of `block`'s segment (whole pages inside the free
+  /// `block`) leave the free index as one block, returned; the rest stays free on either side.
+  Block* carve(Block* block, std::size_t start, std::size_t end);
+  /// A lent block whose memory's second mapping is gone: free again where it lies, counted there.
+  void return_lent(Block* lent) noexcept;
   Block* insert_unmapped(Block* block);
   void split_unmapped_tail(Block* block, std::size_t keep);
   /// The page of expandable ranges: coarse (PyTorch's: 2 MiB small pool, 20 MiB large pool) or
@@ -343,7 +347,7 @@ class DeviceAllocator {
 
   detail::StreamEvents events_{backend_, device_};  ///< cross-stream events (slow path only)
   /// The physical pages of expandable ranges, and what failed undos left (page_mapper.hpp).
-  detail::PageMapper pages_{backend_, device_, ledger_};
+  detail::PageMapper pages_{backend_, device_};
   detail::Stitcher stitcher_{*this};  ///< stitching:True (stitcher.hpp)
 };
 

@@ -35,6 +35,10 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(Pool& pool, stream_t stre
     ++stats_.num_alloc_retries;
     block = get_free_block(pool, stream, rounded);  // a pending block may have become free
     if (block == nullptr) block = grow();
+    // Free memory that stays mapped (on pages live blocks share, or freed by the wait) is
+    // stitched from.
+    if (block == nullptr && config_.stitching)
+      block = stitcher_.stitch(pool.small, stream, rounded, false);
   }
   if (block == nullptr) capture_oom(requested, rounded, alloc_size, pool.small, stream);
   return block;

@@ -23,10 +23,11 @@ void DeviceAllocator::segments_locked(std::vector<SegmentSnapshot>& out, bool ol
   if (oldest_first)
     while (first != nullptr && first->next != nullptr) first = first->next;
   for (const Segment* s = first; s != nullptr; s = oldest_first ? s->prev : s->next) {
-    // A plain segment is one snapshot segment; an expandable one gives one per mapped run.
+    // A plain segment is one snapshot segment; an expandable one gives one per mapped run. Lent
+    // memory is shown where it is used: in the stitched range that borrowed it.
     SegmentSnapshot* cur = nullptr;
     for (const Block* b = s->head; b != nullptr; b = b->next) {
-      if (!b->mapped) {
+      if (!b->mapped || b->lent) {
         cur = nullptr;
         continue;
       }

@@ -42,10 +42,30 @@ void DeviceAllocator::validate_locked() const {
   std::size_t live_blocks = 0;
   std::size_t pending_events = 0;
 
-  std::vector<phys_handle_t> handles;  // every mapped page's physical handle (whole pages)
-  std::vector<std::pair<phys_handle_t, std::size_t>> pieces;  // split pages' pieces, and slots
+  std::vector<phys_handle_t> handles;  // every mapped page's physical handle (not borrowed)
+  std::vector<const Block*> lent;      // lent blocks, found in their ranges
+  std::vector<const Block*> borrowed;  // lent blocks, as the stitched ranges list them
   for (const Segment* s = segments_; s != nullptr; s = s->next) {
     if (s->stitched && !s->expandable) broken(device_, "a stitched segment is not expandable");
+    if (!s->borrows.empty() && !s->stitched) broken(device_, "a range that is not stitched borrows");
+    // Borrowed slots map a lent block's memory a second time: the same handle, the same pieces.
+    std::vector<std::size_t> borrowed_slots;
+    for (const detail::Borrow& b : s->borrows) {
+      const Block* l = b.block;
+      borrowed.push_back(l);
+      borrowed_slots.push_back(b.slot);
+      const Segment* from = l->segment;
+      const std::size_t first = static_cast<std::size_t>(l->ptr - from->base) / from->page;
+      if (!l->lent || l->size != b.count * s->page || from->page != s->page ||
+          s->pages.extent(b.slot) != b.count ||
+          s->pages.handle(b.slot) != from->pages.handle(first) ||
+          s->pages.piece(b.slot) != from->pages.piece(first))
+        broken(device_, "borrowed slots do not map the lent block's memory");
+      for (std::size_t k = 0; k < b.count; ++k)
+        if (from->pages.handle(first + k) != s->pages.handle(b.slot) ||
+            from->pages.piece(first + k) != s->pages.piece(b.slot) + k)
+          broken(device_, "borrowed slots do not map the lent block's memory");
+    }
     if (s->expandable) {
       const detail::PageTable& t = s->pages;
       if (s->page == 0 || s->size % s->page != 0 || t.slots() != s->size / s->page ||
@@ -61,16 +81,11 @@ void DeviceAllocator::validate_locked() const {
         if (slots == 0 || i + slots > t.stored())
           broken(device_, "a mapped page slot is not covered by a whole handle");
         for (std::size_t k = i + 1; k < i + slots; ++k)
-          if (t.handle(k) != t.handle(i) || t.extent(k) != 0 || t.piece(k) != t.piece(i) + k - i)
+          if (t.handle(k) != t.handle(i) || t.extent(k) != 0)
             broken(device_, "a handle's slots disagree");
         count(reserved, s->small, static_cast<std::int64_t>(slots * s->page));
-        if (pages_.is_split(t.handle(i))) {
-          if (slots != 1) broken(device_, "a piece of a split page covers several slots");
-          pieces.emplace_back(t.handle(i), t.piece(i));
-        } else {
-          if (t.piece(i) != 0) broken(device_, "a whole page is mapped from an offset");
+        if (std::find(borrowed_slots.begin(), borrowed_slots.end(), i) == borrowed_slots.end())
           handles.push_back(t.handle(i));
-        }
         i += slots;
       }
     } else {
@@ -106,6 +121,14 @@ void DeviceAllocator::validate_locked() const {
         }
       } else if (!b->mapped) {
         broken(device_, "unmapped block in a plain segment");
+      }
+      if (b->lent) {
+        if (!b->mapped || b->allocated || b->event_count != 0 || b->in_index || !s->expandable)
+          broken(device_, "a lent block is unmapped, allocated, pending or in the free index");
+        // Its memory counts where it is used: in the range that borrowed it.
+        count(reserved, s->small, -static_cast<std::int64_t>(b->size));
+        lent.push_back(b);
+        continue;
       }
       if (!b->mapped) {
         if (b->allocated || b->event_count != 0 || b->in_index)
@@ -148,28 +171,15 @@ void DeviceAllocator::validate_locked() const {
     }
     if (expect != s->base + s->size) broken(device_, "blocks do not cover their segment");
   }
-  // Stitching moves handles between ranges: each must be mapped in exactly one page, and a handle
-  // waiting for its release (orphaned) in none.
+  std::sort(lent.begin(), lent.end());
+  std::sort(borrowed.begin(), borrowed.end());
+  if (lent != borrowed) broken(device_, "a lent block is not borrowed by exactly one range");
+  // Stitching moves handles between ranges: each must be mapped in exactly one page (besides
+  // the second mapping of borrowed memory), and a handle waiting for its release (orphaned) in
+  // none.
   std::sort(handles.begin(), handles.end());
   if (std::adjacent_find(handles.begin(), handles.end()) != handles.end())
     broken(device_, "a physical handle is mapped in two pages");
-  // A split page's pieces: each mapped in one slot or loose, all of them accounted for.
-  for (const detail::Piece& p : pages_.loose()) {
-    pieces.emplace_back(p.handle, p.piece);
-    count(reserved, false, static_cast<std::int64_t>(backend_.granularity(device_)));
-  }
-  std::sort(pieces.begin(), pieces.end());
-  if (std::adjacent_find(pieces.begin(), pieces.end()) != pieces.end())
-    broken(device_, "a piece of a split page is mapped twice (or mapped and loose)");
-  for (std::size_t i = 0; i < pieces.size();) {
-    std::size_t j = i;
-    while (j < pieces.size() && pieces[j].first == pieces[i].first) ++j;
-    if (j - i != pages_.pieces_of(pieces[i].first) || pieces[j - 1].second != j - i - 1)
-      broken(device_, "a split page's pieces are not all mapped or loose");
-    if (std::binary_search(handles.begin(), handles.end(), pieces[i].first))
-      broken(device_, "a split page is also mapped whole");
-    i = j;
-  }
   for (phys_handle_t h : pages_.orphans())
     if (std::binary_search(handles.begin(), handles.end(), h))
       broken(device_, "an orphaned physical handle is still mapped in a page");

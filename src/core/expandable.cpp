@@ -232,35 +232,62 @@ void DeviceAllocator::unmap_free_pages(Block* block) {
   if (end <= start) return;
   backend_.unmap(device_, segment->base + start, end - start);  // throws: nothing changed
   trace(TraceAction::segment_unmap, segment->base + start, end - start, segment->stream);
-  const std::exception_ptr release_error = pages_.release(*segment, start / page, end / page);
+  // Borrowed memory among them lost its second mapping: its lent blocks are free again where
+  // they lie (and count there), and nothing of it is released here.
+  std::size_t borrowed = 0;
+  for (auto it = segment->borrows.begin(); it != segment->borrows.end();) {
+    if (it->slot < first || it->slot >= last) {
+      ++it;
+      continue;
+    }
+    segment->pages.set(it->slot, it->count, 0);
+    borrowed += it->count * page;
+    Block* lent = it->block;
+    it = segment->borrows.erase(it);
+    ledger_.held(segment->small, -static_cast<std::int64_t>(lent->size));
+    return_lent(lent);
+  }
+  const std::exception_ptr release_error = pages_.release(*segment, first, last);
 
   mark_unmapped(block, start, end);
-  ledger_.unmapped(segment->small, end - start);
+  ledger_.unmapped(segment->small, end - start - borrowed);
   if (release_error) std::rethrow_exception(release_error);
 }
 
-void DeviceAllocator::mark_unmapped(Block* block, std::size_t start, std::size_t end) {
+DeviceAllocator::Block* DeviceAllocator::carve(Block* block, std::size_t start, std::size_t end) {
   Segment* segment = block->segment;
   const auto offset = static_cast<std::size_t>(block->ptr - segment->base);
   STITCH_ASSERT(block->in_index && start >= offset && end <= offset + block->size && start < end &&
                     start % segment->page == 0 && end % segment->page == 0,
-                "mark_unmapped: whole pages inside a free block");
+                "carve: whole pages inside a free block");
   Pool& pool = pool_for(block->small);
   pool.index.erase(block);
-  if (start > offset) {  // mapped head stays free
+  if (start > offset) {  // the head stays free
     Block* head = link_new_front(block, start - offset);
     head->gc_stamp = block->gc_stamp;
     pool.index.insert(head);
   }
-  if (end < offset + block->size) {  // mapped tail stays free
+  if (end < offset + block->size) {  // the tail stays free
     Block* tail = link_new_back(block, end - offset);
     tail->gc_stamp = block->gc_stamp;
     pool.index.insert(tail);
   }
   block->ptr = segment->base + start;
   block->size = end - start;
+  return block;
+}
+
+void DeviceAllocator::mark_unmapped(Block* block, std::size_t start, std::size_t end) {
+  block = carve(block, start, end);
   block->mapped = false;
   insert_unmapped(block);
+}
+
+void DeviceAllocator::return_lent(Block* lent) noexcept {
+  lent->lent = false;
+  ledger_.held(lent->small, static_cast<std::int64_t>(lent->size));
+  trace(TraceAction::segment_map, lent->ptr, lent->size, lent->stream);
+  insert_free(pool_for(lent->small), lent);
 }
 
 bool DeviceAllocator::release_if_unmapped(Segment* segment) {
@@ -276,20 +303,24 @@ void DeviceAllocator::release_expandable_pages() {
   // First, ranges whose unmap and pages whose release failed before.
   pages_.unmap_strays();
   pages_.release_orphans();
-  for (Segment* segment = segments_; segment != nullptr;) {
-    Segment* next_segment = segment->next;
-    if (segment->expandable) {
-      std::vector<Block*> candidates;
-      for (Block* b = segment->head; b != nullptr; b = b->next)
-        if (b->in_index && b->size >= segment->page) candidates.push_back(b);
-      if (!candidates.empty()) {
-        // Kernels queued on the segment's stream may still use these pages: wait for them.
-        backend_.synchronize_stream(device_, segment->stream);
-        for (Block* b : candidates) unmap_free_pages(b);
+  // Two passes: first the stitched ranges that borrowed memory, whose free pages give lent
+  // blocks back, which may complete free pages of the ranges that lent them; then the rest.
+  for (const bool borrowing : {true, false}) {
+    for (Segment* segment = segments_; segment != nullptr;) {
+      Segment* next_segment = segment->next;
+      if (segment->expandable && segment->borrows.empty() != borrowing) {
+        std::vector<Block*> candidates;
+        for (Block* b = segment->head; b != nullptr; b = b->next)
+          if (b->in_index && b->size >= segment->page) candidates.push_back(b);
+        if (!candidates.empty()) {
+          // Kernels queued on the segment's stream may still use these pages: wait for them.
+          backend_.synchronize_stream(device_, segment->stream);
+          for (Block* b : candidates) unmap_free_pages(b);
+        }
+        release_if_unmapped(segment);  // wholly unmapped: the range goes back
       }
-      release_if_unmapped(segment);  // wholly unmapped: the range goes back
+      segment = next_segment;
     }
-    segment = next_segment;
   }
 }
 

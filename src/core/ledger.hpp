@@ -1,7 +1,7 @@
 // core/ledger.hpp — what a device holds from its backend, booked in one place: the segments and
 // mapped pages it obtains and gives back (the segment, reserved_bytes, oversize_segments and
-// device-call statistics), the unmapped pieces of split pages it still holds, and the
-// memory-fraction cap they must stay under.
+// device-call statistics), memory lent between the pools, and the memory-fraction cap they must
+// stay under.
 #pragma once
 
 #include <cstddef>
@@ -57,14 +57,18 @@ class Ledger {
     ++stats_.num_device_free;
     sub(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
   }
-  /// `bytes` of unmapped pieces of split pages are still held (their handles live on: other
-  /// pieces are mapped), or are held no longer (mapped again, or released with their handle).
-  /// They count as reserved in the large pool, where split pages come from.
-  void held_unmapped(std::size_t bytes) noexcept {
-    add(stats_.reserved_bytes, false, static_cast<std::int64_t>(bytes));
+  /// `bytes` of memory mapped all along now count in (or no longer count in) a pool: memory lent
+  /// to a stitched range, or given back. No device call.
+  void held(bool small, std::int64_t bytes) noexcept {
+    if (bytes >= 0) {
+      add(stats_.reserved_bytes, small, bytes);
+    } else {
+      sub(stats_.reserved_bytes, small, -bytes);
+    }
   }
-  void no_longer_held(std::size_t bytes) noexcept {
-    sub(stats_.reserved_bytes, false, static_cast<std::int64_t>(bytes));
+  void lent(bool from_small, bool to_small, std::size_t bytes) noexcept {
+    held(from_small, -static_cast<std::int64_t>(bytes));
+    held(to_small, static_cast<std::int64_t>(bytes));
   }
 
  private:

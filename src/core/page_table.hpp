@@ -1,8 +1,8 @@
 // core/page_table.hpp — the page slots of one expandable range: which physical handle backs
 // each slot (0: unmapped) and at which slot of that handle (its piece), and at each mapping's
 // first slot how many slots that one map call covers. A mapping covers one slot or, for the
-// coarse pages of a stitching range, several consecutive ones (a whole handle). A split coarse
-// page (page_mapper.hpp) is mapped one piece per slot, and its pieces may move to other ranges.
+// coarse pages of a stitching range, several consecutive ones (a whole handle). Borrowed memory
+// (stitcher.cpp) maps part of another range's coarse page, from its piece on.
 //
 // Cost: a range reserves 1 1/8 of the device, but storage grows only with the highest slot ever
 // mapped (doubling, capped at the range): creating a range touches no memory, and a slot beyond

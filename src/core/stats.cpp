@@ -36,7 +36,7 @@ constexpr std::array<std::pair<const char*, ScalarField>, 12> kScalars{{
     {"num_stitches", &DeviceStats::num_stitches},
     {"stitched_bytes", &DeviceStats::stitched_bytes},
     {"num_page_reuses", &DeviceStats::num_page_reuses},
-    {"num_page_splits", &DeviceStats::num_page_splits},
+    {"num_page_borrows", &DeviceStats::num_page_borrows},
     {"num_immediate_reuses", &DeviceStats::num_immediate_reuses},
     {"max_split_size", &DeviceStats::max_split_size},
 }};

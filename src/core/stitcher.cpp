@@ -11,6 +11,15 @@
 // then pages of other streams. Every stream whose pages move is synchronized first (the unmap is
 // not stream-ordered: kernels queued earlier may still use the old addresses).
 //
+// Borrowing. A coarse page (one handle over several slots) that a live block shares cannot move,
+// and nothing mapped under a live block is ever unmapped (another thread may be launching work
+// on it). When the pages above are too few, the free granules of such pages are mapped a second
+// time, from their offset in the handle, at the end of the new range: the range borrows them,
+// and where they lie they become a lent block, unusable there, until the borrowed mapping is
+// unmapped (the range's free pages released under pressure or by empty_cache) and the lent
+// block is free again. A borrowed mapping moves with its lent block when a later stitch takes
+// it. The requesting stream's own borrowed memory needs no sync (nothing is unmapped).
+//
 // When: in allocate_slow, after growing failed (device or memory-fraction limit) and before the
 // last resort (which would unmap and release the very pages reused here). With
 // stitch_before_grow_mb, requests of at least that size are also stitched from their own
@@ -85,17 +94,21 @@ std::size_t take(std::vector<Run> runs, std::size_t want, std::vector<Run>& plan
 }
 }  // namespace
 
-void Stitcher::map_back(Segment* segment, std::size_t index, phys_handle_t handle,
-                        std::size_t slots, std::size_t piece) noexcept {
-  // Undo of a move: maps `handle` again at slot `index` of `segment`, where an unmapped block
-  // now lies, and files that page as free (it was free when it left).
-  const std::size_t page = segment->page * slots;
-  char* at = segment->base + index * segment->page;
+void Stitcher::map_back(const MovedPage& m) noexcept {
+  // Undo of a move: maps the page again where it was in its segment, where an unmapped block
+  // now lies, and files it as free (it was free when it left).
+  Segment* segment = m.segment;
+  const std::size_t page = segment->page * m.slots;
+  char* at = segment->base + m.index * segment->page;
   try {
-    d_.backend_.map(d_.device_, at, page, handle, piece * segment->page);
+    d_.backend_.map(d_.device_, at, page, m.handle, m.piece * segment->page);
   } catch (...) {
     // The source keeps a hole there: consistent, just smaller.
-    d_.pages_.give_back(Piece{handle, piece}, segment->page);
+    if (m.lent != nullptr) {
+      d_.return_lent(m.lent);
+    } else {
+      d_.pages_.release_or_orphan(m.handle);
+    }
     return;
   }
   // Bookkeeping only from here (an allocation failure in it terminates: noexcept).
@@ -113,7 +126,8 @@ void Stitcher::map_back(Segment* segment, std::size_t index, phys_handle_t handl
   }
   d_.split_unmapped_tail(u, page);  // the unmapped rest stays unmapped
   u->mapped = true;
-  segment->pages.set(index, slots, handle, piece);
+  segment->pages.set(m.index, m.slots, m.handle, m.piece);
+  if (m.lent != nullptr) segment->borrows.push_back(Borrow{m.lent, m.index, m.slots});
   d_.trace(TraceAction::segment_map, at, page, segment->stream);
   d_.ledger_.mapped(segment->small, page);
   d_.insert_free(pool, u);
@@ -134,14 +148,16 @@ void Stitcher::release_or_keep(bool small, stream_t stream, void* va, std::size_
 
 
 std::size_t Stitcher::free_page_runs(stream_t stream, std::vector<Run>& own,
-                                           std::map<stream_t, std::vector<Run>>* others,
-                                           const Block* skip_a, const Block* skip_b) {
+                                     std::map<stream_t, std::vector<Run>>* others,
+                                     bool with_borrowed, const Block* skip_a,
+                                     const Block* skip_b) {
   const std::size_t page = d_.backend_.granularity(d_.device_);
   std::size_t total = 0;
   for (const DeviceAllocator::Pool* p : {&d_.small_, &d_.large_}) {
     for (Block* b : p->index) {
       const Segment* s = b->segment;
       if (!s->expandable || s->page != page || b == skip_a || b == skip_b) continue;
+      if (!with_borrowed && !s->borrows.empty()) continue;
       if (s->stream != stream && others == nullptr) continue;
       const auto offset = static_cast<std::size_t>(b->ptr - s->base);
       std::size_t first = round_up(offset, page) / page;
@@ -153,6 +169,35 @@ std::size_t Stitcher::free_page_runs(stream_t stream, std::vector<Run>& own,
     }
   }
   return total;
+}
+
+std::vector<Stitcher::Lendable> Stitcher::lendable_runs(stream_t stream, bool own_only) const {
+  // The whole free granules of free blocks that lie on a coarse page reaching out of the block
+  // (the part whole_handles leaves behind): at the block's two ends, or the whole block when it
+  // lies inside one page. Each run is in one mapping, so it is mapped again with one call.
+  const std::size_t page = d_.backend_.granularity(d_.device_);
+  std::vector<Lendable> out;
+  for (const DeviceAllocator::Pool* p : {&d_.small_, &d_.large_}) {
+    for (Block* b : p->index) {
+      Segment* s = b->segment;
+      if (!s->expandable || s->page != page) continue;
+      if (own_only && s->stream != stream) continue;
+      const auto offset = static_cast<std::size_t>(b->ptr - s->base);
+      const std::size_t first = round_up(offset, page) / page;
+      const std::size_t last = (offset + b->size) / page;
+      if (last <= first) continue;
+      const std::size_t heads[2] = {s->pages.head_of(first), s->pages.head_of(last - 1)};
+      for (int e = 0; e < 2; ++e) {
+        const std::size_t head = heads[e];
+        const std::size_t n = s->pages.extent(head);
+        if (n <= 1 || (e == 1 && head == heads[0])) continue;
+        if (head >= first && head + n <= last) continue;  // inside the block: it moves whole
+        const std::size_t from = std::max(head, first);
+        out.push_back(Lendable{s, from, std::min(head + n, last) - from});
+      }
+    }
+  }
+  return out;
 }
 
 void Stitcher::move_out(const std::vector<Run>& plan, std::vector<MovedPage>& moved,
@@ -167,14 +212,21 @@ void Stitcher::move_out(const std::vector<Run>& plan, std::vector<MovedPage>& mo
       d_.backend_.unmap(d_.device_, at, bytes);
     } catch (...) {
       for (std::size_t i = moved.size(); i > first_moved; --i)
-        map_back(moved[i - 1].segment, moved[i - 1].index, moved[i - 1].handle, moved[i - 1].slots,
-                 moved[i - 1].piece);
+        map_back(moved[i - 1]);
       moved.resize(first_moved);
       throw;
     }
     for (std::size_t i = run.first; i < run.first + run.count;) {
       const std::size_t slots = s->pages.extent(i);
-      moved.push_back(MovedPage{s, i, s->pages.handle(i), slots, s->pages.piece(i)});
+      MovedPage m{s, i, s->pages.handle(i), slots, s->pages.piece(i), nullptr};
+      // Borrowed memory moves on with its lent block (a stitched range takes it over).
+      for (auto b = s->borrows.begin(); b != s->borrows.end(); ++b)
+        if (b->slot == i) {
+          m.lent = b->block;
+          s->borrows.erase(b);
+          break;
+        }
+      moved.push_back(m);
       s->pages.set(i, slots, 0);
       i += slots;
     }
@@ -188,7 +240,7 @@ void Stitcher::move_out(const std::vector<Run>& plan, std::vector<MovedPage>& mo
 
 void Stitcher::map_side_by_side(Segment& dest, std::size_t first,
                                 const std::vector<MovedPage>& moved,
-                                const std::vector<Piece>& fresh) {
+                                const std::vector<phys_handle_t>& fresh) {
   const std::size_t page = dest.page;
   char* at = dest.base + first * page;
   std::size_t mapped = 0;  // slots
@@ -201,67 +253,23 @@ void Stitcher::map_side_by_side(Segment& dest, std::size_t first,
       d_.backend_.map(d_.device_, at + mapped * page, m.slots * page, m.handle, m.piece * page);
       mapped += m.slots;
     }
-    for (const Piece& p : fresh) {
-      d_.backend_.map(d_.device_, at + mapped * page, page, p.handle, p.piece * page);
+    for (phys_handle_t h : fresh) {
+      d_.backend_.map(d_.device_, at + mapped * page, page, h, 0);
       ++mapped;
     }
   } catch (...) {
     if (mapped > 0) d_.pages_.unmap_or_stray(at, mapped * page);
-    for (auto it = moved.rbegin(); it != moved.rend(); ++it)
-      map_back(it->segment, it->index, it->handle, it->slots, it->piece);
-    for (const Piece& p : fresh) d_.pages_.give_back(p, page);
+    for (auto it = moved.rbegin(); it != moved.rend(); ++it) map_back(*it);
+    for (phys_handle_t h : fresh) d_.pages_.release_or_orphan(h);
     throw;
   }
   std::size_t slot = first;
   for (const MovedPage& m : moved) {
     dest.pages.set(slot, m.slots, m.handle, m.piece);
+    if (m.lent != nullptr) dest.borrows.push_back(Borrow{m.lent, slot, m.slots});
     slot += m.slots;
   }
-  for (const Piece& p : fresh) dest.pages.set(slot++, 1, p.handle, p.piece);
-}
-
-std::size_t Stitcher::split_partly_free(stream_t stream, bool own_only, std::size_t want) {
-  const std::size_t page = d_.backend_.granularity(d_.device_);
-  // (segment, first slot of the coarse page) -> its whole free slots.
-  std::map<std::pair<Segment*, std::size_t>, std::size_t> gain;
-  for (const DeviceAllocator::Pool* p : {&d_.small_, &d_.large_}) {
-    for (Block* b : p->index) {
-      Segment* s = b->segment;
-      if (!s->expandable || s->page != page || (own_only && s->stream != stream)) continue;
-      const auto offset = static_cast<std::size_t>(b->ptr - s->base);
-      const std::size_t first = round_up(offset, page) / page;
-      const std::size_t last = (offset + b->size) / page;
-      if (last <= first) continue;
-      // The coarse pages at the block's two ends, when they reach out of it.
-      const std::size_t heads[2] = {s->pages.head_of(first), s->pages.head_of(last - 1)};
-      for (int e = 0; e < 2; ++e) {
-        const std::size_t head = heads[e];
-        const std::size_t n = s->pages.extent(head);
-        if (n <= 1 || (e == 1 && head == heads[0])) continue;
-        if (head >= first && head + n <= last) continue;  // inside the block: it moves whole
-        gain[{s, head}] += std::min(head + n, last) - std::max(head, first);
-      }
-    }
-  }
-  std::vector<std::pair<std::size_t, std::pair<Segment*, std::size_t>>> best;
-  std::size_t total = 0;
-  for (const auto& [where, slots] : gain) {
-    best.emplace_back(slots, where);
-    total += slots;
-  }
-  if (total < want) return 0;  // even all of them would not do
-  std::stable_sort(best.begin(), best.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
-  // Kernels on any stream may use the live blocks on these pages: the device goes idle first.
-  d_.backend_.synchronize_device(d_.device_);
-  std::size_t gained = 0;
-  for (const auto& [slots, where] : best) {
-    if (gained >= want) break;
-    d_.pages_.split(*where.first, where.second);  // throws: the page stays whole
-    ++d_.stats_.num_page_splits;
-    gained += slots;
-  }
-  return gained;
+  for (phys_handle_t h : fresh) dest.pages.set(slot++, 1, h);
 }
 
 void Stitcher::dissolve_emptied(const std::vector<Segment*>& sources) noexcept {
@@ -286,7 +294,7 @@ bool Stitcher::map_reused_pages(Block* target, std::size_t count) {
   // cached pages are what the next same-sized request reuses in place; taking even those made
   // every grow steal from blocks about to be reused, and slivers of pages piled up between the
   // holes (ftcourse-finetune: 93 MiB of them at its peak, against 7 MiB; docs/stitching.md).
-  const std::size_t have = free_page_runs(dest->stream, own, nullptr, target->prev, target->next);
+  const std::size_t have = free_page_runs(dest->stream, own, nullptr, false, target->prev, target->next);
   const std::size_t reserved_now = d_.ledger_.reserved();
   if (have * page > reserved_now / kReuseSlack) take(std::move(own), count, plan);
   std::size_t reused = 0;
@@ -296,19 +304,18 @@ bool Stitcher::map_reused_pages(Block* target, std::size_t count) {
   const std::size_t first = static_cast<std::size_t>(target->ptr - dest->base) / page;
   if (reused == 0) return d_.pages_.map(*dest, first, count);
 
-  std::vector<Piece> fresh;
+  std::vector<phys_handle_t> fresh;
   auto release_fresh = [&] {
-    for (const Piece& p : fresh) d_.pages_.give_back(p, page);
+    for (phys_handle_t h : fresh) d_.pages_.release_or_orphan(h);
   };
   try {
-    fresh.reserve(fresh_pages);
     while (fresh.size() < fresh_pages) {
-      const Piece p = d_.pages_.fresh_page(page);
-      if (p.handle == 0) {
+      const phys_handle_t h = d_.backend_.create_physical(d_.device_, page);
+      if (h == 0) {
         release_fresh();
         return false;
       }
-      fresh.push_back(p);
+      fresh.push_back(h);
     }
     // Kernels queued on the stream may still use the pages' old addresses.
     d_.backend_.synchronize_stream(d_.device_, dest->stream);
@@ -342,56 +349,77 @@ Block* Stitcher::stitch(bool small, stream_t stream,
   // 1. Candidates: whole pages inside free blocks of one-granule-page ranges, by stream.
   std::vector<Run> own;
   std::map<stream_t, std::vector<Run>> others;
+  free_page_runs(stream, own, own_only ? nullptr : &others, true);
   std::map<stream_t, std::size_t> other_pages;
   std::size_t own_total = 0, other_total = 0;
-  auto collect = [&] {
-    own.clear();
-    others.clear();
-    other_pages.clear();
-    own_total = other_total = 0;
-    free_page_runs(stream, own, own_only ? nullptr : &others);
-    for (const Run& r : own) own_total += r.count;
-    for (const auto& [s, runs] : others)
-      for (const Run& r : runs) {
-        other_pages[s] += r.count;
-        other_total += r.count;
-      }
-  };
-  collect();
-
-  // 2. Fresh pages the device (and the memory fraction) may still give, loose pieces first.
+  for (const Run& r : own) own_total += r.count;
+  for (const auto& [s, runs] : others)
+    for (const Run& r : runs) {
+      other_pages[s] += r.count;
+      other_total += r.count;
+    }
+  // 2. Fresh pages the device (and the memory fraction) may still give.
   std::size_t fresh_limit = own_only ? 0 : d_.backend_.memory_info(d_.device_).free / page;
   fresh_limit = std::min(fresh_limit, d_.ledger_.room() / page);
-  if (!own_only) fresh_limit += d_.pages_.loose_pieces();
-  // Too few: split coarse pages that are partly free, so that their free slots can move too.
-  const std::size_t found = own_total + fresh_limit + other_total;
-  if (found < pages && split_partly_free(stream, own_only, pages - found) > 0) collect();
-  if (own_total + other_total == 0) return nullptr;  // only fresh pages: growing failed already
-  if (own_only && own_total < pages) return nullptr;
-  if (own_total + fresh_limit + other_total < pages) return nullptr;
 
-  // 3. The plan: own pages first, then fresh ones, then other streams', fewest streams first.
+  // 3. Too few: the free parts of partly used coarse pages are mapped here a second time
+  // (borrowed; they cannot move, a live block shares their page). The requesting stream's
+  // first, most granules first.
+  std::vector<Lendable> borrow;
+  std::size_t borrowed = 0;
+  const std::size_t found = own_total + fresh_limit + other_total;
+  if (found < pages) {
+    std::vector<Lendable> runs = lendable_runs(stream, own_only);
+    std::stable_sort(runs.begin(), runs.end(), [&](const Lendable& a, const Lendable& b) {
+      const bool a_own = a.segment->stream == stream, b_own = b.segment->stream == stream;
+      return a_own != b_own ? a_own : a.count > b.count;
+    });
+    for (Lendable r : runs) {
+      if (found + borrowed >= pages) break;
+      r.count = std::min(r.count, pages - found - borrowed);
+      borrow.push_back(r);
+      borrowed += r.count;
+    }
+  }
+  if (own_total + other_total + borrowed == 0) return nullptr;  // only fresh pages: growing failed already
+  if (own_only && own_total + borrowed < pages) return nullptr;
+  if (found + borrowed < pages) return nullptr;
+
+  // 4. The plan for the rest: own pages first, then fresh ones, then other streams', fewest
+  // streams first.
+  const std::size_t target = pages - borrowed;  // slots moved or fresh; the borrowed ones follow
   std::vector<Run> plan;
-  std::size_t planned = take(own, pages, plan);
+  std::size_t planned = take(own, target, plan);
   const bool sync_own = planned > 0;
   void* va = d_.backend_.reserve(d_.device_, pages * page, page);  // throws: nothing changed
   if (va == nullptr) return nullptr;
-  std::vector<Piece> fresh;
-  auto give_up = [&] {  // nothing is mapped in the new range
-    for (const Piece& p : fresh) d_.pages_.give_back(p, page);
+  char* const tail = static_cast<char*>(va) + target * page;  // where the borrowed slots go
+  std::size_t aliased = 0;                                    // borrowed slots mapped so far
+  std::vector<phys_handle_t> fresh;
+  auto unmap_aliases = [&] {
+    if (aliased > 0) d_.pages_.unmap_or_stray(tail, aliased * page);
+    aliased = 0;
+  };
+  auto give_up = [&] {  // nothing of the plan has moved
+    unmap_aliases();
+    for (phys_handle_t h : fresh) d_.pages_.release_or_orphan(h);
     release_or_keep(small, stream, va, pages * page, page);
   };
+  Segment table;  // the new range's page table, filled below and moved into its segment
+  table.base = static_cast<char*>(va);
+  table.page = page;
+  table.pages.reset(pages);
   try {
-    const std::size_t want_fresh = std::min(pages - planned, fresh_limit);
-    fresh.reserve(want_fresh);
+    table.pages.make_room(pages);
+    const std::size_t want_fresh = std::min(target - planned, fresh_limit);
     while (fresh.size() < want_fresh) {
-      const Piece p = d_.pages_.fresh_page(page);
-      if (p.handle == 0) break;  // the device gave less than it reported: other streams make it up
-      fresh.push_back(p);
+      const phys_handle_t h = d_.backend_.create_physical(d_.device_, page);
+      if (h == 0) break;  // the device gave less than it reported: other streams make it up
+      fresh.push_back(h);
     }
     std::vector<stream_t> to_sync;
     if (sync_own) to_sync.push_back(stream);
-    if (planned + fresh.size() < pages) {
+    if (planned + fresh.size() < target) {
       std::vector<std::pair<std::size_t, stream_t>> by_pages;
       for (const auto& [s, n] : other_pages) by_pages.emplace_back(n, s);
       std::stable_sort(by_pages.begin(), by_pages.end(),
@@ -399,25 +427,41 @@ Block* Stitcher::stitch(bool small, stream_t stream,
       std::vector<Run> chosen;
       std::size_t have = 0;
       for (const auto& [n, s] : by_pages) {
-        if (planned + fresh.size() + have >= pages) break;
+        if (planned + fresh.size() + have >= target) break;
         chosen.insert(chosen.end(), others[s].begin(), others[s].end());
         have += n;
         to_sync.push_back(s);
       }
-      planned += take(std::move(chosen), pages - planned - fresh.size(), plan);
-      if (planned + fresh.size() < pages) {
+      planned += take(std::move(chosen), target - planned - fresh.size(), plan);
+      if (planned + fresh.size() < target) {
         give_up();
         return nullptr;
       }
     }
+    // Borrowed memory of another stream may still be in use by kernels queued there before it
+    // was freed (the requesting stream's own is stream-ordered: nothing is unmapped).
+    for (const Lendable& b : borrow)
+      if (b.segment->stream != stream &&
+          std::find(to_sync.begin(), to_sync.end(), b.segment->stream) == to_sync.end())
+        to_sync.push_back(b.segment->stream);
     // Kernels queued on these streams may still use the pages' old addresses.
     for (stream_t s : to_sync) d_.backend_.synchronize_stream(d_.device_, s);
+    // The borrowed memory, mapped a second time at the end of the new range (one map a run:
+    // a run lies in one page); its first mapping stays.
+    d_.pages_.unmap_strays();  // a stray range may lie where these go
+    for (const Lendable& b : borrow) {
+      const PageTable& t = b.segment->pages;
+      d_.backend_.map(d_.device_, tail + aliased * page, b.count * page, t.handle(b.first),
+                      t.piece(b.first) * page);
+      table.pages.set(target + aliased, b.count, t.handle(b.first), t.piece(b.first));
+      aliased += b.count;
+    }
   } catch (...) {
     give_up();
     throw;
   }
 
-  // 4. Move: unmap each run where it is (the handles stay alive), bookkeeping as we go.
+  // 5. Move: unmap each run where it is (the handles stay alive), bookkeeping as we go.
   std::vector<MovedPage> moved;
   moved.reserve(planned);
   std::vector<Segment*> sources;
@@ -428,32 +472,47 @@ Block* Stitcher::stitch(bool small, stream_t stream,
     throw;
   }
 
-  // 5. Map the moved pages, then the fresh ones, side by side into the new range (its page
-  // table is filled here and moves into the segment below).
-  Segment table;
-  table.base = static_cast<char*>(va);
-  table.page = page;
-  table.pages.reset(pages);
+  // 6. Map the moved pages, then the fresh ones, side by side into the new range.
   try {
     map_side_by_side(table, 0, moved, fresh);
   } catch (...) {  // the pages are back where they were, the fresh ones released
     // With stray mappings left (a second failure), release_or_keep keeps the range as an empty
     // stitched segment, given back once the stray unmap succeeds.
+    unmap_aliases();
     release_or_keep(small, stream, va, pages * page, page);
     throw;
   }
 
-  // 6. The stitched segment: one free block over the whole range.
+  // 7. The stitched segment: one free block over the whole range. The borrowed memory becomes
+  // lent blocks where it lies (bookkeeping only: an allocation failure here terminates).
   Block* block = d_.link_new_segment(pool, stream, static_cast<char*>(va), pages * page);
   Segment* segment = block->segment;
   segment->expandable = true;
   segment->stitched = true;
   segment->page = page;
   segment->pages = std::move(table.pages);
+  segment->borrows = std::move(table.borrows);  // borrowed memory moved here from elsewhere
+  std::size_t slot = target;
+  for (const Lendable& b : borrow) {
+    Segment* s = b.segment;
+    char* at = s->base + b.first * page;
+    Block* free_block = s->head;
+    while (!(free_block->ptr <= at && at < free_block->ptr + free_block->size))
+      free_block = free_block->next;
+    STITCH_ASSERT(free_block->in_index, "stitch: borrowed memory lies in a free block");
+    const auto base = static_cast<std::size_t>(at - s->base);
+    Block* lent = d_.carve(free_block, base, base + b.count * page);
+    lent->lent = true;
+    segment->borrows.push_back(Borrow{lent, slot, b.count});
+    slot += b.count;
+    d_.trace(TraceAction::segment_unmap, lent->ptr, lent->size, s->stream);
+    d_.ledger_.lent(s->small, pool.small, lent->size);
+  }
   d_.trace(TraceAction::segment_map, va, segment->size, stream);
-  d_.ledger_.mapped(pool.small, segment->size);
+  d_.ledger_.mapped(pool.small, segment->size - borrowed * page);
   ++d_.stats_.num_stitches;
   d_.stats_.stitched_bytes += static_cast<std::int64_t>(segment->size);
+  d_.stats_.num_page_borrows += static_cast<std::int64_t>(borrow.size());
 
   // Stitched ranges emptied by this move are dissolved: their reservations go back.
   dissolve_emptied(sources);

@@ -1,7 +1,8 @@
 // core/stitcher.hpp — virtual-memory stitching (stitching:True): plans which whole free pages of
-// expandable ranges to take (the requesting stream's own, fresh ones, other streams') and moves
-// them, all or nothing, into a new range for one request (stitch) or into a range that grows
-// (map_reused_pages, stitch_reuse_pages). It works on its device's blocks through the device
+// expandable ranges to take (the requesting stream's own, fresh ones, other streams', and the
+// free part of partly used coarse pages, borrowed) and moves them, all or nothing, into a new
+// range for one request (stitch) or into a range that grows (map_reused_pages,
+// stitch_reuse_pages). It works on its device's blocks through the device
 // allocator's block operations; see stitcher.cpp for the policy.
 #pragma once
 
@@ -10,7 +11,6 @@
 #include <vector>
 
 #include "core/block.hpp"
-#include "core/page_mapper.hpp"
 #include "stitch/backend.hpp"
 
 namespace stitch {
@@ -50,19 +50,27 @@ class Stitcher {
     std::size_t index;
     phys_handle_t handle;
     std::size_t slots;
-    std::size_t piece;  ///< the handle's slot mapped first (a piece of a split page)
+    std::size_t piece = 0;   ///< the handle's slot mapped first (borrowed memory: any)
+    Block* lent = nullptr;   ///< borrowed memory: the lent block the mapping belongs to
   };
-  /// Splits coarse pages of one-granule ranges that free blocks cover in part (of `stream` only
-  /// with `own_only`), those whose free slots are the most first, until they give `want` free
-  /// slots; nothing when all of them would not. One device synchronization for the lot. Returns
-  /// the free slots gained.
-  std::size_t split_partly_free(stream_t stream, bool own_only, std::size_t want);
+  /// Free granules of a partly used coarse page: slots [first, first + count) of `segment`, in
+  /// one mapping.
+  struct Lendable {
+    Segment* segment;
+    std::size_t first;
+    std::size_t count;
+  };
+  /// Every run of free granules on coarse pages that live blocks share (of `stream` only with
+  /// `own_only`). A borrowed mapping's free part may be borrowed again (a third mapping).
+  std::vector<Lendable> lendable_runs(stream_t stream, bool own_only) const;
   /// The whole free pages of one-granule expandable ranges (both pools): `stream`'s own in
-  /// `own`, other streams' in `others` (when given). Skips `skip_a` and `skip_b`. Returns the
-  /// pages found.
+  /// `own`, other streams' in `others` (when given). Skips `skip_a` and `skip_b`, and, without
+  /// `with_borrowed`, ranges that borrow memory (its second mapping may move to another stitched
+  /// range only). Returns the pages found.
   std::size_t free_page_runs(stream_t stream, std::vector<PageRun>& own,
                              std::map<stream_t, std::vector<PageRun>>* others,
-                             const Block* skip_a = nullptr, const Block* skip_b = nullptr);
+                             bool with_borrowed, const Block* skip_a = nullptr,
+                             const Block* skip_b = nullptr);
   /// Unmaps the runs of `plan` where they are (their handles stay alive), appending each page to
   /// `moved` and each stitched segment touched to `sources`. On a failure, maps every page moved
   /// so far back and rethrows.
@@ -73,12 +81,11 @@ class Stitcher {
   /// range whose unmap fails too is filed as stray), maps the moved pages back where they were,
   /// releases the fresh ones and rethrows.
   void map_side_by_side(Segment& dest, std::size_t first, const std::vector<MovedPage>& moved,
-                        const std::vector<Piece>& fresh);
+                        const std::vector<phys_handle_t>& fresh);
   /// Dissolves the stitched segments among `sources` that no longer hold a mapped page.
   void dissolve_emptied(const std::vector<Segment*>& sources) noexcept;
   /// Undo of a move: maps `handle` again at page `index` of `segment` and files it free.
-  void map_back(Segment* segment, std::size_t index, phys_handle_t handle, std::size_t slots,
-                std::size_t piece) noexcept;
+  void map_back(const MovedPage& page) noexcept;
   /// Gives back an unused, wholly unmapped stitching range (or keeps it as an empty stitched
   /// segment when that fails).
   void release_or_keep(bool small, stream_t stream, void* va, std::size_t bytes,

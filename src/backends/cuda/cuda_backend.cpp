@@ -307,14 +307,6 @@ class CudaBackend final : public Backend {
     if (err != cudaSuccess) throw_runtime(call, device, err);
   }
 
-  void synchronize_device(int device) override {
-    const std::string call = "cudaDeviceSynchronize()";
-    check_device(device, call);
-    DeviceGuard guard(device, call);
-    const cudaError_t err = cudaDeviceSynchronize();
-    if (err != cudaSuccess) throw_runtime(call, device, err);
-  }
-
  private:
   void check_device(int device, const std::string& call) const {
     if (device < 0 || device >= device_count_) {

@@ -220,7 +220,6 @@ const char* to_string(SimCall call) noexcept {
     case SimCall::query_event: return "query_event";
     case SimCall::synchronize_event: return "synchronize_event";
     case SimCall::synchronize_stream: return "synchronize_stream";
-    case SimCall::synchronize_device: return "synchronize_device";
     case SimCall::count_: return "count_";
   }
   return "unknown";
@@ -620,19 +619,6 @@ void SimBackend::synchronize_stream(int device, stream_t stream) {
   if (s.completed < s.submitted) {
     s.completed = s.submitted;  // held: complete everything submitted so far; stays held
     ++impl_->forced;
-  }
-}
-
-void SimBackend::synchronize_device(int device) {
-  std::lock_guard lock(impl_->mutex);
-  (void)impl_->enter(SimCall::synchronize_device);
-  (void)impl_->device(device, "synchronize_device");
-  // Streams are not tied to a device here: every stream's work completes (held ones stay held).
-  for (auto& [stream, s] : impl_->streams) {
-    if (s.completed < s.submitted) {
-      s.completed = s.submitted;
-      ++impl_->forced;
-    }
   }
 }
 

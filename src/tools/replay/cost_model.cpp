@@ -114,7 +114,6 @@ const char* cost_name(CostCall call) noexcept {
     case CostCall::address_reserve: return "cuMemAddressReserve";
     case CostCall::address_free: return "cuMemAddressFree";
     case CostCall::stream_synchronize: return "cudaStreamSynchronize";
-    case CostCall::device_synchronize: return "cudaDeviceSynchronize";
     case CostCall::count_: break;
   }
   return "?";
@@ -136,7 +135,6 @@ CallCounts CallCounts::of(const SimBackend& sim) {
   put(CostCall::address_reserve, SimCall::reserve);
   put(CostCall::address_free, SimCall::release_reservation);
   put(CostCall::stream_synchronize, SimCall::synchronize_stream);
-  put(CostCall::device_synchronize, SimCall::synchronize_device);
   return c;
 }
 
@@ -154,7 +152,6 @@ CostModel CostModel::published() {
   set(CostCall::address_reserve, 19.0);
   set(CostCall::address_free, 19.0);
   set(CostCall::stream_synchronize, 10.0);
-  set(CostCall::device_synchronize, 10.0);
   return m;
 }
 

@@ -1,6 +1,6 @@
 // tools/replay/cost_model.hpp — what a replay's device calls would cost on a GPU: each kind of
 // call (cudaMalloc, cudaFree, cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease,
-// address reservations, stream and device synchronizations) counted in the replay and charged a cost per
+// address reservations, stream synchronizations) counted in the replay and charged a cost per
 // call plus, where the costs say so, per MiB. The defaults are published figures (sources in
 // docs/fragmentation.md); `stitch-replay --costs FILE` takes others, e.g. the GPU check's own.
 #pragma once
@@ -28,7 +28,6 @@ enum class CostCall : int {
   address_reserve,
   address_free,
   stream_synchronize,
-  device_synchronize,
   count_
 };
 inline constexpr std::size_t kCostCalls = static_cast<std::size_t>(CostCall::count_);
@@ -58,8 +57,8 @@ struct CostModel {
   /// Published figures: kvcached's bench_vmm on an A100 (cuMemCreate 193.3 µs, cuMemMap 1.45 µs,
   /// cuMemSetAccess 36.0 µs, cuMemUnmap 25.6 µs per 2 MiB call), cudaMalloc about 50 µs and
   /// cudaFree about 10 µs, cuMemAddressReserve 19 µs; cuMemRelease about 5 µs and an idle
-  /// stream or device synchronization 10 µs are estimates (docs/fragmentation.md, "Estimated
-  /// device time").
+  /// stream synchronization 10 µs are estimates (docs/fragmentation.md, "Estimated device
+  /// time").
   static CostModel published();
   /// Reads a cost file: a JSON object whose keys are call names, each a number (µs per call)
   /// or {"per_call_us": x, "per_mib_us": y}; calls it leaves out keep the published figure.
