@@ -24,7 +24,7 @@ import sys
 
 EXPANDABLE = "expandable_segments:True"
 STITCHING = "expandable_segments:True,stitching:True"
-FRACTIONS = ["0", "0.5", "0.9", "1"]
+FRACTIONS = ["0", "0.1", "0.5", "0.9", "1"]
 
 
 def replay(exe, trace, configs, capacity=None, min_capacity=False):

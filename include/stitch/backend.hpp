@@ -65,12 +65,11 @@ class STITCH_EXPORT Backend {
   /// Releases physical memory. If it is still mapped somewhere it is freed when the last mapping
   /// goes away (as cuMemRelease does).
   virtual void release_physical(int device, phys_handle_t handle) = 0;
-  /// Maps `bytes` of `handle`, from `offset` into it, at `va` (inside a reservation), and makes
-  /// them readable and writable from `device` (cuMemMap and cuMemSetAccess). `offset` and
-  /// `bytes` are multiples of granularity(); offset 0 and the handle's size map it whole. A
-  /// handle may be mapped in several pieces at once.
-  virtual void map(int device, void* va, std::size_t bytes, phys_handle_t handle,
-                   std::size_t offset) = 0;
+  /// Maps the first `bytes` of `handle` (all of it, or a prefix: a multiple of granularity())
+  /// at `va`, inside a reservation where nothing is mapped, and makes them readable and writable
+  /// from `device` (cuMemMap and cuMemSetAccess). Always from the handle's start: cuMemMap's
+  /// offset "currently must be zero". A handle may be mapped at several places at once.
+  virtual void map(int device, void* va, std::size_t bytes, phys_handle_t handle) = 0;
   /// Unmaps `bytes` at `va` (a range previously mapped by one or more map() calls).
   virtual void unmap(int device, void* va, std::size_t bytes) = 0;
 

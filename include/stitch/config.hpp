@@ -53,7 +53,7 @@ struct STITCH_EXPORT Config {
   /// pages (20 MiB in the large pool), as expandable segments do, at their cost; once reserved
   /// memory would pass this share of what the device (or the memory fraction) allows, or the
   /// device cannot give a whole page, they grow in one-granule pages and reuse free pages
-  /// (stitch_reuse_pages). Short of memory, a stitch also borrows the free part of coarse pages
+  /// (stitch_reuse_pages). Short of memory, a stitch also borrows the free start of coarse pages
   /// that live blocks share (maps it a second time). 1: fine pages only where a whole page
   /// does not fit; 0: fine pages always (docs/stitching.md).
   double stitch_fine_above = 1.0;

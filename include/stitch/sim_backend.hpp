@@ -88,8 +88,7 @@ class STITCH_EXPORT SimBackend : public Backend {
   void release_reservation(int device, void* va, std::size_t bytes) override;
   [[nodiscard]] phys_handle_t create_physical(int device, std::size_t bytes) override;
   void release_physical(int device, phys_handle_t handle) override;
-  void map(int device, void* va, std::size_t bytes, phys_handle_t handle,
-           std::size_t offset) override;
+  void map(int device, void* va, std::size_t bytes, phys_handle_t handle) override;
   void unmap(int device, void* va, std::size_t bytes) override;
   [[nodiscard]] event_t create_event(int device) override;
   void destroy_event(int device, event_t event) override;

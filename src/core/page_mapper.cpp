@@ -47,7 +47,7 @@ bool PageMapper::map(Segment& segment, std::size_t first, std::size_t count, std
     const phys_handle_t handle = backend_.create_physical(device_, bytes);
     if (handle == 0) return false;  // out of memory: the undo runs
     Undo release([&] { release_or_orphan(handle); });
-    backend_.map(device_, segment.base + i * segment.page, bytes, handle, 0);
+    backend_.map(device_, segment.base + i * segment.page, bytes, handle);
     release.done();
     segment.pages.set(i, slots, handle);
     done += slots;

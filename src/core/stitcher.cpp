@@ -13,12 +13,14 @@
 //
 // Borrowing. A coarse page (one handle over several slots) that a live block shares cannot move,
 // and nothing mapped under a live block is ever unmapped (another thread may be launching work
-// on it). When the pages above are too few, the free granules of such pages are mapped a second
-// time, from their offset in the handle, at the end of the new range: the range borrows them,
-// and where they lie they become a lent block, unusable there, until the borrowed mapping is
-// unmapped (the range's free pages released under pressure or by empty_cache) and the lent
-// block is free again. A borrowed mapping moves with its lent block when a later stitch takes
-// it. The requesting stream's own borrowed memory needs no sync (nothing is unmapped).
+// on it). When the pages above are too few, a free run at the start of such a page is mapped a
+// second time (cuMemMap maps a handle from its start: its offset "currently must be zero"), at
+// the end of the new range: the range borrows it, and where it lies it becomes a lent block,
+// unusable there, until the borrowed mapping is unmapped (the range's free pages released under
+// pressure or by empty_cache) and the lent block is free again. A borrowed mapping moves with
+// its lent block when a later stitch takes it. The requesting stream's own borrowed memory
+// needs no sync (nothing is unmapped). Free runs in the middle or at the end of a coarse page
+// stay where they are.
 //
 // When: in allocate_slow, after growing failed (device or memory-fraction limit) and before the
 // last resort (which would unmap and release the very pages reused here). With
@@ -101,7 +103,8 @@ void Stitcher::map_back(const MovedPage& m) noexcept {
   const std::size_t page = segment->page * m.slots;
   char* at = segment->base + m.index * segment->page;
   try {
-    d_.backend_.map(d_.device_, at, page, m.handle, m.piece * segment->page);
+    STITCH_ASSERT(m.piece == 0, "map_back: mappings start at their handle's start");
+    d_.backend_.map(d_.device_, at, page, m.handle);
   } catch (...) {
     // The source keeps a hole there: consistent, just smaller.
     if (m.lent != nullptr) {
@@ -192,8 +195,10 @@ std::vector<Stitcher::Lendable> Stitcher::lendable_runs(stream_t stream, bool ow
         const std::size_t n = s->pages.extent(head);
         if (n <= 1 || (e == 1 && head == heads[0])) continue;
         if (head >= first && head + n <= last) continue;  // inside the block: it moves whole
-        const std::size_t from = std::max(head, first);
-        out.push_back(Lendable{s, from, std::min(head + n, last) - from});
+        // Only from the page's start: cuMemMap maps a handle from offset 0 ("currently must be
+        // zero"), so a free run in the middle or at the end of a coarse page cannot be borrowed.
+        if (head < first || s->pages.piece(head) != 0) continue;
+        out.push_back(Lendable{s, head, std::min(head + n, last) - head});
       }
     }
   }
@@ -250,11 +255,12 @@ void Stitcher::map_side_by_side(Segment& dest, std::size_t first,
     dest.pages.make_room(first + slots);
     d_.pages_.unmap_strays();  // a stray range may lie where these pages go
     for (const MovedPage& m : moved) {
-      d_.backend_.map(d_.device_, at + mapped * page, m.slots * page, m.handle, m.piece * page);
+      STITCH_ASSERT(m.piece == 0, "move: mappings start at their handle's start");
+      d_.backend_.map(d_.device_, at + mapped * page, m.slots * page, m.handle);
       mapped += m.slots;
     }
     for (phys_handle_t h : fresh) {
-      d_.backend_.map(d_.device_, at + mapped * page, page, h, 0);
+      d_.backend_.map(d_.device_, at + mapped * page, page, h);
       ++mapped;
     }
   } catch (...) {
@@ -451,8 +457,8 @@ Block* Stitcher::stitch(bool small, stream_t stream,
     d_.pages_.unmap_strays();  // a stray range may lie where these go
     for (const Lendable& b : borrow) {
       const PageTable& t = b.segment->pages;
-      d_.backend_.map(d_.device_, tail + aliased * page, b.count * page, t.handle(b.first),
-                      t.piece(b.first) * page);
+      STITCH_ASSERT(t.piece(b.first) == 0, "borrow: a run from its handle's start");
+      d_.backend_.map(d_.device_, tail + aliased * page, b.count * page, t.handle(b.first));
       table.pages.set(target + aliased, b.count, t.handle(b.first), t.piece(b.first));
       aliased += b.count;
     }

@@ -71,8 +71,8 @@ int main() {
       const stitch::phys_handle_t h1 = b->create_physical(dev, g);
       const stitch::phys_handle_t h2 = b->create_physical(dev, g);
       check(h1 != 0 && h2 != 0, "create_physical x2");
-      b->map(dev, va, g, h1, 0);
-      b->map(dev, static_cast<char*>(va) + g, g, h2, 0);
+      b->map(dev, va, g, h1);
+      b->map(dev, static_cast<char*>(va) + g, g, h2);
       check(true, "map x2");
       b->release_physical(dev, h1);  // still mapped: freed at unmap
       b->unmap(dev, va, 2 * g);      // one unmap over two mappings
@@ -80,7 +80,7 @@ int main() {
       b->release_reservation(dev, va, 4 * g);
       check(true, "unmap / release");
       check(b->create_physical(dev, info.total * 4 / g * g) == 0, "create_physical beyond capacity -> 0");
-      expect_backend_error([&] { b->map(dev, va, g, 12345, 0); }, "map of a released range throws");
+      expect_backend_error([&] { b->map(dev, va, g, 12345); }, "map of a released range throws");
     }
 
     stitch::event_t e = b->create_event(dev);

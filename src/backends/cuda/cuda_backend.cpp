@@ -215,18 +215,16 @@ class CudaBackend final : public Backend {
     if (result != CUDA_SUCCESS) throw_driver(call, device, result);
   }
 
-  void map(int device, void* va, std::size_t bytes, phys_handle_t handle,
-           std::size_t offset) override {
+  void map(int device, void* va, std::size_t bytes, phys_handle_t handle) override {
     const std::string where = hex(va) + ", " + bytes_text(bytes);
-    const std::string call = "cuMemMap(" + where + ", handle " + std::to_string(handle) +
-                             ", offset " + std::to_string(offset) + ")";
+    const std::string call = "cuMemMap(" + where + ", handle " + std::to_string(handle) + ")";
     const DriverApi& api = require_vmm(device, call);
     CUmemAccessDesc access{};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = static_cast<int>(caps_[device].cu_device);
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     DeviceGuard guard(device, call, /*bind_context=*/true);
-    CUresult result = api.mem_map(to_cu(va), bytes, offset,
+    CUresult result = api.mem_map(to_cu(va), bytes, 0,
                                   static_cast<CUmemGenericAllocationHandle>(handle), 0);
     if (result != CUDA_SUCCESS) throw_driver(call, device, result);
     result = api.mem_set_access(to_cu(va), bytes, &access, 1);

@@ -475,8 +475,7 @@ void SimBackend::release_physical(int device, phys_handle_t handle) {
   if (it->second.mappings == 0) d.free_physical(it);
 }
 
-void SimBackend::map(int device, void* va, std::size_t bytes, phys_handle_t handle,
-                     std::size_t offset) {
+void SimBackend::map(int device, void* va, std::size_t bytes, phys_handle_t handle) {
   std::lock_guard lock(impl_->mutex);
   (void)impl_->enter(SimCall::map, bytes);
   Device& d = impl_->device(device, "map");
@@ -486,14 +485,13 @@ void SimBackend::map(int device, void* va, std::size_t bytes, phys_handle_t hand
                         (h == d.physical.end() ? " is not a live physical handle"
                                                : " was released"));
   }
-  if (bytes == 0 || offset > h->second.bytes || bytes > h->second.bytes - offset) {
+  if (bytes == 0 || bytes > h->second.bytes) {
     throw backend_error(prefix("map", device) + "handle " + std::to_string(handle) + " has " +
-                        std::to_string(h->second.bytes) + " bytes, not " + std::to_string(bytes) +
-                        " from offset " + std::to_string(offset));
+                        std::to_string(h->second.bytes) + " bytes, not " + std::to_string(bytes));
   }
-  if (offset % impl_->options.granularity != 0 || bytes % impl_->options.granularity != 0) {
-    throw backend_error(prefix("map", device) + "offset " + std::to_string(offset) + " or size " +
-                        std::to_string(bytes) + " is not a multiple of the granularity");
+  if (bytes % impl_->options.granularity != 0) {
+    throw backend_error(prefix("map", device) + "size " + std::to_string(bytes) +
+                        " is not a multiple of the granularity");
   }
   const std::uintptr_t a = addr(va);
   if (a % impl_->options.granularity != 0) {
@@ -508,7 +506,7 @@ void SimBackend::map(int device, void* va, std::size_t bytes, phys_handle_t hand
                         ") overlaps a mapped range");
   }
   void* p = ::mmap(va, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, d.fd,
-                   static_cast<off_t>(h->second.offset + offset));
+                   static_cast<off_t>(h->second.offset));
   if (p == MAP_FAILED) {
     const int err = errno;
     throw backend_error(prefix("map", device) + errno_text("mmap", err));
