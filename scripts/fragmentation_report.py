@@ -130,7 +130,7 @@ COST_SOURCES = {
     "cudaFree": "third-party estimate (jvoltci.github.io \"mosaic\" lesson); cudaFree also synchronizes the device, which is not counted",
     "cuMemCreate": "kvcached `benchmarks/bench_vmm`, A100-80GB, average per 2 MiB page",
     "cuMemMap": "kvcached `benchmarks/bench_vmm`, A100-80GB, average per 2 MiB page",
-    "cuMemSetAccess": "kvcached `benchmarks/bench_vmm`, A100-80GB, average per 2 MiB page; granted once per map",
+    "cuMemSetAccess": "kvcached `benchmarks/bench_vmm`, A100-80GB, average per 2 MiB page; granted once per run of maps, charged per call (the cost of a larger call is not published)",
     "cuMemUnmap": "kvcached `benchmarks/bench_vmm`, A100-80GB, average per 2 MiB page",
     "cuMemRelease": "not published; derived from \"a few ms per GiB\" for unmap plus release on an L20 (torch_memory_saver #111)",
     "cuMemAddressReserve": "kvcached `benchmarks/bench_vmm` (8 GB reservation, A100-80GB)",

@@ -1,5 +1,6 @@
 // The conformance suite every stitch::Backend must pass, run against each backend that ships
-// (the simulator, and CUDA where a device is present). It talks only to stitch::Backend.
+// (the simulator, and CUDA over a GPU's driver or the strict fake driver of tests/fake_cuda/). It
+// talks only to stitch::Backend.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
@@ -17,9 +18,16 @@
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
 #include "stitch/sim_backend.hpp"
+#include "support/cuda_driver.hpp"
 
 namespace stitch {
 namespace {
+
+/// What the fake driver held when the cuda instance's backend was made (its leak check).
+stitch_fake_cuda_usage& cuda_baseline() {
+  static stitch_fake_cuda_usage usage{};
+  return usage;
+}
 
 /// How to obtain and drive one backend in the suite.
 struct BackendFactory {
@@ -66,22 +74,46 @@ BackendFactory sim_factory() {
 }
 
 BackendFactory cuda_factory() {
+  // backend:cuda over whatever driver it opens: a GPU's, or the strict fake of
+  // tests/fake_cuda/ (STITCH_CUDA_DRIVER), whose memory is host memory. Streams come from the
+  // driver itself (tests/support/cuda_driver.hpp).
   BackendFactory f;
   f.name = "cuda";
-  f.make = [] { return make_backend(Config::parse("backend:cuda")); };
-  // Streams cannot be created without the CUDA headers, so the cuda instance records on the
-  // default stream (nullptr) only; non-null streams are covered by the sim instance.
-  f.make_stream = [] { return stream_t{nullptr}; };
-  f.destroy_stream = [](stream_t) {};
-  // Device memory is not host-addressable: use cudaMemcpy(..., cudaMemcpyDefault) from the
-  // CUDA runtime already loaded by the backend, if the process has it.
+  f.make = [] {
+    auto backend = make_backend(Config::parse("backend:cuda"));
+    if (const test::TestDriver* fake = test::fake_driver()) cuda_baseline() = fake->usage(0);
+    return backend;
+  };
+  f.make_stream = [] {
+    const test::TestDriver& d = test::test_driver();
+    return d.loaded ? static_cast<stream_t>(d.make_stream(0)) : stream_t{nullptr};
+  };
+  f.destroy_stream = [](stream_t s) {
+    if (s != nullptr) test::test_driver().destroy_stream(0, s);
+  };
   f.copy = [](void* dst, const void* src, std::size_t n) {
-    using Memcpy = int (*)(void*, const void*, std::size_t, int);
-    static const auto memcpy_fn = reinterpret_cast<Memcpy>(::dlsym(RTLD_DEFAULT, "cudaMemcpy"));
-    if (memcpy_fn == nullptr) return false;
-    constexpr int kCudaMemcpyDefault = 4;
-    EXPECT_EQ(memcpy_fn(dst, src, n, kCudaMemcpyDefault), 0) << "cudaMemcpy failed";
+    const test::TestDriver& d = test::test_driver();
+    if (d.fake) {
+      std::memcpy(dst, src, n);  // the fake's device memory is host memory
+      return true;
+    }
+    if (d.memcpy == nullptr) return false;
+    EXPECT_EQ(d.memcpy(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src), n),
+              CUDA_SUCCESS) << "cuMemcpy failed";
     return true;
+  };
+  f.expect_clean = [](Backend&) {
+    const test::TestDriver* fake = test::fake_driver();
+    if (fake == nullptr) return;
+    const stitch_fake_cuda_usage u = fake->usage(0), b = cuda_baseline();
+    EXPECT_EQ(u.used_bytes, b.used_bytes);
+    EXPECT_EQ(u.live_allocations, b.live_allocations);
+    EXPECT_EQ(u.live_handles, b.live_handles);
+    EXPECT_EQ(u.live_reservations, b.live_reservations);
+    EXPECT_EQ(u.live_mappings, b.live_mappings);
+    EXPECT_EQ(u.live_events, b.live_events);
+    EXPECT_EQ(fake->violations(), 0u) << "the fake driver saw a contract violation: "
+                                      << fake->last_violation();
   };
   return f;
 }
@@ -187,14 +219,14 @@ TEST_P(BackendConformance, VirtualMemoryMapWriteReadUnmap) {
   ASSERT_NE(h1, 0u);
   ASSERT_NE(h2, 0u);
   EXPECT_NE(h1, h2);
-  b().map(0, va, 2 * g, h1);
-  b().map(0, va + 2 * g, 2 * g, h2);
+  ASSERT_TRUE(b().map(0, va, 2 * g, h1));
+  ASSERT_TRUE(b().map(0, va + 2 * g, 2 * g, h2));
   // The two mappings form one contiguous range.
   if (write(va, 4 * g, 7)) expect_pattern(va, 4 * g, 7);
   // Unmapping a range made of several mappings at once.
   b().unmap(0, va, 4 * g);
   // The reservation survives unmap: map again (the handles still hold their bytes).
-  b().map(0, va, 2 * g, h2);
+  ASSERT_TRUE(b().map(0, va, 2 * g, h2));
   if (write(va + g, 16, 3)) expect_pattern(va + g, 16, 3);
   b().unmap(0, va, 2 * g);
   b().release_physical(0, h1);
@@ -211,8 +243,8 @@ TEST_P(BackendConformance, TwoRangesMappedToOneHandleAlias) {
   ASSERT_NE(c, nullptr);
   const phys_handle_t h = b().create_physical(0, g);
   ASSERT_NE(h, 0u);
-  b().map(0, a + g, g, h);
-  b().map(0, c, g, h);
+  ASSERT_TRUE(b().map(0, a + g, g, h));
+  ASSERT_TRUE(b().map(0, c, g, h));
   if (write(a + g, g, 11)) expect_pattern(c, g, 11);
   if (write(c + 100, 200, 5)) expect_pattern(a + g + 100, 200, 5);
   // Released while mapped twice: the memory stays valid until the last mapping goes.
@@ -236,9 +268,9 @@ TEST_P(BackendConformance, TheStartOfAMappedHandleMapsASecondTime) {
   ASSERT_NE(c, nullptr);
   const phys_handle_t h = b().create_physical(0, 3 * g);
   ASSERT_NE(h, 0u);
-  b().map(0, a, 3 * g, h);
+  ASSERT_TRUE(b().map(0, a, 3 * g, h));
   const bool host = write(a, 2 * g, 22) && write(a + 2 * g, g, 21);
-  b().map(0, c, 2 * g, h);  // granules 0 and 1 of the handle
+  ASSERT_TRUE(b().map(0, c, 2 * g, h));  // granules 0 and 1 of the handle
   if (host) expect_pattern(c, 2 * g, 22);
   if (write(c + 100, 200, 5)) expect_pattern(a + 100, 200, 5);
   // The second view goes; the first keeps everything.
@@ -269,7 +301,7 @@ TEST_P(BackendConformance, VirtualMemoryReleaseOrders) {
   h = b().create_physical(0, g);
   ASSERT_NE(va, nullptr);
   ASSERT_NE(h, 0u);
-  b().map(0, va, g, h);
+  ASSERT_TRUE(b().map(0, va, g, h));
   b().unmap(0, va, g);
   b().release_physical(0, h);
   b().release_reservation(0, va, g);
@@ -278,7 +310,7 @@ TEST_P(BackendConformance, VirtualMemoryReleaseOrders) {
   h = b().create_physical(0, g);
   ASSERT_NE(va, nullptr);
   ASSERT_NE(h, 0u);
-  b().map(0, va, g, h);
+  ASSERT_TRUE(b().map(0, va, g, h));
   b().release_physical(0, h);
   if (write(va, 64, 9)) expect_pattern(va, 64, 9);
   b().unmap(0, va, g);
@@ -288,7 +320,7 @@ TEST_P(BackendConformance, VirtualMemoryReleaseOrders) {
   h = b().create_physical(0, g);
   ASSERT_NE(va, nullptr);
   ASSERT_NE(h, 0u);
-  b().map(0, va, g, h);
+  ASSERT_TRUE(b().map(0, va, g, h));
   b().unmap(0, va, g);
   b().release_reservation(0, va, g);
   b().release_physical(0, h);

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 
@@ -355,7 +356,7 @@ TEST(ConfigTable, EveryKeyParsesItsOwnPrintedValue) {
   // out of to_string are set first).
   const Config c = Config::parse(
       "max_split_size_mb:64,garbage_collection_threshold:0.5,expandable_segments:True,"
-      "stitching:True,stitch_before_grow_mb:8,oom_snapshot:/tmp/x.pickle");
+      "stitching:True,stitch_before_grow_mb:8,oom_snapshot:/tmp/x.pickle,peer_access:True");
   for (const detail::KeySpec& key : detail::config_keys()) {
     SCOPED_TRACE(std::string(key.name));
     const std::string value = key.print(c);
@@ -389,14 +390,17 @@ TEST(ConfigTable, FixedKeysCannotChangeOnceTheAllocatorExists) {
   for (const detail::KeySpec& key : detail::config_keys()) {
     if (!key.fixed) continue;
     SCOPED_TRACE(std::string(key.name));
-    const std::string other = key.name == "backend" ? "cuda" : "3";
+    const std::string other = key.name == "backend"                      ? "cuda"
+                              : std::string(key.accepted) == "True or False" ? "True"
+                                                                             : "3";
     try {
       a.configure(std::string(key.name) + ":" + other);
       ADD_FAILURE() << "a fixed key changed";
     } catch (const config_error& e) {
       EXPECT_TRUE(contains(e.what(), std::string(key.name) + " is fixed")) << e.what();
     }
-    a.configure(std::string(key.name) + ":" + key.print(a.config()));  // the same value is fine
+    const std::string same = key.print(a.config());  // a default may print nothing
+    a.configure(std::string(key.name) + ":" + (same.empty() ? "False" : same));  // the same value is fine
   }
   a.configure("max_split_size_mb:40");  // tunables change
   EXPECT_EQ(a.config().max_split_size, std::size_t{40} << 20);
@@ -411,6 +415,22 @@ TEST(ConfigTable, TheReadmeDocumentsEveryKey) {
   text << in.rdbuf();
   for (const detail::KeySpec& key : detail::config_keys())
     EXPECT_TRUE(contains(text.str(), "`" + std::string(key.name) + "`")) << key.name << " is not in README.md";
+}
+
+// ---- backend:cuda without a driver ----------------------------------------------------------------
+
+TEST(CudaBackend, WithoutADriverTheErrorSaysWhy) {
+  // (Each ctest test is a process of its own: nothing has opened a driver yet.)
+  ::setenv("STITCH_CUDA_DRIVER", "/nonexistent/libcuda.so.1", 0);
+  try {
+    Allocator a(Config::parse("backend:cuda"));
+    GTEST_SKIP() << "a CUDA driver is present: " << std::getenv("STITCH_CUDA_DRIVER");
+  } catch (const backend_error& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(contains(what, "backend:cuda: no CUDA device")) << what;
+    EXPECT_TRUE(contains(what, "CUDA driver")) << what;
+    EXPECT_TRUE(contains(what, "use backend:sim")) << what;
+  }
 }
 
 }  // namespace

@@ -450,21 +450,31 @@ TEST(PageMapper, MapsAllOrNothingAndRetriesWhatAnUndoLeft) {
   EXPECT_FALSE(pages.map(seg, 3, 3));
   EXPECT_EQ(sim.usage(0).physical_handles, 3u);
   EXPECT_EQ(seg.pages.handle(3), 0u);
-  // A failed map whose undo fails too: the stray range is unmapped before the next map.
+  // A failed map changes nothing: the run is mapped all or nothing, the handles released.
   sim.inject_fault(SimCall::map, 2, SimFault::error);
-  sim.inject_fault(SimCall::unmap, 1, SimFault::error);
   EXPECT_THROW((void)pages.map(seg, 4, 2), stitch::backend_error);
   EXPECT_EQ(seg.pages.handle(4), 0u);
-  EXPECT_TRUE(pages.map(seg, 4, 1));  // the stray is retried first, then the page maps
-  EXPECT_EQ(sim.usage(0).physical_handles, 4u);
+  EXPECT_EQ(sim.usage(0).physical_handles, 3u);
+  // A stray mapping (an unmap that failed while undoing) blocks only the addresses it covers.
+  const stitch::phys_handle_t h = sim.create_physical(0, 2 * MiB);
+  ASSERT_TRUE(sim.map(0, seg.base + 6 * seg.page, 2 * MiB, h));
+  sim.release_physical(0, h);  // freed when its mapping goes
+  sim.inject_fault(SimCall::unmap, 1, SimFault::error);
+  pages.unmap_or_stray(seg.base + 6 * seg.page, 2 * MiB);  // fails: filed as stray
+  sim.inject_fault(SimCall::unmap, 1, SimFault::error);    // and its retry fails too
+  EXPECT_TRUE(pages.map(seg, 4, 1)) << "elsewhere the range still grows";
+  sim.inject_fault(SimCall::unmap, 1, SimFault::error);
+  EXPECT_THROW((void)pages.map(seg, 6, 1), stitch::backend_error) << "where the stray lies, not yet";
+  EXPECT_TRUE(pages.map(seg, 6, 1)) << "the stray is unmapped first, then the page maps";
+  EXPECT_EQ(sim.usage(0).physical_handles, 5u);
   // An orphaned handle is released on the next retry.
   sim.unmap(0, seg.base, 2 * MiB);
   sim.inject_fault(SimCall::release_physical, 1, SimFault::error);
   EXPECT_TRUE(pages.release(seg, 0, 1) != nullptr);
   EXPECT_EQ(pages.orphans().size(), 1u);
-  pages.release_orphans();
+  pages.retry();
   EXPECT_TRUE(pages.orphans().empty());
-  EXPECT_EQ(sim.usage(0).physical_handles, 3u);
+  EXPECT_EQ(sim.usage(0).physical_handles, 4u);
 }
 
 TEST(Undo, RunsUnlessDoneAndOnExceptions) {

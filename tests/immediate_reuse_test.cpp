@@ -64,8 +64,8 @@ class FixedAddressBackend final : public Backend {
     return sim_->create_physical(d, bytes);
   }
   void release_physical(int d, phys_handle_t h) override { sim_->release_physical(d, h); }
-  void map(int d, void* va, std::size_t bytes, phys_handle_t h) override {
-    sim_->map(d, real(va), bytes, h);
+  bool map_run(int d, void* va, const MapPiece* pieces, std::size_t count) override {
+    return sim_->map_run(d, real(va), pieces, count);
   }
   void unmap(int d, void* va, std::size_t bytes) override { sim_->unmap(d, real(va), bytes); }
   event_t create_event(int d) override { return sim_->create_event(d); }

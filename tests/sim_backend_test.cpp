@@ -167,8 +167,8 @@ TEST(SimBackend, TwoRangesMappedToOneHandleShareBytes) {
   const phys_handle_t h = sim.create_physical(0, 2 * kGran);
   ASSERT_NE(h, 0u);
   EXPECT_EQ(sim.usage(0).used, 2 * kGran);
-  sim.map(0, a + 2 * kGran, 2 * kGran, h);
-  sim.map(0, b, 2 * kGran, h);
+  ASSERT_TRUE(sim.map(0, a + 2 * kGran, 2 * kGran, h));
+  ASSERT_TRUE(sim.map(0, b, 2 * kGran, h));
   EXPECT_EQ(sim.usage(0).mappings, 2u);
   std::memset(a + 2 * kGran, 0x5a, 2 * kGran);
   EXPECT_EQ(b[0], 0x5a);
@@ -180,7 +180,7 @@ TEST(SimBackend, TwoRangesMappedToOneHandleShareBytes) {
   sim.unmap(0, b, 2 * kGran);
   EXPECT_EQ(sim.usage(0).mappings, 1u);
   EXPECT_EQ(sim.usage(0).reservations, 2u);
-  sim.map(0, b, 2 * kGran, h);
+  ASSERT_TRUE(sim.map(0, b, 2 * kGran, h));
   EXPECT_EQ(b[12345], 0x11);
 
   // Released while mapped twice: freed only when the last of the two mappings goes.
@@ -203,7 +203,7 @@ TEST(SimBackend, UnmapSpanningSeveralMappings) {
   for (int i = 0; i < 3; ++i) {
     h[i] = sim.create_physical(0, kGran);
     ASSERT_NE(h[i], 0u);
-    sim.map(0, va + i * kGran, kGran, h[i]);
+    ASSERT_TRUE(sim.map(0, va + i * kGran, kGran, h[i]));
     sim.release_physical(0, h[i]);  // freed when unmapped
   }
   std::memset(va, 1, 3 * kGran);  // one contiguous writable range
@@ -227,7 +227,7 @@ TEST(SimBackend, ReleasePhysicalWhileMappedDefersTheFree) {
   auto* va = static_cast<unsigned char*>(sim.reserve(0, kGran, 0));
   const phys_handle_t h = sim.create_physical(0, kGran);
   ASSERT_NE(h, 0u);
-  sim.map(0, va, kGran, h);
+  ASSERT_TRUE(sim.map(0, va, kGran, h));
   std::memset(va, 0x77, kGran);
   sim.release_physical(0, h);
   EXPECT_EQ(sim.usage(0).used, kGran);
@@ -236,7 +236,7 @@ TEST(SimBackend, ReleasePhysicalWhileMappedDefersTheFree) {
   // The handle is gone for callers.
   EXPECT_REJECTED(sim, 0, sim.release_physical(0, h));
   auto* other = static_cast<unsigned char*>(sim.reserve(0, kGran, 0));
-  EXPECT_REJECTED(sim, 0, sim.map(0, other, kGran, h));
+  EXPECT_REJECTED(sim, 0, (void)sim.map(0, other, kGran, h));
   sim.unmap(0, va, kGran);
   EXPECT_EQ(sim.usage(0).used, 0u);
   EXPECT_EQ(sim.usage(0).physical_handles, 0u);
@@ -245,7 +245,7 @@ TEST(SimBackend, ReleasePhysicalWhileMappedDefersTheFree) {
   const phys_handle_t h2 = sim.create_physical(0, kGran);
   ASSERT_NE(h2, 0u);
   EXPECT_NE(h2, h);
-  sim.map(0, other, kGran, h2);
+  ASSERT_TRUE(sim.map(0, other, kGran, h2));
   EXPECT_EQ(other[0], 0);
   EXPECT_EQ(other[kGran - 1], 0);
   sim.unmap(0, other, kGran);
@@ -268,7 +268,7 @@ TEST(SimBackend, FragmentedPhysicalMemoryStillServesWholeCapacity) {
   const phys_handle_t big = sim.create_physical(0, 2 * kGran);
   ASSERT_NE(big, 0u);
   auto* va = static_cast<unsigned char*>(sim.reserve(0, 2 * kGran, 0));
-  sim.map(0, va, 2 * kGran, big);
+  ASSERT_TRUE(sim.map(0, va, 2 * kGran, big));
   std::memset(va, 3, 2 * kGran);
   sim.unmap(0, va, 2 * kGran);
   sim.release_reservation(0, va, 2 * kGran);
@@ -290,7 +290,7 @@ TEST(SimBackend, InvalidCallsThrowAndChangeNothing) {
   ASSERT_NE(va, nullptr);
   const phys_handle_t h = sim.create_physical(0, kGran);
   ASSERT_NE(h, 0u);
-  sim.map(0, va, kGran, h);
+  ASSERT_TRUE(sim.map(0, va, kGran, h));
   int local = 0;
 
   // Plain memory.
@@ -299,18 +299,18 @@ TEST(SimBackend, InvalidCallsThrowAndChangeNothing) {
   EXPECT_REJECTED(sim, 0, sim.deallocate(0, static_cast<char*>(p) + 512, 488));
   EXPECT_REJECTED(sim, 0, (void)sim.allocate(0, 0));
   // Double map / overlapping map, map outside a reservation, wrong size, unknown handle.
-  EXPECT_REJECTED(sim, 0, sim.map(0, va, kGran, h));
+  EXPECT_REJECTED(sim, 0, (void)sim.map(0, va, kGran, h));
   const phys_handle_t h2 = sim.create_physical(0, 2 * kGran);
-  EXPECT_REJECTED(sim, 0, sim.map(0, va, 2 * kGran, h2));          // overlaps [va, va+g)
-  EXPECT_REJECTED(sim, 0, sim.map(0, va + 3 * kGran, 2 * kGran, h2));  // runs past the end
+  EXPECT_REJECTED(sim, 0, (void)sim.map(0, va, 2 * kGran, h2));          // overlaps [va, va+g)
+  EXPECT_REJECTED(sim, 0, (void)sim.map(0, va + 3 * kGran, 2 * kGran, h2));  // runs past the end
   const phys_handle_t h1 = sim.create_physical(0, kGran);
-  EXPECT_REJECTED(sim, 0, sim.map(0, va + kGran, 2 * kGran, h1));  // past the handle
-  EXPECT_REJECTED(sim, 0, sim.map(0, va + kGran, kGran / 2, h2));  // not whole granules
-  EXPECT_REJECTED(sim, 0, sim.map(0, va + kGran, 0, h2));          // nothing
-  EXPECT_REJECTED(sim, 0, sim.map(0, va + kGran + 4096, 2 * kGran, h2));  // misaligned
-  EXPECT_REJECTED(sim, 0, sim.map(0, &local, 2 * kGran, h2));
-  EXPECT_REJECTED(sim, 0, sim.map(0, va + kGran, 2 * kGran, 999999));
-  EXPECT_REJECTED(sim, 0, sim.map(0, va + kGran, 2 * kGran, 0));
+  EXPECT_REJECTED(sim, 0, (void)sim.map(0, va + kGran, 2 * kGran, h1));  // past the handle
+  EXPECT_REJECTED(sim, 0, (void)sim.map(0, va + kGran, kGran / 2, h2));  // not whole granules
+  EXPECT_REJECTED(sim, 0, (void)sim.map(0, va + kGran, 0, h2));          // nothing
+  EXPECT_REJECTED(sim, 0, (void)sim.map(0, va + kGran + 4096, 2 * kGran, h2));  // misaligned
+  EXPECT_REJECTED(sim, 0, (void)sim.map(0, &local, 2 * kGran, h2));
+  EXPECT_REJECTED(sim, 0, (void)sim.map(0, va + kGran, 2 * kGran, 999999));
+  EXPECT_REJECTED(sim, 0, (void)sim.map(0, va + kGran, 2 * kGran, 0));
   sim.release_physical(0, h1);
   // Unmap of unmapped or partially mapped ranges.
   EXPECT_REJECTED(sim, 0, sim.unmap(0, va + kGran, kGran));
@@ -487,8 +487,8 @@ TEST(SimBackend, InjectedFaultsFireOnTheNthCall) {
   const phys_handle_t h = sim.create_physical(0, kGran);
   ASSERT_NE(va, nullptr);
   ASSERT_NE(h, 0u);
-  EXPECT_REJECTED(sim, 0, sim.map(0, va, kGran, h));
-  sim.map(0, va, kGran, h);
+  EXPECT_REJECTED(sim, 0, (void)sim.map(0, va, kGran, h));
+  ASSERT_TRUE(sim.map(0, va, kGran, h));
   EXPECT_EQ(sim.faults_fired(), 6u);
 
   // Several armed faults; clear_faults disarms them all.
@@ -537,7 +537,7 @@ TEST(SimBackend, DevicesAreIndependent) {
   // Objects of one device are unknown to the other.
   EXPECT_REJECTED(sim, 1, sim.deallocate(1, a, 16 * kMiB));
   EXPECT_REJECTED(sim, 0, sim.release_physical(0, h));
-  EXPECT_REJECTED(sim, 0, sim.map(0, va0, 8 * kMiB, h));
+  EXPECT_REJECTED(sim, 0, (void)sim.map(0, va0, 8 * kMiB, h));
   EXPECT_REJECTED(sim, 1, sim.release_reservation(1, va0, 8 * kMiB));
   EXPECT_REJECTED(sim, 1, sim.destroy_event(1, e0));
   EXPECT_REJECTED(sim, 1, sim.record_event(1, e0, nullptr));
@@ -547,7 +547,7 @@ TEST(SimBackend, DevicesAreIndependent) {
     EXPECT_NE(std::string(e.what()).find("allocated on device 0"), std::string::npos) << e.what();
   }
 
-  sim.map(1, va1, 8 * kMiB, h);
+  ASSERT_TRUE(sim.map(1, va1, 8 * kMiB, h));
   std::memset(va1, 4, 8 * kMiB);
   sim.set_capacity(1, 4 * kMiB);
   EXPECT_EQ(sim.memory_info(0).total, 16 * kMiB);
@@ -568,7 +568,7 @@ TEST(SimBackend, DestructorReleasesEverythingStillLive) {
   (void)sim->allocate(0, 4096);
   auto* va = static_cast<unsigned char*>(sim->reserve(0, 2 * kGran, 0));
   const phys_handle_t h = sim->create_physical(0, kGran);
-  sim->map(0, va, kGran, h);
+  ASSERT_TRUE(sim->map(0, va, kGran, h));
   (void)sim->create_physical(0, kGran);
   (void)sim->create_event(0);
   va[0] = 1;
@@ -616,8 +616,8 @@ TEST(SimBackend, ConcurrentUseIsSafe) {
         if (i % 10 == 0) {
           const phys_handle_t h = sim.create_physical(dev, kGran);
           if (h != 0) {
-            sim.map(dev, va, kGran, h);
-            sim.map(dev, va + kGran, kGran, h);
+            ASSERT_TRUE(sim.map(dev, va, kGran, h));
+            ASSERT_TRUE(sim.map(dev, va + kGran, kGran, h));
             // volatile: the two addresses alias through the mapping, which the compiler
             // cannot see; it would otherwise read the second before writing the first.
             volatile unsigned char* v = va;

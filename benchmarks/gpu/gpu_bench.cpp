@@ -22,7 +22,7 @@
 //                       expandable-segment grow and cudaMalloc of the same bytes (stitch_cost.cpp)
 // Counters: peak_reserved (bytes), peak_segments (cudaMalloc'ed segments, where known), bytes.
 // The driver API is reached through the CUDA back end's entry-point table
-// (backends/cuda/driver_api.hpp, cudaGetDriverEntryPointByVersion): libcuda is never linked.
+// (backends/cuda/driver.hpp, opened with dlopen and cuGetProcAddress): libcuda is never linked.
 //
 // Without a device it prints "no CUDA device: <reason>", writes a stub JSON to --benchmark_out
 // (context.stitch_no_device), and exits 0. --stitch_device_check prints the device and exits
@@ -47,7 +47,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/driver_api.hpp"
+#include "backends/cuda/driver.hpp"
 #include "diagnostics/snapshot_writer.hpp"  // json_escape
 #include "gpu_bench_config.h"  // generated: STITCH_BENCH_TORCH_NOTE, STITCH_BENCH_TORCH_VERSION
 #include "peers.hpp"
@@ -393,9 +393,9 @@ void bm_trace(benchmark::State& state, const std::string& name, const Trace& tra
 
 // ---- raw VMM costs ----------------------------------------------------------------------------
 
-/// The back end's driver entry points (backends/cuda/driver_api.hpp) and device 0's granularity.
+/// The back end's driver entry points (backends/cuda/driver.hpp) and device 0's granularity.
 struct Vmm {
-  const stitch::cuda_driver::DriverApi* api = nullptr;
+  const stitch::cuda_driver::Driver* api = nullptr;
   std::string missing;  // "" when everything was found
   CUdevice device = 0;
   std::size_t granularity_min = 0;
@@ -405,12 +405,9 @@ struct Vmm {
 const Vmm& vmm() {
   static const Vmm v = [] {
     Vmm v;
-    v.api = &stitch::cuda_driver::driver_api();
-    const stitch::cuda_driver::DriverApi& api = *v.api;
-    if (!api.vmm_entry_points) {
-      v.missing = api.unavailable_reason;
-      return v;
-    }
+    v.api = stitch::cuda_driver::driver(&v.missing);
+    if (v.api == nullptr) return v;
+    const stitch::cuda_driver::Driver& api = *v.api;
     if (api.device_get(&v.device, 0) != CUDA_SUCCESS) {
       v.missing = "cuDeviceGet(0) failed";
       return v;

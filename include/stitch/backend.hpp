@@ -2,7 +2,7 @@
 //
 // The core never talks to CUDA directly: everything device-side goes through a Backend.
 // Two implementations ship with stitch: SimBackend (host memory that behaves like a GPU) and
-// CudaBackend (the CUDA runtime plus the driver's virtual-memory API).
+// CudaBackend (the CUDA driver API, opened at run time).
 //
 // Error contract for every method: running out of device memory is reported through the return
 // value (nullptr / 0 / false, as documented per method); every other failure throws
@@ -24,6 +24,12 @@ using event_t = void*;
 /// A handle to physical device memory created by Backend::create_physical (0 is never valid).
 using phys_handle_t = std::uint64_t;
 
+/// One piece of a run of mappings (Backend::map_run): the first `bytes` of `handle`.
+struct MapPiece {
+  phys_handle_t handle = 0;
+  std::size_t bytes = 0;
+};
+
 /// Device memory as the device reports it.
 struct MemoryInfo {
   std::size_t free = 0;   ///< bytes the device could still hand out
@@ -41,6 +47,9 @@ class STITCH_EXPORT Backend {
   [[nodiscard]] virtual int device_count() = 0;
   /// Free and total memory of a device.
   [[nodiscard]] virtual MemoryInfo memory_info(int device) = 0;
+  /// A device's capacity in bytes, learnt without touching the device where the back end can
+  /// (CUDA: cuDeviceTotalMem, which needs no context); by default memory_info(device).total.
+  [[nodiscard]] virtual std::size_t total_memory(int device) { return memory_info(device).total; }
   /// Granularity of physical allocations and mappings (2 MiB on current GPUs), a power of two.
   [[nodiscard]] virtual std::size_t granularity(int device) = 0;
   /// Whether the virtual-memory calls (reserve/create_physical/map/unmap) work on this device.
@@ -65,11 +74,19 @@ class STITCH_EXPORT Backend {
   /// Releases physical memory. If it is still mapped somewhere it is freed when the last mapping
   /// goes away (as cuMemRelease does).
   virtual void release_physical(int device, phys_handle_t handle) = 0;
-  /// Maps the first `bytes` of `handle` (all of it, or a prefix: a multiple of granularity())
-  /// at `va`, inside a reservation where nothing is mapped, and makes them readable and writable
-  /// from `device` (cuMemMap and cuMemSetAccess). Always from the handle's start: cuMemMap's
-  /// offset "currently must be zero". A handle may be mapped at several places at once.
-  virtual void map(int device, void* va, std::size_t bytes, phys_handle_t handle) = 0;
+  /// Maps `count` pieces side by side from `va`, inside a reservation where nothing is mapped,
+  /// and makes the whole run readable and writable from `device` (cuMemMap per piece, then one
+  /// cuMemSetAccess over the run). A piece is the first `bytes` of its handle (all of it, or a
+  /// prefix: a multiple of granularity()); always from the handle's start, as cuMemMap's offset
+  /// "currently must be zero". A handle may be mapped at several places at once. All or
+  /// nothing: returns false when the device ran out of memory while mapping (nothing mapped).
+  [[nodiscard]] virtual bool map_run(int device, void* va, const MapPiece* pieces,
+                                     std::size_t count) = 0;
+  /// map_run of one piece.
+  [[nodiscard]] bool map(int device, void* va, std::size_t bytes, phys_handle_t handle) {
+    const MapPiece piece{handle, bytes};
+    return map_run(device, va, &piece, 1);
+  }
   /// Unmaps `bytes` at `va` (a range previously mapped by one or more map() calls).
   virtual void unmap(int device, void* va, std::size_t bytes) = 0;
 

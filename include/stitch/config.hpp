@@ -57,6 +57,13 @@ struct STITCH_EXPORT Config {
   /// that live blocks share (maps it a second time). 1: fine pages only where a whole page
   /// does not fit; 0: fine pages always (docs/stitching.md).
   double stitch_fine_above = 1.0;
+  /// peer_access:True|False (backend:cuda; False): with True, the memory of expandable
+  /// segments and stitching is mapped readable and writable for every device that can access
+  /// the owning one peer to peer (cuDeviceCanAccessPeer), so other GPUs' kernels and copies may
+  /// use it (cudaDeviceEnablePeerAccess does not cover cuMemMap memory). With False only the
+  /// owning device may touch it, as in PyTorch until it adds a peer. Plain cudaMalloc'd memory
+  /// (no expandable segments) follows cudaDeviceEnablePeerAccess either way. Fixed at creation.
+  bool peer_access = false;
   double per_process_memory_fraction = 1.0;         ///< [0,1]; 1 = no limit
   InvalidFreePolicy on_invalid_free = InvalidFreePolicy::error;  ///< on_invalid_free:error|abort
 

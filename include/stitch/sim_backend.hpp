@@ -37,6 +37,7 @@ enum class SimCall : int {
   query_event,
   synchronize_event,
   synchronize_stream,
+  set_access,  ///< once per map_run, after its maps (cuMemSetAccess over the run)
   count_  ///< number of kinds (not a call)
 };
 
@@ -45,8 +46,8 @@ STITCH_EXPORT const char* to_string(SimCall call) noexcept;
 
 /// How an injected fault fails a call.
 enum class SimFault : int {
-  out_of_memory,  ///< the call reports out-of-memory (only for allocate, reserve, create_physical;
-                  ///< other kinds treat it like `error`)
+  out_of_memory,  ///< the call reports out-of-memory (only for allocate, reserve, create_physical
+                  ///< and map; other kinds treat it like `error`)
   error           ///< the call throws stitch::backend_error
 };
 
@@ -88,7 +89,8 @@ class STITCH_EXPORT SimBackend : public Backend {
   void release_reservation(int device, void* va, std::size_t bytes) override;
   [[nodiscard]] phys_handle_t create_physical(int device, std::size_t bytes) override;
   void release_physical(int device, phys_handle_t handle) override;
-  void map(int device, void* va, std::size_t bytes, phys_handle_t handle) override;
+  [[nodiscard]] bool map_run(int device, void* va, const MapPiece* pieces,
+                             std::size_t count) override;
   void unmap(int device, void* va, std::size_t bytes) override;
   [[nodiscard]] event_t create_event(int device) override;
   void destroy_event(int device, event_t event) override;

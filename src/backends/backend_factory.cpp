@@ -6,9 +6,7 @@
 #include "stitch/errors.hpp"
 #include "stitch/sim_backend.hpp"
 
-#ifdef STITCH_HAVE_CUDA
 #include "backends/cuda/cuda_backend.hpp"
-#endif
 
 namespace stitch {
 
@@ -21,13 +19,7 @@ std::shared_ptr<Backend> make_backend(const Config& config) {
       return std::make_shared<SimBackend>(options);
     }
     case BackendKind::cuda:
-#ifdef STITCH_HAVE_CUDA
-      return make_cuda_backend();  // throws backend_error("no CUDA device ...") without a GPU
-#else
-      throw backend_error(
-          "backend:cuda is unavailable: this libstitch was built without the CUDA toolkit "
-          "(use backend:sim for the simulated device)");
-#endif
+      return make_cuda_backend(config);  // throws backend_error("no CUDA device ...") without one
   }
   throw config_error("unknown backend");
 }

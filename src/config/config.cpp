@@ -167,6 +167,9 @@ constexpr KeySpec kKeys[] = {
        c.sim_capacity_mb = uint_in(p, k, 1, std::uint64_t{1} << 30);
      },
      [](const Config& c) { return std::to_string(c.sim_capacity_mb); }},
+    {"peer_access", true, "True or False",
+     [](ConfigParser& p, Config& c, const KeySpec& k) { c.peer_access = parse_bool(p, k); },
+     [](const Config& c) { return c.peer_access ? std::string("True") : std::string(); }},
     {"sim_devices", true, "an integer from 1 to 64",
      [](ConfigParser& p, Config& c, const KeySpec& k) { c.sim_devices = static_cast<int>(uint_in(p, k, 1, 64)); },
      [](const Config& c) { return std::to_string(c.sim_devices); }},

@@ -74,7 +74,7 @@ void DeviceAllocator::set_memory_fraction(double fraction) {
     throw invalid_argument("memory fraction must be in [0, 1], got " + std::to_string(fraction));
   std::optional<std::size_t> allowed;
   if (fraction < 1.0) {
-    const double total = static_cast<double>(backend_.memory_info(device_).total);
+    const double total = static_cast<double>(backend_.total_memory(device_));
     allowed = static_cast<std::size_t>(fraction * total + 0.5);
   }
   std::lock_guard lock(mutex_);

@@ -36,7 +36,7 @@ bool DeviceAllocator::short_of_memory(std::size_t bytes) {
   // With room, stitching grows as expandable segments do; past stitch_fine_above of what the
   // device (or the memory fraction) allows, it grows in fine pages and reuses free pages.
   if (!config_.stitching) return false;
-  if (device_total_ == 0) device_total_ = backend_.memory_info(device_).total;
+  if (device_total_ == 0) device_total_ = backend_.total_memory(device_);
   std::size_t limit = device_total_;
   if (ledger_.cap()) limit = std::min(limit, *ledger_.cap());
   return static_cast<double>(ledger_.reserved() + bytes) >
@@ -46,7 +46,7 @@ bool DeviceAllocator::short_of_memory(std::size_t bytes) {
 DeviceAllocator::Segment* DeviceAllocator::create_expandable(Pool& pool, stream_t stream,
                                                              std::size_t min_bytes, std::size_t page) {
   // Reserve 1 1/8 of the device (as PyTorch does), so holes can be refilled at the end.
-  const std::size_t total = backend_.memory_info(device_).total;
+  const std::size_t total = backend_.total_memory(device_);
   const std::size_t bytes =
       std::max(round_up(total + total / 8, page), round_up(min_bytes, page));
   void* va = backend_.reserve(device_, bytes, backend_.granularity(device_));
@@ -301,8 +301,7 @@ bool DeviceAllocator::release_if_unmapped(Segment* segment) {
 
 void DeviceAllocator::release_expandable_pages() {
   // First, ranges whose unmap and pages whose release failed before.
-  pages_.unmap_strays();
-  pages_.release_orphans();
+  pages_.retry();
   // Two passes: first the stitched ranges that borrowed memory, whose free pages give lent
   // blocks back, which may complete free pages of the ranges that lent them; then the rest.
   for (const bool borrowing : {true, false}) {

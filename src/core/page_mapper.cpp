@@ -28,31 +28,31 @@ bool PageMapper::map(Segment& segment, std::size_t first, std::size_t count, std
   STITCH_ASSERT(first + count <= segment.pages.slots() && per > 0,
                 "PageMapper::map: slots inside the range");
   segment.pages.make_room(first + count);
-  unmap_strays();  // a stray range may lie where these pages go
+  char* const at = segment.base + first * segment.page;
+  unmap_strays_in(at, count * segment.page);  // a stray range may lie where these pages go
   const std::size_t whole = count / per * per;  // slots in handles of `per` slots
-  std::size_t done = 0;  // slots mapped
-  Undo undo([&] {
-    for (std::size_t i = first; i < first + done;) {
-      const std::size_t slots = segment.pages.extent(i);
-      unmap_or_stray(segment.base + i * segment.page, slots * segment.page);
-      release_or_orphan(segment.pages.handle(i));
-      segment.pages.set(i, slots, 0);
-      i += slots;
-    }
+  // Every handle first, then one run: a map per handle and one access grant over them all.
+  std::vector<MapPiece> pieces;
+  pieces.reserve(whole / per + (count - whole));
+  Undo release([&] {
+    for (const MapPiece& p : pieces) release_or_orphan(p.handle);
   });
-  while (done < count) {
-    const std::size_t i = first + done;
+  for (std::size_t done = 0; done < count;) {
     const std::size_t slots = done < whole ? per : 1;
     const std::size_t bytes = slots * segment.page;
     const phys_handle_t handle = backend_.create_physical(device_, bytes);
-    if (handle == 0) return false;  // out of memory: the undo runs
-    Undo release([&] { release_or_orphan(handle); });
-    backend_.map(device_, segment.base + i * segment.page, bytes, handle);
-    release.done();
-    segment.pages.set(i, slots, handle);
+    if (handle == 0) return false;  // out of memory: the undo releases what was created
+    pieces.push_back(MapPiece{handle, bytes});
     done += slots;
   }
-  undo.done();
+  if (!pieces.empty() && !backend_.map_run(device_, at, pieces.data(), pieces.size())) return false;
+  release.done();
+  std::size_t i = first;
+  for (const MapPiece& p : pieces) {
+    const std::size_t slots = p.bytes / segment.page;
+    segment.pages.set(i, slots, p.handle);
+    i += slots;
+  }
   return true;
 }
 
@@ -101,18 +101,37 @@ void PageMapper::unmap_or_stray(char* va, std::size_t bytes) noexcept {
   }
 }
 
-void PageMapper::unmap_strays() {
-  while (!strays_.empty()) {
-    const auto [va, bytes] = strays_.back();
-    backend_.unmap(device_, va, bytes);  // throws: still stray, retried next time
-    strays_.pop_back();
+void PageMapper::unmap_strays_in(char* va, std::size_t bytes) {
+  for (auto it = strays_.begin(); it != strays_.end();) {
+    const auto [at, size] = *it;
+    const bool overlaps = at < va + bytes && va < at + size;
+    try {
+      backend_.unmap(device_, at, size);
+    } catch (...) {
+      if (overlaps) throw;  // still stray, retried next time
+      ++it;
+      continue;
+    }
+    it = strays_.erase(it);
   }
 }
 
-void PageMapper::release_orphans() {
+void PageMapper::retry() noexcept {
+  for (auto it = strays_.begin(); it != strays_.end();) {
+    try {
+      backend_.unmap(device_, it->first, it->second);
+      it = strays_.erase(it);
+    } catch (...) {
+      ++it;
+    }
+  }
   for (auto it = orphans_.begin(); it != orphans_.end();) {
-    backend_.release_physical(device_, *it);  // throws: still orphaned, retried next time
-    it = orphans_.erase(it);
+    try {
+      backend_.release_physical(device_, *it);
+      it = orphans_.erase(it);
+    } catch (...) {
+      ++it;
+    }
   }
 }
 

@@ -37,10 +37,12 @@ class PageMapper {
   void release_or_orphan(phys_handle_t handle) noexcept;
   /// Unmaps `bytes` at `va` while undoing; if that fails too, files the range as stray.
   void unmap_or_stray(char* va, std::size_t bytes) noexcept;
-  /// Retries the unmap of every stray range; throws (keeping the rest) if one fails again.
-  void unmap_strays();
-  /// Retries the release of every orphaned handle; throws (keeping the rest) if one fails again.
-  void release_orphans();
+  /// Before mapping at [va, va + bytes): unmaps the stray ranges that overlap it, and throws
+  /// (keeping them) if one fails again; the other strays get one more try, and stay stray if it
+  /// fails (a stray that cannot be unmapped blocks only the addresses it covers).
+  void unmap_strays_in(char* va, std::size_t bytes);
+  /// One more try for every stray range and orphaned handle; what fails again is kept for later.
+  void retry() noexcept;
   [[nodiscard]] const std::vector<phys_handle_t>& orphans() const noexcept { return orphans_; }
 
  private:

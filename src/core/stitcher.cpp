@@ -102,10 +102,13 @@ void Stitcher::map_back(const MovedPage& m) noexcept {
   Segment* segment = m.segment;
   const std::size_t page = segment->page * m.slots;
   char* at = segment->base + m.index * segment->page;
+  STITCH_ASSERT(m.piece == 0, "map_back: mappings start at their handle's start");
+  bool mapped = false;
   try {
-    STITCH_ASSERT(m.piece == 0, "map_back: mappings start at their handle's start");
-    d_.backend_.map(d_.device_, at, page, m.handle);
+    mapped = d_.backend_.map(d_.device_, at, page, m.handle);
   } catch (...) {
+  }
+  if (!mapped) {
     // The source keeps a hole there: consistent, just smaller.
     if (m.lent != nullptr) {
       d_.return_lent(m.lent);
@@ -243,31 +246,37 @@ void Stitcher::move_out(const std::vector<Run>& plan, std::vector<MovedPage>& mo
   }
 }
 
-void Stitcher::map_side_by_side(Segment& dest, std::size_t first,
+bool Stitcher::map_side_by_side(Segment& dest, std::size_t first,
                                 const std::vector<MovedPage>& moved,
                                 const std::vector<phys_handle_t>& fresh) {
   const std::size_t page = dest.page;
   char* at = dest.base + first * page;
-  std::size_t mapped = 0;  // slots
+  auto undo = [&] {
+    for (auto it = moved.rbegin(); it != moved.rend(); ++it) map_back(*it);
+    for (phys_handle_t h : fresh) d_.pages_.release_or_orphan(h);
+  };
+  bool mapped = false;
   try {
     std::size_t slots = fresh.size();
     for (const MovedPage& m : moved) slots += m.slots;
     dest.pages.make_room(first + slots);
-    d_.pages_.unmap_strays();  // a stray range may lie where these pages go
+    d_.pages_.unmap_strays_in(at, slots * page);  // a stray range may lie where these pages go
+    // One run: a map per page, one access grant over them all (all or nothing).
+    std::vector<MapPiece> pieces;
+    pieces.reserve(moved.size() + fresh.size());
     for (const MovedPage& m : moved) {
       STITCH_ASSERT(m.piece == 0, "move: mappings start at their handle's start");
-      d_.backend_.map(d_.device_, at + mapped * page, m.slots * page, m.handle);
-      mapped += m.slots;
+      pieces.push_back(MapPiece{m.handle, m.slots * page});
     }
-    for (phys_handle_t h : fresh) {
-      d_.backend_.map(d_.device_, at + mapped * page, page, h);
-      ++mapped;
-    }
+    for (phys_handle_t h : fresh) pieces.push_back(MapPiece{h, page});
+    mapped = pieces.empty() || d_.backend_.map_run(d_.device_, at, pieces.data(), pieces.size());
   } catch (...) {
-    if (mapped > 0) d_.pages_.unmap_or_stray(at, mapped * page);
-    for (auto it = moved.rbegin(); it != moved.rend(); ++it) map_back(*it);
-    for (phys_handle_t h : fresh) d_.pages_.release_or_orphan(h);
+    undo();
     throw;
+  }
+  if (!mapped) {  // out of memory while mapping: nothing of the run is mapped
+    undo();
+    return false;
   }
   std::size_t slot = first;
   for (const MovedPage& m : moved) {
@@ -276,6 +285,7 @@ void Stitcher::map_side_by_side(Segment& dest, std::size_t first,
     slot += m.slots;
   }
   for (phys_handle_t h : fresh) dest.pages.set(slot++, 1, h);
+  return true;
 }
 
 void Stitcher::dissolve_emptied(const std::vector<Segment*>& sources) noexcept {
@@ -338,8 +348,11 @@ bool Stitcher::map_reused_pages(Block* target, std::size_t count) {
     throw;
   }
   // On a failure everything is undone; after two faults in a row stray mappings stay in
-  // `dest`'s pages (unmapped in the bookkeeping) until unmap_strays() succeeds.
-  map_side_by_side(*dest, first, moved, fresh);
+  // `dest`'s pages (unmapped in the bookkeeping) until they can be unmapped.
+  if (!map_side_by_side(*dest, first, moved, fresh)) {
+    dissolve_emptied(sources);
+    return false;  // out of memory while mapping: every page back where it was
+  }
   ++d_.stats_.num_page_reuses;
   dissolve_emptied(sources);
   return true;
@@ -454,13 +467,23 @@ Block* Stitcher::stitch(bool small, stream_t stream,
     for (stream_t s : to_sync) d_.backend_.synchronize_stream(d_.device_, s);
     // The borrowed memory, mapped a second time at the end of the new range (one map a run:
     // a run lies in one page); its first mapping stays.
-    d_.pages_.unmap_strays();  // a stray range may lie where these go
-    for (const Lendable& b : borrow) {
-      const PageTable& t = b.segment->pages;
-      STITCH_ASSERT(t.piece(b.first) == 0, "borrow: a run from its handle's start");
-      d_.backend_.map(d_.device_, tail + aliased * page, b.count * page, t.handle(b.first));
-      table.pages.set(target + aliased, b.count, t.handle(b.first), t.piece(b.first));
-      aliased += b.count;
+    if (!borrow.empty()) {
+      d_.pages_.unmap_strays_in(tail, borrowed * page);  // a stray range may lie where these go
+      std::vector<MapPiece> pieces;
+      for (const Lendable& b : borrow) {
+        const PageTable& t = b.segment->pages;
+        STITCH_ASSERT(t.piece(b.first) == 0, "borrow: a run from its handle's start");
+        pieces.push_back(MapPiece{t.handle(b.first), b.count * page});
+      }
+      if (!d_.backend_.map_run(d_.device_, tail, pieces.data(), pieces.size())) {
+        give_up();  // out of memory while mapping: nothing mapped
+        return nullptr;
+      }
+      for (const Lendable& b : borrow) {
+        const PageTable& t = b.segment->pages;
+        table.pages.set(target + aliased, b.count, t.handle(b.first), t.piece(b.first));
+        aliased += b.count;
+      }
     }
   } catch (...) {
     give_up();
@@ -479,14 +502,21 @@ Block* Stitcher::stitch(bool small, stream_t stream,
   }
 
   // 6. Map the moved pages, then the fresh ones, side by side into the new range.
+  bool mapped = false;
   try {
-    map_side_by_side(table, 0, moved, fresh);
+    mapped = map_side_by_side(table, 0, moved, fresh);
   } catch (...) {  // the pages are back where they were, the fresh ones released
     // With stray mappings left (a second failure), release_or_keep keeps the range as an empty
     // stitched segment, given back once the stray unmap succeeds.
     unmap_aliases();
     release_or_keep(small, stream, va, pages * page, page);
     throw;
+  }
+  if (!mapped) {  // out of memory while mapping: as above, then no stitch
+    unmap_aliases();
+    release_or_keep(small, stream, va, pages * page, page);
+    dissolve_emptied(sources);
+    return nullptr;
   }
 
   // 7. The stitched segment: one free block over the whole range. The borrowed memory becomes

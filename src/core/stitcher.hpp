@@ -77,10 +77,10 @@ class Stitcher {
   void move_out(const std::vector<PageRun>& plan, std::vector<MovedPage>& moved,
                 std::vector<Segment*>& sources);
   /// Maps the moved pages, then the fresh ones (one slot each), side by side into `dest` from
-  /// slot `first`, and enters them in its page table. On a failure unmaps what it mapped (a
-  /// range whose unmap fails too is filed as stray), maps the moved pages back where they were,
-  /// releases the fresh ones and rethrows.
-  void map_side_by_side(Segment& dest, std::size_t first, const std::vector<MovedPage>& moved,
+  /// slot `first` (one map_run), and enters them in its page table. On a failure maps the moved
+  /// pages back where they were, releases the fresh ones and rethrows, or returns false when
+  /// the device ran out of memory while mapping.
+  [[nodiscard]] bool map_side_by_side(Segment& dest, std::size_t first, const std::vector<MovedPage>& moved,
                         const std::vector<phys_handle_t>& fresh);
   /// Dissolves the stitched segments among `sources` that no longer hold a mapped page.
   void dissolve_emptied(const std::vector<Segment*>& sources) noexcept;

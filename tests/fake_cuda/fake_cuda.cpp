@@ -132,12 +132,12 @@ const std::vector<ErrorText>& error_table() {
   }();
   return table;
 }
-const ErrorText* find_error(CUresult code) {
+const ErrorText* find_error(int code) {
   for (const ErrorText& e : error_table())
-    if (e.code == code) return &e;
+    if (static_cast<int>(e.code) == code) return &e;
   return nullptr;
 }
-const char* error_name(CUresult code) {
+const char* error_name(int code) {
   const ErrorText* e = find_error(code);
   return e != nullptr ? e->name : "CUresult(?)";
 }
@@ -174,7 +174,7 @@ struct Event {
   bool captured = false;  // last recorded inside a capture sequence
   u64 cap_stream = 0, cap_seq = 0;
 };
-struct Fault { Ep ep; u64 at; CUresult result; };
+struct Fault { Ep ep; u64 at; int result; };
 
 struct State {
   std::mutex mu;
@@ -251,29 +251,36 @@ bool inject(State& st, Ep ep, CUresult* result) {
   const u64 n = ++st.calls[ep];
   for (auto it = st.faults.begin(); it != st.faults.end(); ++it) {
     if (it->ep == ep && it->at == n) {
-      *result = it->result;
+      note(ep, "injected fault: call %llu returns %s (%d)", n, error_name(it->result), it->result);
+      *result = static_cast<CUresult>(it->result);
       st.faults.erase(it);
-      note(ep, "injected fault: call %llu returns %s", n, error_name(*result));
       return true;
     }
   }
   return false;
 }
 
-#define ENTER(ep)                                 \
-  const Ep ep_ = ep;                              \
-  State& st = state();                            \
-  std::lock_guard<std::mutex> lock_(st.mu);       \
+// Every entry point starts with ENTER (or ENTER_ANY: the calls allowed before cuInit): take the
+// lock, count the call, fire an armed fault.
+#define ENTER_ANY(ep)                       \
+  const Ep ep_ = ep;                        \
+  State& st = state();                      \
+  std::lock_guard<std::mutex> lock_(st.mu); \
   if (CUresult injected_; inject(st, ep_, &injected_)) return injected_
+// Rule 1 — cuda.h, cuInit: "If ::cuInit() has not been called, any function from the driver
+// API will return ::CUDA_ERROR_NOT_INITIALIZED."
+#define ENTER(ep)    \
+  ENTER_ANY(ep);     \
+  if (!st.initialized) \
+  return violation(st, R_INIT, ep_, CUDA_ERROR_NOT_INITIALIZED, "called before cuInit(0) succeeded")
 #define TRY(expr)                                              \
   do {                                                         \
     if (const CUresult r_ = (expr); r_ != CUDA_SUCCESS) return r_; \
   } while (0)
-// Rule 1 — cuda.h, cuInit: "If ::cuInit() has not been called, any function from the driver
-// API will return ::CUDA_ERROR_NOT_INITIALIZED."
-#define NEED_INIT()         \
-  if (!st.initialized)      \
-  return violation(st, R_INIT, ep_, CUDA_ERROR_NOT_INITIALIZED, "called before cuInit(0) succeeded")
+#define NEED_CTX(d) \
+  int d;            \
+  TRY(need_ctx(st, ep_, &d))
+#define NEED_VMM() TRY(need_vmm(st, ep_))
 #define NEED_PTR(p) \
   if ((p) == nullptr) return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "%s is NULL", #p)
 #define NEED_DEVICE(d)                                                                         \
@@ -282,6 +289,15 @@ bool inject(State& st, Ep ep, CUresult* result) {
                    "below cuDeviceGetCount() = %d", static_cast<int>(d), st.ndev)
 
 bool valid_device(const State& st, int d) { return d >= 0 && d < st.ndev; }
+// Caller-supplied enums are read as ints: a C caller may pass any value, and loading an
+// out-of-range value through a C++ enum type would be undefined behaviour.
+template <class E>
+int raw(const E& e) {
+  static_assert(sizeof(E) == sizeof(int));
+  int v;
+  memcpy(&v, &e, sizeof v);
+  return v;
+}
 
 // Rule 2 — the current context: cuda.h, cuMemGetInfo: "Returns in \p *total the total amount of
 // memory available to the the current context."; cuEventCreate: "Creates an event *phEvent for
@@ -353,6 +369,10 @@ bool complete_event(State& st, const Event& e) {  // true if held work had to be
   return forced;
 }
 
+bool valid_mode(int m) {
+  return m == CU_STREAM_CAPTURE_MODE_GLOBAL || m == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL ||
+         m == CU_STREAM_CAPTURE_MODE_RELAXED;
+}
 bool capturing(const Stream& s) { return s.cap.status != CU_STREAM_CAPTURE_STATUS_NONE; }
 void end_capture(State& st, Stream& s) {
   if (!capturing(s)) return;
@@ -560,7 +580,7 @@ int ep_by_name(const char* name) {
 bool arm_fault(State& st, const char* name, u64 nth, int result) {
   const int ep = ep_by_name(name);
   if (ep < 0 || nth == 0) return false;
-  st.faults.push_back({static_cast<Ep>(ep), st.calls[ep] + nth, static_cast<CUresult>(result)});
+  st.faults.push_back({static_cast<Ep>(ep), st.calls[ep] + nth, result});
   return true;
 }
 long env_long(const char* name, long def, long lo, long hi) {
@@ -606,37 +626,34 @@ void initialize(State& st) {
   st.initialized = true;
 }
 
-int attribute(const State& st, CUdevice_attribute a, bool* known) {
-  *known = true;
-  switch (a) {
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: return st.no_vmm ? 0 : 1;
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: return st.no_vmm ? 0 : 1;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: return 9;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: return 0;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: return 132;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: return 32;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: return 1024;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: return 48 << 10;
-    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: return 50 << 20;
-    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: return 5120;
-    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: return 3;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: return 1;
-    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: return 1;
-    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: return 1;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return 0x10;  // + device ordinal, by the caller
-    case CU_DEVICE_ATTRIBUTE_INTEGRATED:
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE:  // CU_COMPUTEMODE_DEFAULT
-    case CU_DEVICE_ATTRIBUTE_TCC_DRIVER:
-    case CU_DEVICE_ATTRIBUTE_ECC_ENABLED:
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
-    case CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:  // no cuMemAllocAsync in the fake
-      return 0;
-    default: *known = false; return 0;
-  }
+// Device attributes the fake models (an H100-like device); others are CUDA_ERROR_INVALID_VALUE.
+struct Attribute { CUdevice_attribute attr; int value; };
+const Attribute kAttributes[] = {
+    {CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1},  // 0 with STITCH_FAKE_CUDA_NO_VMM=1
+    {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 1},  // likewise
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 9}, {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0},
+    {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132}, {CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32},
+    {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024}, {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, 48 << 10},
+    {CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, 50 << 20}, {CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, 5120},
+    {CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT, 3}, {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1},
+    {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1}, {CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 1},
+    {CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, 0x10},  // + the device ordinal
+    {CU_DEVICE_ATTRIBUTE_INTEGRATED, 0}, {CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, 0},
+    {CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, 0}, {CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, CU_COMPUTEMODE_DEFAULT},
+    {CU_DEVICE_ATTRIBUTE_TCC_DRIVER, 0}, {CU_DEVICE_ATTRIBUTE_ECC_ENABLED, 0},
+    {CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 0}, {CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 0},  // the fake has no cuMemAllocAsync
+};
+
+// Resolves a CUcontext argument; NULL is the current context.
+CUresult ctx_arg(State& st, Ep ep, CUcontext ctx, int* dev) {
+  if (ctx == nullptr) return need_ctx(st, ep, dev);
+  *dev = device_of_ctx(st, ctx);
+  if (*dev < 0 || st.dev[*dev].refcount == 0)
+    return violation(st, R_CONTEXT, ep, CUDA_ERROR_INVALID_CONTEXT, "%p is not an active context",
+                     static_cast<void*>(ctx));
+  return CUDA_SUCCESS;
 }
 
 CUresult sync_context(State& st, Ep ep, int d) {
@@ -664,14 +681,14 @@ CUresult get_proc(State& st, Ep ep_, const char* symbol, void** pfn, int version
 
 // ==== initialisation, version, errors ============================================================
 FAKE_EXPORT CUresult CUDAAPI cuInit(unsigned int Flags) {
-  ENTER(EP_cuInit);
+  ENTER_ANY(EP_cuInit);
   // Rule 1 — cuda.h, cuInit: "Currently, the \p Flags parameter must be 0."
   if (Flags != 0) return violation(st, R_INIT, ep_, CUDA_ERROR_INVALID_VALUE, "Flags = %u, must be 0", Flags);
   if (!st.initialized) initialize(st);
   return CUDA_SUCCESS;
 }
 FAKE_EXPORT CUresult CUDAAPI cuDriverGetVersion(int* driverVersion) {
-  ENTER(EP_cuDriverGetVersion);
+  ENTER_ANY(EP_cuDriverGetVersion);
   NEED_PTR(driverVersion);
   *driverVersion = kDriverVersion;
   return CUDA_SUCCESS;
@@ -679,33 +696,32 @@ FAKE_EXPORT CUresult CUDAAPI cuDriverGetVersion(int* driverVersion) {
 // cuda.h, cuGetErrorName: "If the error code is not recognized, ::CUDA_ERROR_INVALID_VALUE will
 // be returned and \p *pStr will be set to the NULL address." (same for cuGetErrorString)
 FAKE_EXPORT CUresult CUDAAPI cuGetErrorName(CUresult error, const char** pStr) {
-  ENTER(EP_cuGetErrorName);
+  ENTER_ANY(EP_cuGetErrorName);
   NEED_PTR(pStr);
-  const ErrorText* e = find_error(error);
+  const ErrorText* e = find_error(raw(error));
   *pStr = e != nullptr ? e->name : nullptr;
   return e != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 FAKE_EXPORT CUresult CUDAAPI cuGetErrorString(CUresult error, const char** pStr) {
-  ENTER(EP_cuGetErrorString);
+  ENTER_ANY(EP_cuGetErrorString);
   NEED_PTR(pStr);
-  const ErrorText* e = find_error(error);
+  const ErrorText* e = find_error(raw(error));
   *pStr = e != nullptr ? e->text : nullptr;
   return e != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 FAKE_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
                                                  cuuint64_t flags, CUdriverProcAddressQueryResult* symbolStatus) {
-  ENTER(EP_cuGetProcAddress);
+  ENTER_ANY(EP_cuGetProcAddress);
   return get_proc(st, ep_, symbol, pfn, cudaVersion, flags, symbolStatus);
 }
 FAKE_EXPORT CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) {
-  ENTER(EP_cuGetProcAddress);
+  ENTER_ANY(EP_cuGetProcAddress);
   return get_proc(st, ep_, symbol, pfn, cudaVersion, flags, nullptr);
 }
 
 // ==== devices =======================================================================================
 FAKE_EXPORT CUresult CUDAAPI cuDeviceGet(CUdevice* device, int ordinal) {
   ENTER(EP_cuDeviceGet);
-  NEED_INIT();
   NEED_PTR(device);
   NEED_DEVICE(ordinal);
   *device = ordinal;
@@ -713,28 +729,27 @@ FAKE_EXPORT CUresult CUDAAPI cuDeviceGet(CUdevice* device, int ordinal) {
 }
 FAKE_EXPORT CUresult CUDAAPI cuDeviceGetCount(int* count) {
   ENTER(EP_cuDeviceGetCount);
-  NEED_INIT();
   NEED_PTR(count);
   *count = st.ndev;
   return CUDA_SUCCESS;
 }
 FAKE_EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
   ENTER(EP_cuDeviceGetAttribute);
-  NEED_INIT();
   NEED_PTR(pi);
   NEED_DEVICE(dev);
-  bool known = false;
-  const int v = attribute(st, attrib, &known);
-  if (!known) {  // not the caller's fault: the fake just does not model it
-    note(ep_, "attribute %d is not modelled -> CUDA_ERROR_INVALID_VALUE", static_cast<int>(attrib));
-    return CUDA_ERROR_INVALID_VALUE;
+  const int a = raw(attrib);
+  for (const Attribute& e : kAttributes) {
+    if (e.attr != a) continue;
+    const bool vmm = a == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ||
+                     a == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED;
+    *pi = vmm && st.no_vmm ? 0 : a == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID ? e.value + dev : e.value;
+    return CUDA_SUCCESS;
   }
-  *pi = attrib == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID ? v + dev : v;
-  return CUDA_SUCCESS;
+  note(ep_, "attribute %d is not modelled -> CUDA_ERROR_INVALID_VALUE", a);  // not a violation
+  return CUDA_ERROR_INVALID_VALUE;
 }
 FAKE_EXPORT CUresult CUDAAPI cuDeviceGetName(char* name, int len, CUdevice dev) {
   ENTER(EP_cuDeviceGetName);
-  NEED_INIT();
   NEED_PTR(name);
   if (len <= 0) return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "len = %d", len);
   NEED_DEVICE(dev);
@@ -743,7 +758,6 @@ FAKE_EXPORT CUresult CUDAAPI cuDeviceGetName(char* name, int len, CUdevice dev) 
 }
 FAKE_EXPORT CUresult CUDAAPI cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
   ENTER(EP_cuDeviceTotalMem);
-  NEED_INIT();
   NEED_PTR(bytes);
   NEED_DEVICE(dev);
   *bytes = st.dev[dev].capacity;
@@ -753,7 +767,6 @@ FAKE_EXPORT CUresult CUDAAPI cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
 // are capable of directly accessing memory from contexts on \p peerDev and 0 otherwise."
 FAKE_EXPORT CUresult CUDAAPI cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice dev, CUdevice peerDev) {
   ENTER(EP_cuDeviceCanAccessPeer);
-  NEED_INIT();
   NEED_PTR(canAccessPeer);
   NEED_DEVICE(dev);
   NEED_DEVICE(peerDev);
@@ -764,7 +777,6 @@ FAKE_EXPORT CUresult CUDAAPI cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice 
 // ==== primary contexts ==============================================================================
 FAKE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   ENTER(EP_cuDevicePrimaryCtxRetain);
-  NEED_INIT();
   NEED_PTR(pctx);
   NEED_DEVICE(dev);
   if (st.dev[dev].refcount++ == 0) st.dev[dev].activated++;
@@ -773,7 +785,6 @@ FAKE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice 
 }
 FAKE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   ENTER(EP_cuDevicePrimaryCtxRelease);
-  NEED_INIT();
   NEED_DEVICE(dev);
   // cuda.h, cuDevicePrimaryCtxRelease: "Releasing a primary context that has not been previously
   // retained will fail with ::CUDA_ERROR_INVALID_CONTEXT."
@@ -785,7 +796,6 @@ FAKE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 }
 FAKE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
   ENTER(EP_cuDevicePrimaryCtxGetState);
-  NEED_INIT();
   NEED_PTR(flags);
   NEED_PTR(active);
   NEED_DEVICE(dev);
@@ -798,7 +808,6 @@ FAKE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned i
 // contexts; binding one that is not retained (inactive) is CUDA_ERROR_INVALID_CONTEXT.
 FAKE_EXPORT CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
   ENTER(EP_cuCtxSetCurrent);
-  NEED_INIT();
   if (ctx == nullptr) {
     me(st).dev = -1;
     return CUDA_SUCCESS;
@@ -815,7 +824,6 @@ FAKE_EXPORT CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
 }
 FAKE_EXPORT CUresult CUDAAPI cuCtxGetCurrent(CUcontext* pctx) {
   ENTER(EP_cuCtxGetCurrent);
-  NEED_INIT();
   NEED_PTR(pctx);
   const int d = me(st).dev;
   *pctx = d >= 0 ? ctx_of(d) : nullptr;
@@ -823,9 +831,7 @@ FAKE_EXPORT CUresult CUDAAPI cuCtxGetCurrent(CUcontext* pctx) {
 }
 FAKE_EXPORT CUresult CUDAAPI cuCtxGetDevice(CUdevice* device) {
   ENTER(EP_cuCtxGetDevice);
-  NEED_INIT();
-  int d;
-  TRY(need_ctx(st, ep_, &d));
+  NEED_CTX(d);
   NEED_PTR(device);
   *device = d;
   return CUDA_SUCCESS;
@@ -834,42 +840,30 @@ FAKE_EXPORT CUresult CUDAAPI cuCtxGetDevice(CUdevice* device) {
 // context is NULL, the API will return the current context's device."
 FAKE_EXPORT CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) {
   ENTER(EP_cuCtxGetDevice);
-  NEED_INIT();
-  int d = device_of_ctx(st, ctx);
-  if (ctx == nullptr) TRY(need_ctx(st, ep_, &d));
-  else if (d < 0 || st.dev[d].refcount == 0)
-    return violation(st, R_CONTEXT, ep_, CUDA_ERROR_INVALID_CONTEXT, "%p is not an active context",
-                     static_cast<void*>(ctx));
+  int d;
+  TRY(ctx_arg(st, ep_, ctx, &d));
   NEED_PTR(device);
   *device = d;
   return CUDA_SUCCESS;
 }
 FAKE_EXPORT CUresult CUDAAPI cuCtxSynchronize(void) {
   ENTER(EP_cuCtxSynchronize);
-  NEED_INIT();
-  int d;
-  TRY(need_ctx(st, ep_, &d));
+  NEED_CTX(d);
   return sync_context(st, ep_, d);
 }
 // The CUDA 13.0 ABI of "cuCtxSynchronize" (PFN_cuCtxSynchronize_v13000); cuda.h: "If the
 // specified context is NULL, the API will operate on the current context."
 FAKE_EXPORT CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
   ENTER(EP_cuCtxSynchronize);
-  NEED_INIT();
-  int d = device_of_ctx(st, ctx);
-  if (ctx == nullptr) TRY(need_ctx(st, ep_, &d));
-  else if (d < 0 || st.dev[d].refcount == 0)
-    return violation(st, R_CONTEXT, ep_, CUDA_ERROR_INVALID_CONTEXT, "%p is not an active context",
-                     static_cast<void*>(ctx));
+  int d;
+  TRY(ctx_arg(st, ep_, ctx, &d));
   return sync_context(st, ep_, d);
 }
 
 // ==== linear memory =================================================================================
 FAKE_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t* free, size_t* total) {
   ENTER(EP_cuMemGetInfo);
-  NEED_INIT();
-  int d;
-  TRY(need_ctx(st, ep_, &d));
+  NEED_CTX(d);
   NEED_PTR(free);
   NEED_PTR(total);
   *total = st.dev[d].capacity;
@@ -879,9 +873,7 @@ FAKE_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t* free, size_t* total) {
 // Host memory, read-write, page aligned; charged to the device rounded up to 2 MiB.
 FAKE_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   ENTER(EP_cuMemAlloc);
-  NEED_INIT();
-  int d;
-  TRY(need_ctx(st, ep_, &d));
+  NEED_CTX(d);
   TRY(unsafe_call(st, ep_));
   NEED_PTR(dptr);
   // cuda.h, cuMemAlloc: "If \p bytesize is 0, ::cuMemAlloc() returns ::CUDA_ERROR_INVALID_VALUE."
@@ -901,9 +893,7 @@ FAKE_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
 }
 FAKE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   ENTER(EP_cuMemFree);
-  NEED_INIT();
-  int d;
-  TRY(need_ctx(st, ep_, &d));
+  NEED_CTX(d);
   TRY(unsafe_call(st, ep_));
   // Rule 10 — cuda.h, cuMemFree: "Frees the memory space pointed to by \p dptr, which must have
   // been returned by a previous call to one of the following memory allocation APIs - ::cuMemAlloc()"
@@ -929,13 +919,12 @@ FAKE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
 FAKE_EXPORT CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
                                                            CUmemAllocationGranularity_flags option) {
   ENTER(EP_cuMemGetAllocationGranularity);
-  NEED_INIT();
-  TRY(need_vmm(st, ep_));
+  NEED_VMM();
   NEED_PTR(granularity);
   NEED_PTR(prop);
-  if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
-    return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "option = %d", static_cast<int>(option));
-  if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+  if (raw(option) != CU_MEM_ALLOC_GRANULARITY_MINIMUM && raw(option) != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+    return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "option = %d", raw(option));
+  if (raw(prop->type) != CU_MEM_ALLOCATION_TYPE_PINNED || raw(prop->location.type) != CU_MEM_LOCATION_TYPE_DEVICE)
     return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE,
                      "prop must be CU_MEM_ALLOCATION_TYPE_PINNED on CU_MEM_LOCATION_TYPE_DEVICE");
   NEED_DEVICE(prop->location.id);
@@ -945,10 +934,8 @@ FAKE_EXPORT CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granularity, 
 FAKE_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
                                                  CUdeviceptr addr, unsigned long long flags) {
   ENTER(EP_cuMemAddressReserve);
-  NEED_INIT();
-  int d;
-  TRY(need_ctx(st, ep_, &d));
-  TRY(need_vmm(st, ep_));
+  NEED_CTX(d);
+  NEED_VMM();
   NEED_PTR(ptr);
   TRY(need_granular(st, ep_, "size", size, true));
   // cuda.h, cuMemAddressReserve: "The size and address parameters must be a multiple of the host
@@ -985,10 +972,8 @@ FAKE_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t size, 
 }
 FAKE_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   ENTER(EP_cuMemAddressFree);
-  NEED_INIT();
-  int d;
-  TRY(need_ctx(st, ep_, &d));
-  TRY(need_vmm(st, ep_));
+  NEED_CTX(d);
+  NEED_VMM();
   // Rule 7 — cuda.h, cuMemAddressFree: "The size must match what was given to memAddressReserve
   // and the ptr given must match what was returned from memAddressReserve."
   auto it = st.reservations.find(ptr);
@@ -1008,16 +993,14 @@ FAKE_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 FAKE_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                                          const CUmemAllocationProp* prop, unsigned long long flags) {
   ENTER(EP_cuMemCreate);
-  NEED_INIT();
-  int d;
-  TRY(need_ctx(st, ep_, &d));
-  TRY(need_vmm(st, ep_));
+  NEED_CTX(d);
+  NEED_VMM();
   NEED_PTR(handle);
   NEED_PTR(prop);
   // cuda.h, cuMemCreate: "flags - flags for future use, must be zero now."
   if (flags != 0) return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "flags = 0x%llx", flags);
   // CUmemAllocationProp::allocType: "Currently must be specified as CU_MEM_ALLOCATION_TYPE_PINNED"
-  if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+  if (raw(prop->type) != CU_MEM_ALLOCATION_TYPE_PINNED || raw(prop->location.type) != CU_MEM_LOCATION_TYPE_DEVICE)
     return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE,
                      "prop must be CU_MEM_ALLOCATION_TYPE_PINNED on CU_MEM_LOCATION_TYPE_DEVICE");
   NEED_DEVICE(prop->location.id);
@@ -1026,9 +1009,9 @@ FAKE_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, s
   if (prop->location.id != d)
     return violation(st, R_CONTEXT, ep_, CUDA_ERROR_INVALID_VALUE,
                      "wrong context: prop.location.id = %d, current context is device %d", prop->location.id, d);
-  if ((prop->requestedHandleTypes & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0)
+  if ((raw(prop->requestedHandleTypes) & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0)
     return violation(st, R_ARG, ep_, CUDA_ERROR_NOT_SUPPORTED, "requestedHandleTypes = 0x%x",
-                     static_cast<unsigned>(prop->requestedHandleTypes));
+                     raw(prop->requestedHandleTypes));
   // CUmemAllocationProp::win32HandleMetaData: "In all other cases, this field is required to be zero."
   if (prop->win32HandleMetaData != nullptr)
     return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "win32HandleMetaData is not NULL");
@@ -1063,10 +1046,8 @@ CUresult live_handle(State& st, Ep ep, CUmemGenericAllocationHandle id, Handle**
 }  // namespace
 FAKE_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
   ENTER(EP_cuMemRelease);
-  NEED_INIT();
-  int d;
-  TRY(need_ctx(st, ep_, &d));
-  TRY(need_vmm(st, ep_));
+  NEED_CTX(d);
+  NEED_VMM();
   Handle* h;
   TRY(live_handle(st, ep_, handle, &h));
   // cuda.h, cuMemRelease: "The generic memory handle can be freed when there are still
@@ -1078,10 +1059,8 @@ FAKE_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
 FAKE_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                                       CUmemGenericAllocationHandle handle, unsigned long long flags) {
   ENTER(EP_cuMemMap);
-  NEED_INIT();
-  int d;
-  TRY(need_ctx(st, ep_, &d));
-  TRY(need_vmm(st, ep_));
+  NEED_CTX(d);
+  NEED_VMM();
   TRY(need_granular(st, ep_, "ptr", ptr, true));
   TRY(need_granular(st, ep_, "size", size, true));
   TRY(need_granular(st, ep_, "offset", offset, false));
@@ -1116,10 +1095,8 @@ FAKE_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offse
 }
 FAKE_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
   ENTER(EP_cuMemUnmap);
-  NEED_INIT();
-  int d;
-  TRY(need_ctx(st, ep_, &d));
-  TRY(need_vmm(st, ep_));
+  NEED_CTX(d);
+  NEED_VMM();
   TRY(need_granular(st, ep_, "ptr", ptr, true));
   TRY(need_granular(st, ep_, "size", size, true));
   // Rule 6 — cuda.h, cuMemUnmap: "The range must be the entire contiguous address range that was
@@ -1146,23 +1123,21 @@ FAKE_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
 }
 FAKE_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
   ENTER(EP_cuMemSetAccess);
-  NEED_INIT();
-  int d;
-  TRY(need_ctx(st, ep_, &d));
-  TRY(need_vmm(st, ep_));
+  NEED_CTX(d);
+  NEED_VMM();
   TRY(need_granular(st, ep_, "ptr", ptr, true));
   TRY(need_granular(st, ep_, "size", size, true));
   if (desc == nullptr || count == 0)
     return violation(st, R_ACCESS, ep_, CUDA_ERROR_INVALID_VALUE, "no access descriptors");
   for (size_t i = 0; i < count; ++i) {
-    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    if (raw(desc[i].location.type) != CU_MEM_LOCATION_TYPE_DEVICE)
       return violation(st, R_ACCESS, ep_, CUDA_ERROR_INVALID_VALUE, "desc[%zu].location.type is not DEVICE", i);
     if (!valid_device(st, desc[i].location.id))
       return violation(st, R_ACCESS, ep_, CUDA_ERROR_INVALID_DEVICE, "desc[%zu].location.id = %d", i,
                        desc[i].location.id);
-    const CUmemAccess_flags f = desc[i].flags;
+    const int f = raw(desc[i].flags);
     if (f != CU_MEM_ACCESS_FLAGS_PROT_NONE && f != CU_MEM_ACCESS_FLAGS_PROT_READ && f != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
-      return violation(st, R_ACCESS, ep_, CUDA_ERROR_INVALID_VALUE, "desc[%zu].flags = %d", i, static_cast<int>(f));
+      return violation(st, R_ACCESS, ep_, CUDA_ERROR_INVALID_VALUE, "desc[%zu].flags = %d", i, f);
   }
   // Rule 5 — cuda.h, cuMemSetAccess: "The range must be a fully mapped address range containing
   // all allocations created by ::cuMemMap / ::cuMemCreate."
@@ -1189,9 +1164,7 @@ FAKE_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const 
 // ==== streams =======================================================================================
 FAKE_EXPORT CUresult CUDAAPI cuStreamCreate(CUstream* phStream, unsigned int Flags) {
   ENTER(EP_cuStreamCreate);
-  NEED_INIT();
-  int d;
-  TRY(need_ctx(st, ep_, &d));
+  NEED_CTX(d);
   NEED_PTR(phStream);
   // cuda.h, cuStreamCreate: "Valid values for \p Flags are: CU_STREAM_DEFAULT ... CU_STREAM_NON_BLOCKING"
   if ((Flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0)
@@ -1208,7 +1181,6 @@ FAKE_EXPORT CUresult CUDAAPI cuStreamCreate(CUstream* phStream, unsigned int Fla
 // destroyed (the docs do not forbid it); only cuEventRecord insists on one context (rule 9).
 FAKE_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream) {
   ENTER(EP_cuStreamDestroy);
-  NEED_INIT();
   if (hStream == nullptr || hStream == CU_STREAM_LEGACY)
     return violation(st, R_HANDLE, ep_, CUDA_ERROR_INVALID_HANDLE, "the legacy stream cannot be destroyed");
   Stream* s;
@@ -1222,7 +1194,6 @@ FAKE_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream) {
 }
 FAKE_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
   ENTER(EP_cuStreamSynchronize);
-  NEED_INIT();
   Stream* s;
   TRY(get_stream(st, ep_, hStream, &s));
   TRY(capture_allows_wait(st, ep_, *s));
@@ -1233,7 +1204,6 @@ FAKE_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
 // \p hStream have completed, or ::CUDA_ERROR_NOT_READY if not."
 FAKE_EXPORT CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
   ENTER(EP_cuStreamQuery);
-  NEED_INIT();
   Stream* s;
   TRY(get_stream(st, ep_, hStream, &s));
   TRY(capture_allows_wait(st, ep_, *s));
@@ -1241,16 +1211,13 @@ FAKE_EXPORT CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
 }
 FAKE_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
   ENTER(EP_cuStreamBeginCapture);
-  NEED_INIT();
   // Rule 12 — cuda.h, cuStreamBeginCapture: "Capture may not be initiated if \p stream is
   // CU_STREAM_LEGACY."
   if (hStream == nullptr || hStream == CU_STREAM_LEGACY)
     return violation(st, R_CAPTURE, ep_, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "capture of the legacy stream");
   Stream* s;
   TRY(get_stream(st, ep_, hStream, &s));
-  if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-      mode != CU_STREAM_CAPTURE_MODE_RELAXED)
-    return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "mode = %d", static_cast<int>(mode));
+  if (!valid_mode(raw(mode))) return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "mode = %d", raw(mode));
   // "it may only be initiated if the stream is not already in capture mode."
   if (capturing(*s))
     return violation(st, R_CAPTURE, ep_, CUDA_ERROR_ILLEGAL_STATE, "stream %p is already capturing",
@@ -1261,7 +1228,6 @@ FAKE_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream, CUstreamC
 }
 FAKE_EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
   ENTER(EP_cuStreamEndCapture);
-  NEED_INIT();
   NEED_PTR(phGraph);
   Stream* s;
   TRY(get_stream(st, ep_, hStream, &s));
@@ -1284,7 +1250,6 @@ FAKE_EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph* phGra
 }
 FAKE_EXPORT CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus* captureStatus) {
   ENTER(EP_cuStreamIsCapturing);
-  NEED_INIT();
   NEED_PTR(captureStatus);
   Stream* s;
   TRY(get_stream(st, ep_, hStream, &s));
@@ -1299,11 +1264,8 @@ FAKE_EXPORT CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptu
 }
 FAKE_EXPORT CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   ENTER(EP_cuThreadExchangeStreamCaptureMode);
-  NEED_INIT();
   NEED_PTR(mode);
-  if (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL && *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-      *mode != CU_STREAM_CAPTURE_MODE_RELAXED)
-    return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "*mode = %d", static_cast<int>(*mode));
+  if (!valid_mode(raw(*mode))) return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "*mode = %d", raw(*mode));
   // "Sets the calling thread's stream capture interaction mode to the value contained in
   // \p *mode, and overwrites \p *mode with the previous mode for the thread."
   std::swap(me(st).mode, *mode);
@@ -1313,9 +1275,7 @@ FAKE_EXPORT CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMo
 // ==== events ========================================================================================
 FAKE_EXPORT CUresult CUDAAPI cuEventCreate(CUevent* phEvent, unsigned int Flags) {
   ENTER(EP_cuEventCreate);
-  NEED_INIT();
-  int d;
-  TRY(need_ctx(st, ep_, &d));
+  NEED_CTX(d);
   NEED_PTR(phEvent);
   const unsigned valid = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
   if ((Flags & ~valid) != 0) return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "Flags = 0x%x", Flags);
@@ -1329,7 +1289,6 @@ FAKE_EXPORT CUresult CUDAAPI cuEventCreate(CUevent* phEvent, unsigned int Flags)
 }
 FAKE_EXPORT CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent) {
   ENTER(EP_cuEventDestroy);
-  NEED_INIT();
   Event* e;
   TRY(get_event(st, ep_, hEvent, &e));
   st.events.erase(reinterpret_cast<u64>(hEvent));
@@ -1337,7 +1296,6 @@ FAKE_EXPORT CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent) {
 }
 FAKE_EXPORT CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) {
   ENTER(EP_cuEventRecord);
-  NEED_INIT();
   Event* e;
   TRY(get_event(st, ep_, hEvent, &e));
   Stream* s;
@@ -1375,7 +1333,6 @@ FAKE_EXPORT CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) {
 // ::CUDA_ERROR_NOT_READY if any captured work is incomplete."
 FAKE_EXPORT CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
   ENTER(EP_cuEventQuery);
-  NEED_INIT();
   Event* e;
   TRY(get_event(st, ep_, hEvent, &e));
   TRY(event_not_captured(st, ep_, hEvent, *e));
@@ -1384,7 +1341,6 @@ FAKE_EXPORT CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
 }
 FAKE_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
   ENTER(EP_cuEventSynchronize);
-  NEED_INIT();
   Event* e;
   TRY(get_event(st, ep_, hEvent, &e));
   TRY(event_not_captured(st, ep_, hEvent, *e));
@@ -1474,10 +1430,7 @@ FAKE_EXPORT int stitch_fake_cuda_fail(const char* entry_point, unsigned long lon
   CONTROL_LOCK();
   return arm_fault(st, entry_point, nth, result) ? 0 : -1;
 }
-FAKE_EXPORT void stitch_fake_cuda_clear_faults(void) {
-  CONTROL_LOCK();
-  st.faults.clear();
-}
+FAKE_EXPORT void stitch_fake_cuda_clear_faults(void) { CONTROL_LOCK(); st.faults.clear(); }
 namespace {
 Stream* control_stream(State& st, CUstream h, bool allow_destroyed) {
   if (!st.initialized) return nullptr;
@@ -1507,19 +1460,13 @@ FAKE_EXPORT int stitch_fake_cuda_release_stream(CUstream stream) {
   complete_stream(*s);
   return 0;
 }
-FAKE_EXPORT unsigned long long stitch_fake_cuda_forced_completions(void) {
-  CONTROL_LOCK();
-  return st.forced;
-}
+FAKE_EXPORT unsigned long long stitch_fake_cuda_forced_completions(void) { CONTROL_LOCK(); return st.forced; }
 FAKE_EXPORT unsigned long long stitch_fake_cuda_calls(const char* entry_point) {
   CONTROL_LOCK();
   const int ep = ep_by_name(entry_point);
   return ep < 0 ? 0 : st.calls[ep];
 }
-FAKE_EXPORT unsigned long long stitch_fake_cuda_violations(void) {
-  CONTROL_LOCK();
-  return st.violations;
-}
+FAKE_EXPORT unsigned long long stitch_fake_cuda_violations(void) { CONTROL_LOCK(); return st.violations; }
 FAKE_EXPORT unsigned long long stitch_fake_cuda_rule_violations(int rule) {
   CONTROL_LOCK();
   return rule >= 0 && rule < R_COUNT ? st.rule_violations[rule] : 0;
@@ -1552,10 +1499,7 @@ FAKE_EXPORT unsigned long long stitch_fake_cuda_set_access_calls(int device) {
   CONTROL_LOCK();
   return device >= 0 && device < kMaxDevices ? st.dev[device].set_access : 0;
 }
-FAKE_EXPORT void stitch_fake_cuda_reset(void) {
-  CONTROL_LOCK();
-  reset_all(st);
-}
+FAKE_EXPORT void stitch_fake_cuda_reset(void) { CONTROL_LOCK(); reset_all(st); }
 FAKE_EXPORT int stitch_fake_cuda_set_capacity(int device, size_t bytes) {
   CONTROL_LOCK();
   if (st.initialized) {

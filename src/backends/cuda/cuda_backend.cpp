@@ -1,11 +1,10 @@
-// backends/cuda/cuda_backend.cpp — CudaBackend: stitch::Backend over the CUDA runtime
-// (cudaMalloc, events, streams) and the driver's virtual-memory API (cuMemAddressReserve,
-// cuMemCreate, cuMemMap ...) reached through driver_api(). Owns the current-device guard, the
-// per-device capability cache and the translation of CUDA errors into backend_error / nullptr.
+// backends/cuda/cuda_backend.cpp — CudaBackend: stitch::Backend on the CUDA driver API alone
+// (cuMemAlloc, events, streams, and the virtual-memory calls cuMemAddressReserve, cuMemCreate,
+// cuMemMap ...), reached through the Driver table (driver.hpp). Owns the per-device state (the
+// primary context, retained once on first use; the capabilities; who may access mapped memory),
+// the context scope every call runs in, and the translation of driver results into
+// backend_error / nullptr. Messages are formatted only when a call fails.
 #include "backends/cuda/cuda_backend.hpp"
-
-#include <cuda.h>
-#include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -13,30 +12,27 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
-#include "backends/cuda/driver_api.hpp"
+#include "backends/cuda/driver.hpp"
+#include "stitch/config.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch {
 namespace {
 
 using cuda_driver::describe;
-using cuda_driver::driver_api;
-using cuda_driver::DriverApi;
 using cuda_driver::device_memory_prop;
+using cuda_driver::Driver;
 
 /// Used when the device has no virtual-memory support (the real value comes from the driver).
 constexpr std::size_t kDefaultGranularity = std::size_t{2} << 20;
 /// Backend::allocate promises at least this alignment.
 constexpr std::uintptr_t kAllocateAlignment = 512;
 
-// ---- message helpers --------------------------------------------------------------------------
-
-/// "cudaErrorInvalidValue (1): invalid argument"
-std::string describe(cudaError_t err) {
-  return std::string(cudaGetErrorName(err)) + " (" + std::to_string(static_cast<int>(err)) +
-         "): " + cudaGetErrorString(err);
-}
+// ---- message helpers (failure paths only) -----------------------------------------------------
 
 std::string hex(const void* p) {
   char buf[2 + 2 * sizeof(void*) + 1];
@@ -49,86 +45,103 @@ std::string bytes_text(std::size_t bytes) { return std::to_string(bytes) + " byt
 
 std::string on_device(int device) { return " on device " + std::to_string(device); }
 
-/// Throws for a failed runtime call `call` (e.g. "cudaMalloc(2097152 bytes)"), first clearing the
-/// thread's last runtime error so our failure does not leak into the caller's error checks.
-[[noreturn]] void throw_runtime(const std::string& call, int device, cudaError_t err) {
-  (void)cudaGetLastError();
-  throw backend_error(call + on_device(device) + " failed: " + describe(err));
+/// A call's description: `call` is the text, or a function that builds it (only when needed).
+template <class Call>
+std::string call_text(const Call& call) {
+  if constexpr (std::is_invocable_v<const Call&>) {
+    return std::string(call());
+  } else {
+    return std::string(call);
+  }
 }
 
-[[noreturn]] void throw_driver(const std::string& call, int device, CUresult result) {
-  throw backend_error(call + on_device(device) + " failed: " + describe(result));
+/// Throws for a failed driver call; `call` builds its description (e.g. "cuMemAlloc(2097152
+/// bytes)") only now.
+template <class Call>
+[[noreturn]] void fail(const Call& call, int device, CUresult result) {
+  throw backend_error(call_text(call) + on_device(device) + " failed: " + describe(result));
 }
-
-// ---- current device ---------------------------------------------------------------------------
-
-/// Makes `device` current for the guard's lifetime and restores the previous device afterwards;
-/// does nothing when `device` already is current. With `bind_context`, also makes sure a CUDA
-/// context is current on this thread (driver calls do not create one the way runtime calls do).
-/// Throws backend_error, having changed nothing, when the device cannot be made current.
-class DeviceGuard {
- public:
-  DeviceGuard(int device, const std::string& call, bool bind_context = false) {
-    cudaError_t err = cudaGetDevice(&previous_);
-    if (err != cudaSuccess) throw_runtime("cudaGetDevice (before " + call + ")", device, err);
-    bool set = previous_ != device;
-    if (!set && bind_context) {
-      const DriverApi& api = driver_api();
-      CUcontext ctx = nullptr;
-      // The runtime's current device can be known while no context is bound to this thread
-      // yet; cudaSetDevice binds the device's primary context (CUDA 12+).
-      set = api.ctx_get_current != nullptr && api.ctx_get_current(&ctx) == CUDA_SUCCESS &&
-            ctx == nullptr;
-    }
-    if (set) {
-      err = cudaSetDevice(device);
-      if (err != cudaSuccess) throw_runtime("cudaSetDevice (before " + call + ")", device, err);
-      restore_ = previous_ != device;
-    }
-  }
-  ~DeviceGuard() {
-    if (restore_ && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-  bool restore_ = false;
-};
-
-// ---- the back end -----------------------------------------------------------------------------
-
-/// What the driver says about one device; filled once, on first use.
-struct DeviceCaps {
-  std::once_flag once;
-  bool vmm = false;
-  std::size_t granularity = kDefaultGranularity;
-  CUdevice cu_device = 0;
-  std::string no_vmm_reason;  ///< why vmm is false
-};
-
 
 CUdeviceptr to_cu(const void* va) {
   return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(va));
 }
 
+void* from_cu(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)); }
+
+// ---- per-device state ---------------------------------------------------------------------------
+
+/// What the back end knows of one device. Capabilities are queried once, without a context;
+/// the primary context is retained once, when a call first needs it.
+struct DeviceState {
+  std::once_flag caps_once;
+  CUdevice cu_device = 0;
+  bool vmm = false;
+  std::size_t granularity = kDefaultGranularity;
+  std::string no_vmm_reason;           ///< why vmm is false
+  std::vector<CUmemAccessDesc> access;  ///< who may read and write mapped memory
+
+  std::mutex context_mutex;
+  CUcontext context = nullptr;  ///< the primary context, once retained
+
+  /// Runs a map_run could not take back (its undo's cuMemUnmap failed): retried before every
+  /// map_run and release_reservation; a stray blocks only the addresses it covers.
+  std::mutex strays_mutex;
+  std::vector<std::pair<CUdeviceptr, std::size_t>> strays;
+};
+
+/// Makes `context` current on this thread for the scope's lifetime and then restores the
+/// caller's (possibly none: restoring "no context" creates nothing). Does nothing when it is
+/// current already.
+class ContextScope {
+ public:
+  ContextScope(const Driver& d, CUcontext context, int device) : d_(d) {
+    CUresult r = d_.ctx_get_current(&previous_);
+    if (r != CUDA_SUCCESS) fail([] { return std::string("cuCtxGetCurrent"); }, device, r);
+    if (previous_ == context) return;
+    r = d_.ctx_set_current(context);
+    if (r != CUDA_SUCCESS) fail([] { return std::string("cuCtxSetCurrent"); }, device, r);
+    restore_ = true;
+  }
+  ~ContextScope() {
+    if (restore_) (void)d_.ctx_set_current(previous_);
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+ private:
+  const Driver& d_;
+  CUcontext previous_ = nullptr;
+  bool restore_ = false;
+};
+
+// ---- the back end -------------------------------------------------------------------------------
+
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device_count)
-      : device_count_(device_count), caps_(std::make_unique<DeviceCaps[]>(device_count)) {}
+  CudaBackend(const Driver& d, int device_count, bool peer_access)
+      : d_(d),
+        device_count_(device_count),
+        peer_access_(peer_access),
+        devices_(std::make_unique<DeviceState[]>(static_cast<std::size_t>(device_count))) {}
 
   [[nodiscard]] const char* name() const noexcept override { return "cuda"; }
 
   [[nodiscard]] int device_count() override { return device_count_; }
 
   [[nodiscard]] MemoryInfo memory_info(int device) override {
-    check_device(device, "cudaMemGetInfo");
-    DeviceGuard guard(device, "cudaMemGetInfo");
+    ContextScope scope = enter(device, "cuMemGetInfo");
     MemoryInfo info;
-    const cudaError_t err = cudaMemGetInfo(&info.free, &info.total);
-    if (err != cudaSuccess) throw_runtime("cudaMemGetInfo", device, err);
+    const CUresult r = d_.mem_get_info(&info.free, &info.total);
+    if (r != CUDA_SUCCESS) fail([] { return std::string("cuMemGetInfo"); }, device, r);
     return info;
+  }
+
+  [[nodiscard]] std::size_t total_memory(int device) override {
+    DeviceState& s = caps(device, "cuDeviceTotalMem");
+    std::size_t bytes = 0;
+    const CUresult r = d_.device_total_mem(&bytes, s.cu_device);  // needs no context
+    if (r != CUDA_SUCCESS) fail([] { return std::string("cuDeviceTotalMem"); }, device, r);
+    return bytes;
   }
 
   [[nodiscard]] std::size_t granularity(int device) override {
@@ -142,204 +155,267 @@ class CudaBackend final : public Backend {
   // ---- plain device memory ----
 
   [[nodiscard]] void* allocate(int device, std::size_t bytes) override {
-    const std::string call = "cudaMalloc(" + bytes_text(bytes) + ")";
+    auto call = [&] { return "cuMemAlloc(" + bytes_text(bytes) + ")"; };
     check_device(device, call);
-    if (bytes == 0) throw backend_error(call + on_device(device) + ": zero-byte request");
-    DeviceGuard guard(device, call);
-    void* ptr = nullptr;
-    const cudaError_t err = cudaMalloc(&ptr, bytes);
-    if (err == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      return nullptr;
-    }
-    if (err != cudaSuccess) throw_runtime(call, device, err);
-    if (reinterpret_cast<std::uintptr_t>(ptr) % kAllocateAlignment != 0) {
-      if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
-      throw backend_error(call + on_device(device) + " returned " + hex(ptr) +
+    if (bytes == 0) throw backend_error(call_text(call) + on_device(device) + ": zero-byte request");
+    ContextScope scope = enter(device, call);
+    CUdeviceptr p = 0;
+    const CUresult r = d_.mem_alloc(&p, bytes);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;
+    if (r != CUDA_SUCCESS) fail(call, device, r);
+    if (p % kAllocateAlignment != 0) {
+      (void)d_.mem_free(p);
+      throw backend_error(call_text(call) + on_device(device) + " returned " + hex(from_cu(p)) +
                           ", which is not 512-byte aligned");
     }
-    return ptr;
+    return from_cu(p);
   }
 
   void deallocate(int device, void* ptr, std::size_t bytes) override {
-    const std::string call = "cudaFree(" + hex(ptr) + ", " + bytes_text(bytes) + ")";
+    auto call = [&] { return "cuMemFree(" + hex(ptr) + ", " + bytes_text(bytes) + ")"; };
     check_device(device, call);
     if (ptr == nullptr) return;
-    DeviceGuard guard(device, call);
-    const cudaError_t err = cudaFree(ptr);
-    if (err != cudaSuccess) throw_runtime(call, device, err);
+    ContextScope scope = enter(device, call);
+    const CUresult r = d_.mem_free(to_cu(ptr));
+    if (r != CUDA_SUCCESS) fail(call, device, r);
   }
 
   // ---- virtual memory ----
 
   [[nodiscard]] void* reserve(int device, std::size_t bytes, std::size_t alignment) override {
-    const std::string call =
-        "cuMemAddressReserve(" + bytes_text(bytes) + ", alignment " + std::to_string(alignment) + ")";
-    const DriverApi& api = require_vmm(device, call);
-    DeviceGuard guard(device, call, /*bind_context=*/true);
+    auto call = [&] {
+      return "cuMemAddressReserve(" + bytes_text(bytes) + ", alignment " +
+             std::to_string(alignment) + ")";
+    };
+    require_vmm(device, call);
+    ContextScope scope = enter(device, call);
     CUdeviceptr va = 0;
-    const CUresult result = api.mem_address_reserve(&va, bytes, alignment, 0, 0);
-    if (result == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;
-    if (result != CUDA_SUCCESS) throw_driver(call, device, result);
-    return reinterpret_cast<void*>(static_cast<std::uintptr_t>(va));
+    const CUresult r = d_.mem_address_reserve(&va, bytes, alignment, 0, 0);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;
+    if (r != CUDA_SUCCESS) fail(call, device, r);
+    return from_cu(va);
   }
 
   void release_reservation(int device, void* va, std::size_t bytes) override {
-    const std::string call = "cuMemAddressFree(" + hex(va) + ", " + bytes_text(bytes) + ")";
-    const DriverApi& api = require_vmm(device, call);
-    DeviceGuard guard(device, call, /*bind_context=*/true);
-    const CUresult result = api.mem_address_free(to_cu(va), bytes);
-    if (result != CUDA_SUCCESS) throw_driver(call, device, result);
+    auto call = [&] { return "cuMemAddressFree(" + hex(va) + ", " + bytes_text(bytes) + ")"; };
+    require_vmm(device, call);
+    ContextScope scope = enter(device, call);
+    retry_strays(devices_[static_cast<std::size_t>(device)], device, to_cu(va), bytes);
+    const CUresult r = d_.mem_address_free(to_cu(va), bytes);
+    if (r != CUDA_SUCCESS) fail(call, device, r);
   }
 
   [[nodiscard]] phys_handle_t create_physical(int device, std::size_t bytes) override {
-    const std::string call = "cuMemCreate(" + bytes_text(bytes) + ")";
-    const DriverApi& api = require_vmm(device, call);
-    const CUmemAllocationProp prop = device_memory_prop(caps_[device].cu_device);
-    DeviceGuard guard(device, call, /*bind_context=*/true);
+    auto call = [&] { return "cuMemCreate(" + bytes_text(bytes) + ")"; };
+    const DeviceState& s = require_vmm(device, call);
+    const CUmemAllocationProp prop = device_memory_prop(s.cu_device);
+    ContextScope scope = enter(device, call);
     CUmemGenericAllocationHandle handle = 0;
-    const CUresult result = api.mem_create(&handle, bytes, &prop, 0);
-    if (result == CUDA_ERROR_OUT_OF_MEMORY) return 0;
-    if (result != CUDA_SUCCESS) throw_driver(call, device, result);
+    const CUresult r = d_.mem_create(&handle, bytes, &prop, 0);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) return 0;
+    if (r != CUDA_SUCCESS) fail(call, device, r);
     if (handle == 0) {  // 0 means "out of memory" to the core; never hand it out as a handle
-      throw backend_error(call + on_device(device) + " returned the null handle");
+      throw backend_error(call_text(call) + on_device(device) + " returned the null handle");
     }
     return static_cast<phys_handle_t>(handle);
   }
 
   void release_physical(int device, phys_handle_t handle) override {
-    const std::string call = "cuMemRelease(handle " + std::to_string(handle) + ")";
-    const DriverApi& api = require_vmm(device, call);
-    DeviceGuard guard(device, call, /*bind_context=*/true);
-    const CUresult result = api.mem_release(static_cast<CUmemGenericAllocationHandle>(handle));
-    if (result != CUDA_SUCCESS) throw_driver(call, device, result);
+    auto call = [&] { return "cuMemRelease(handle " + std::to_string(handle) + ")"; };
+    require_vmm(device, call);
+    ContextScope scope = enter(device, call);
+    const CUresult r = d_.mem_release(static_cast<CUmemGenericAllocationHandle>(handle));
+    if (r != CUDA_SUCCESS) fail(call, device, r);
   }
 
-  void map(int device, void* va, std::size_t bytes, phys_handle_t handle) override {
-    const std::string where = hex(va) + ", " + bytes_text(bytes);
-    const std::string call = "cuMemMap(" + where + ", handle " + std::to_string(handle) + ")";
-    const DriverApi& api = require_vmm(device, call);
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = static_cast<int>(caps_[device].cu_device);
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    DeviceGuard guard(device, call, /*bind_context=*/true);
-    CUresult result = api.mem_map(to_cu(va), bytes, 0,
-                                  static_cast<CUmemGenericAllocationHandle>(handle), 0);
-    if (result != CUDA_SUCCESS) throw_driver(call, device, result);
-    result = api.mem_set_access(to_cu(va), bytes, &access, 1);
-    if (result != CUDA_SUCCESS) {
-      const CUresult undo = api.mem_unmap(to_cu(va), bytes);  // a throwing map changes nothing
-      std::string message = "cuMemSetAccess(" + where + ", read-write)" + on_device(device) +
-                            " failed: " + describe(result);
-      if (undo != CUDA_SUCCESS) {
-        message += "; undoing the mapping with cuMemUnmap failed too: " + describe(undo);
+  [[nodiscard]] bool map_run(int device, void* va, const MapPiece* pieces,
+                             std::size_t count) override {
+    auto call = [&] { return "cuMemMap(" + hex(va) + ", " + std::to_string(count) + " pieces)"; };
+    const DeviceState& s = require_vmm(device, call);
+    if (count == 0) throw backend_error(call_text(call) + on_device(device) + ": no pieces");
+    ContextScope scope = enter(device, call);
+    DeviceState& state = devices_[static_cast<std::size_t>(device)];
+    std::size_t total = 0;
+    for (std::size_t k = 0; k < count; ++k) total += pieces[k].bytes;
+    retry_strays(state, device, to_cu(va), total);  // one in the way throws: nothing changed
+    char* const base = static_cast<char*>(va);
+    std::size_t mapped = 0;  // bytes mapped so far, from `va`
+    // All or nothing: one cuMemUnmap takes back what this call mapped (whole mappings only). If
+    // that fails too, the run is kept as a stray and unmapped before its addresses are used.
+    auto undo = [&](std::string message) -> std::string {
+      if (mapped == 0) return message;
+      const CUresult u = d_.mem_unmap(to_cu(va), mapped);
+      if (u != CUDA_SUCCESS) {
+        message += "; undoing the mappings with cuMemUnmap failed too (" + describe(u) +
+                   "): retried before the range is used again";
+        try {
+          std::lock_guard lock(state.strays_mutex);
+          state.strays.emplace_back(to_cu(va), mapped);
+        } catch (...) {  // no memory to remember it: the range stays mapped
+        }
       }
-      throw backend_error(message);
+      return message;
+    };
+    for (std::size_t k = 0; k < count; ++k) {
+      const MapPiece& p = pieces[k];
+      const CUresult r = d_.mem_map(to_cu(base + mapped), p.bytes, 0,
+                                    static_cast<CUmemGenericAllocationHandle>(p.handle), 0);
+      if (r == CUDA_ERROR_OUT_OF_MEMORY) {  // cuMemMap may run out of memory: the OOM path
+        const std::string left = undo({});
+        if (!left.empty()) throw backend_error("cuMemMap ran out of memory" + left);
+        return false;
+      }
+      if (r != CUDA_SUCCESS) {
+        throw backend_error(undo("cuMemMap(" + hex(base + mapped) + ", " + bytes_text(p.bytes) +
+                                 ", handle " + std::to_string(p.handle) + ")" +
+                                 on_device(device) + " failed: " + describe(r)));
+      }
+      mapped += p.bytes;
     }
+    // One access grant over the run ("all mappings start with no accessibility setup").
+    const CUresult r = d_.mem_set_access(to_cu(va), mapped, s.access.data(), s.access.size());
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+      const std::string left = undo({});
+      if (!left.empty()) throw backend_error("cuMemSetAccess ran out of memory" + left);
+      return false;
+    }
+    if (r != CUDA_SUCCESS) {
+      throw backend_error(undo("cuMemSetAccess(" + hex(va) + ", " + bytes_text(mapped) +
+                               ", read-write)" + on_device(device) + " failed: " + describe(r)));
+    }
+    return true;
   }
 
   void unmap(int device, void* va, std::size_t bytes) override {
-    const std::string call = "cuMemUnmap(" + hex(va) + ", " + bytes_text(bytes) + ")";
-    const DriverApi& api = require_vmm(device, call);
-    DeviceGuard guard(device, call, /*bind_context=*/true);
-    const CUresult result = api.mem_unmap(to_cu(va), bytes);
-    if (result != CUDA_SUCCESS) throw_driver(call, device, result);
+    auto call = [&] { return "cuMemUnmap(" + hex(va) + ", " + bytes_text(bytes) + ")"; };
+    require_vmm(device, call);
+    ContextScope scope = enter(device, call);
+    const CUresult r = d_.mem_unmap(to_cu(va), bytes);
+    if (r != CUDA_SUCCESS) fail(call, device, r);
   }
 
   // ---- events and streams ----
 
   [[nodiscard]] event_t create_event(int device) override {
-    const std::string call = "cudaEventCreateWithFlags(cudaEventDisableTiming)";
-    check_device(device, call);
-    DeviceGuard guard(device, call);
-    cudaEvent_t event = nullptr;
-    const cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-    if (err != cudaSuccess) throw_runtime(call, device, err);
+    auto call = [] { return std::string("cuEventCreate(CU_EVENT_DISABLE_TIMING)"); };
+    ContextScope scope = enter(device, call);
+    CUevent event = nullptr;
+    const CUresult r = d_.event_create(&event, CU_EVENT_DISABLE_TIMING);
+    if (r != CUDA_SUCCESS) fail(call, device, r);
     return static_cast<event_t>(event);
   }
 
   void destroy_event(int device, event_t event) override {
-    const std::string call = "cudaEventDestroy(" + hex(event) + ")";
-    check_device(device, call);
-    DeviceGuard guard(device, call);
-    const cudaError_t err = cudaEventDestroy(static_cast<cudaEvent_t>(event));
-    if (err != cudaSuccess) throw_runtime(call, device, err);
+    auto call = [&] { return "cuEventDestroy(" + hex(event) + ")"; };
+    ContextScope scope = enter(device, call);
+    const CUresult r = d_.event_destroy(static_cast<CUevent>(event));
+    if (r != CUDA_SUCCESS) fail(call, device, r);
   }
 
   void record_event(int device, event_t event, stream_t stream) override {
-    const std::string call = "cudaEventRecord(" + hex(event) + ", stream " + hex(stream) + ")";
-    check_device(device, call);
-    DeviceGuard guard(device, call);  // the null stream is the current device's default stream
-    const cudaError_t err =
-        cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream));
-    if (err != cudaSuccess) throw_runtime(call, device, err);
+    auto call = [&] { return "cuEventRecord(" + hex(event) + ", stream " + hex(stream) + ")"; };
+    ContextScope scope = enter(device, call);  // the null stream: this device's default stream
+    const CUresult r = d_.event_record(static_cast<CUevent>(event), static_cast<CUstream>(stream));
+    if (r != CUDA_SUCCESS) fail(call, device, r);
   }
 
   [[nodiscard]] bool query_event(int device, event_t event) override {
-    const std::string call = "cudaEventQuery(" + hex(event) + ")";
-    check_device(device, call);
-    DeviceGuard guard(device, call);
-    const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
-    if (err == cudaSuccess) return true;
-    if (err == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // "not ready" is an answer, not an error
-      return false;
-    }
-    throw_runtime(call, device, err);
+    auto call = [&] { return "cuEventQuery(" + hex(event) + ")"; };
+    ContextScope scope = enter(device, call);
+    const CUresult r = d_.event_query(static_cast<CUevent>(event));
+    if (r == CUDA_SUCCESS) return true;
+    if (r == CUDA_ERROR_NOT_READY) return false;  // an answer, not an error
+    fail(call, device, r);
   }
 
   void synchronize_event(int device, event_t event) override {
-    const std::string call = "cudaEventSynchronize(" + hex(event) + ")";
-    check_device(device, call);
-    DeviceGuard guard(device, call);
-    const cudaError_t err = cudaEventSynchronize(static_cast<cudaEvent_t>(event));
-    if (err != cudaSuccess) throw_runtime(call, device, err);
+    auto call = [&] { return "cuEventSynchronize(" + hex(event) + ")"; };
+    ContextScope scope = enter(device, call);
+    const CUresult r = d_.event_synchronize(static_cast<CUevent>(event));
+    if (r != CUDA_SUCCESS) fail(call, device, r);
   }
 
   void synchronize_stream(int device, stream_t stream) override {
-    const std::string call = "cudaStreamSynchronize(stream " + hex(stream) + ")";
-    check_device(device, call);
-    DeviceGuard guard(device, call);  // the null stream is the current device's default stream
-    const cudaError_t err = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
-    if (err != cudaSuccess) throw_runtime(call, device, err);
+    auto call = [&] { return "cuStreamSynchronize(stream " + hex(stream) + ")"; };
+    ContextScope scope = enter(device, call);  // the null stream: this device's default stream
+    const CUresult r = d_.stream_synchronize(static_cast<CUstream>(stream));
+    if (r != CUDA_SUCCESS) fail(call, device, r);
   }
 
  private:
-  void check_device(int device, const std::string& call) const {
+  template <class Call>
+  void check_device(int device, const Call& call) const {
     if (device < 0 || device >= device_count_) {
-      throw backend_error(call + on_device(device) + ": no such device (this process sees " +
-                          std::to_string(device_count_) + " CUDA device" +
-                          (device_count_ == 1 ? "" : "s") + ")");
+      throw backend_error(call_text(call) + on_device(device) +
+                          ": no such device (this process sees " + std::to_string(device_count_) +
+                          " CUDA device" + (device_count_ == 1 ? "" : "s") + ")");
     }
   }
 
-  /// The device's capabilities, queried from the driver on first use. If the query throws,
-  /// nothing is cached and the next call asks again.
-  DeviceCaps& caps(int device, const std::string& call) {
+  /// The scope of a call for `device`: its primary context current, retained on first use.
+  template <class Call>
+  ContextScope enter(int device, const Call& call) {
     check_device(device, call);
-    DeviceCaps& entry = caps_[device];
-    std::call_once(entry.once, [&] { query_caps(device, entry); });
-    return entry;
+    DeviceState& s = caps(device, call);
+    CUcontext context = nullptr;
+    {
+      std::lock_guard lock(s.context_mutex);
+      if (s.context == nullptr) {
+        // Retained once and kept: the allocator uses the device until the process ends.
+        const CUresult r = d_.primary_ctx_retain(&s.context, s.cu_device);
+        if (r != CUDA_SUCCESS) {
+          s.context = nullptr;
+          fail([] { return std::string("cuDevicePrimaryCtxRetain"); }, device, r);
+        }
+      }
+      context = s.context;
+    }
+    return ContextScope(d_, context, device);
   }
 
-  static void query_caps(int device, DeviceCaps& out) {
-    const DriverApi& api = driver_api();
-    if (!api.vmm_entry_points) {
-      out.no_vmm_reason = api.unavailable_reason;
-      return;
-    }
+  /// The device's capabilities, queried from the driver on first use (device queries only: no
+  /// context is created). If the query throws, nothing is cached and the next call asks again.
+  template <class Call>
+  DeviceState& caps(int device, const Call& call) {
+    check_device(device, call);
+    DeviceState& s = devices_[static_cast<std::size_t>(device)];
+    std::call_once(s.caps_once, [&] { query_caps(device, s); });
+    return s;
+  }
+
+  void query_caps(int device, DeviceState& out) {
     CUdevice cu_device = 0;
-    CUresult result = api.device_get(&cu_device, device);
-    if (result != CUDA_SUCCESS) throw_driver("cuDeviceGet", device, result);
+    CUresult r = d_.device_get(&cu_device, device);
+    if (r != CUDA_SUCCESS) fail([] { return std::string("cuDeviceGet"); }, device, r);
     int supported = 0;
-    result = api.device_get_attribute(
-        &supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cu_device);
-    if (result != CUDA_SUCCESS) {
-      throw_driver("cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)",
-                   device, result);
+    r = d_.device_get_attribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                cu_device);
+    if (r != CUDA_SUCCESS) {
+      fail([] {
+        return std::string("cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)");
+      }, device, r);
+    }
+    std::vector<CUmemAccessDesc> access;
+    CUmemAccessDesc self{};
+    self.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    self.location.id = static_cast<int>(cu_device);
+    self.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    access.push_back(self);
+    if (peer_access_) {
+      for (int peer = 0; peer < device_count_; ++peer) {
+        if (peer == device) continue;
+        CUdevice cu_peer = 0;
+        int can = 0;
+        if (d_.device_get(&cu_peer, peer) != CUDA_SUCCESS ||
+            d_.device_can_access_peer(&can, cu_peer, cu_device) != CUDA_SUCCESS || can == 0)
+          continue;
+        CUmemAccessDesc desc = self;
+        desc.location.id = static_cast<int>(cu_peer);
+        access.push_back(desc);
+      }
     }
     out.cu_device = cu_device;
+    out.access = std::move(access);
     if (supported == 0) {
       out.no_vmm_reason =
           "the device does not support virtual memory management "
@@ -348,11 +424,10 @@ class CudaBackend final : public Backend {
     }
     const CUmemAllocationProp prop = device_memory_prop(cu_device);
     std::size_t granularity = 0;
-    result = api.mem_get_allocation_granularity(&granularity, &prop,
-                                                CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-    if (result != CUDA_SUCCESS) {
-      throw_driver("cuMemGetAllocationGranularity(CU_MEM_ALLOC_GRANULARITY_MINIMUM)", device,
-                   result);
+    r = d_.mem_get_allocation_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (r != CUDA_SUCCESS) {
+      fail([] { return std::string("cuMemGetAllocationGranularity(CU_MEM_ALLOC_GRANULARITY_MINIMUM)"); },
+           device, r);
     }
     if (granularity == 0 || (granularity & (granularity - 1)) != 0) {
       throw backend_error("cuMemGetAllocationGranularity" + on_device(device) + " returned " +
@@ -362,40 +437,63 @@ class CudaBackend final : public Backend {
     out.vmm = true;
   }
 
-  /// The driver table, after checking that `device` supports the virtual-memory calls.
-  const DriverApi& require_vmm(int device, const std::string& call) {
-    const DeviceCaps& c = caps(device, call);
-    if (!c.vmm) {
-      throw backend_error(call + on_device(device) +
-                          ": virtual memory management is unavailable: " + c.no_vmm_reason);
+  /// Unmaps the stray runs of `s`: those overlapping [at, at + bytes) must go (throws if one
+  /// fails again, keeping it); the others get one more try and stay stray if it fails.
+  void retry_strays(DeviceState& s, int device, CUdeviceptr at, std::size_t bytes) {
+    std::lock_guard lock(s.strays_mutex);
+    for (auto it = s.strays.begin(); it != s.strays.end();) {
+      const auto [va, size] = *it;
+      const CUresult r = d_.mem_unmap(va, size);
+      if (r == CUDA_SUCCESS) {
+        it = s.strays.erase(it);
+        continue;
+      }
+      if (va < at + bytes && at < va + size) {
+        fail([&] { return "cuMemUnmap(" + hex(from_cu(va)) + ", " + bytes_text(size) + ") of a stray run"; },
+             device, r);
+      }
+      ++it;
     }
-    return driver_api();
   }
 
+  /// The device's state, after checking that it supports the virtual-memory calls.
+  template <class Call>
+  const DeviceState& require_vmm(int device, const Call& call) {
+    const DeviceState& s = caps(device, call);
+    if (!s.vmm) {
+      throw backend_error(call_text(call) + on_device(device) +
+                          ": virtual memory management is unavailable: " + s.no_vmm_reason);
+    }
+    return s;
+  }
+
+  const Driver& d_;
   const int device_count_;
-  const std::unique_ptr<DeviceCaps[]> caps_;
+  const bool peer_access_;
+  const std::unique_ptr<DeviceState[]> devices_;
 };
 
 }  // namespace
 
-std::shared_ptr<Backend> make_cuda_backend() {
+std::shared_ptr<Backend> make_cuda_backend(const Config& config) {
+  std::string why;
+  const Driver* d = cuda_driver::driver(&why);
+  if (d == nullptr) {
+    throw backend_error("backend:cuda: no CUDA device (" + why +
+                        "); use backend:sim for the simulated device");
+  }
   int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    std::string message =
-        "backend:cuda: no CUDA device (cudaGetDeviceCount failed: " + describe(err) + ")";
-    if (err == cudaErrorInsufficientDriver) {
-      message += "; no CUDA driver is loaded, or it is older than the CUDA runtime";
-    }
-    throw backend_error(message + "; use backend:sim for the simulated device");
+  const CUresult r = d->device_get_count(&count);
+  if (r != CUDA_SUCCESS) {
+    throw backend_error("backend:cuda: no CUDA device (cuDeviceGetCount failed: " + describe(r) +
+                        "); use backend:sim for the simulated device");
   }
   if (count <= 0) {
     throw backend_error(
-        "backend:cuda: no CUDA device (cudaGetDeviceCount reported 0 devices); use backend:sim "
-        "for the simulated device");
+        "backend:cuda: no CUDA device (the driver " + d->path +
+        " reports 0 devices); use backend:sim for the simulated device");
   }
-  return std::make_shared<CudaBackend>(count);
+  return std::make_shared<CudaBackend>(*d, count, config.peer_access);
 }
 
 }  // namespace stitch

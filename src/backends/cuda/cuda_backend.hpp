@@ -1,5 +1,5 @@
-// backends/cuda/cuda_backend.hpp — the factory of the CUDA back end (the stitch::Backend over the
-// CUDA runtime plus the driver's virtual-memory API). The class itself lives in cuda_backend.cpp.
+// backends/cuda/cuda_backend.hpp — the factory of the CUDA back end (stitch::Backend on the CUDA
+// driver API, which it opens at run time). The class itself lives in cuda_backend.cpp.
 #pragma once
 
 #include <memory>
@@ -8,9 +8,11 @@
 
 namespace stitch {
 
-/// Creates the CUDA back end over every device the CUDA runtime sees. Throws backend_error
-/// ("backend:cuda: no CUDA device (...)") when there is no usable driver or no device; never
-/// returns a fallback back end.
-[[nodiscard]] std::shared_ptr<Backend> make_cuda_backend();
+struct Config;
+
+/// Creates the CUDA back end over every device the driver sees (libcuda.so.1, or the file
+/// named by STITCH_CUDA_DRIVER). Throws backend_error ("backend:cuda: no CUDA device (...)")
+/// when there is no usable driver or no device; never returns a fallback back end.
+[[nodiscard]] std::shared_ptr<Backend> make_cuda_backend(const Config& config);
 
 }  // namespace stitch

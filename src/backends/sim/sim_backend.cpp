@@ -220,6 +220,7 @@ const char* to_string(SimCall call) noexcept {
     case SimCall::query_event: return "query_event";
     case SimCall::synchronize_event: return "synchronize_event";
     case SimCall::synchronize_stream: return "synchronize_stream";
+    case SimCall::set_access: return "set_access";
     case SimCall::count_: return "count_";
   }
   return "unknown";
@@ -292,10 +293,80 @@ struct SimBackend::Impl {
     const SimFault fault = it->fault;
     std::erase_if(faults, armed);
     ++fired;
-    const bool can_oom =
-        call == SimCall::allocate || call == SimCall::reserve || call == SimCall::create_physical;
+    const bool can_oom = call == SimCall::allocate || call == SimCall::reserve ||
+                         call == SimCall::create_physical || call == SimCall::map;
     if (fault == SimFault::out_of_memory && can_oom) return true;
     throw backend_error(std::string("sim: injected fault in ") + to_string(call));
+  }
+
+  /// Maps one piece at `va` (map_run's checks and mmap), counting nothing.
+  void map_piece(Device& d, int device, char* va, const MapPiece& piece) {
+    const phys_handle_t handle = piece.handle;
+    const std::size_t bytes = piece.bytes;
+    auto h = d.physical.find(handle);
+    if (h == d.physical.end() || h->second.released) {
+      throw backend_error(prefix("map", device) + "handle " + std::to_string(handle) +
+                          (h == d.physical.end() ? " is not a live physical handle"
+                                                 : " was released"));
+    }
+    if (bytes == 0 || bytes > h->second.bytes) {
+      throw backend_error(prefix("map", device) + "handle " + std::to_string(handle) + " has " +
+                          std::to_string(h->second.bytes) + " bytes, not " +
+                          std::to_string(bytes));
+    }
+    if (bytes % options.granularity != 0) {
+      throw backend_error(prefix("map", device) + "size " + std::to_string(bytes) +
+                          " is not a multiple of the granularity");
+    }
+    const std::uintptr_t a = addr(va);
+    if (a % options.granularity != 0) {
+      throw backend_error(prefix("map", device) + hex(a) + " is not aligned to the granularity");
+    }
+    if (d.reservation_of(a, bytes) == d.reservations.end()) {
+      throw backend_error(prefix("map", device) + "[" + hex(a) + ", +" + std::to_string(bytes) +
+                          ") is not inside a reservation");
+    }
+    if (d.mapped_in(a, bytes)) {
+      throw backend_error(prefix("map", device) + "[" + hex(a) + ", +" + std::to_string(bytes) +
+                          ") overlaps a mapped range");
+    }
+    void* p = ::mmap(va, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, d.fd,
+                     static_cast<off_t>(h->second.offset));
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      throw backend_error(prefix("map", device) + errno_text("mmap", err));
+    }
+    d.mappings.emplace(a, Mapping{bytes, handle});
+    ++h->second.mappings;
+  }
+
+  /// Unmaps [a, a + bytes), which must be exactly a run of adjacent mappings starting at `a`.
+  void unmap_range(Device& d, int device, std::uintptr_t a, std::size_t bytes) {
+    auto first = d.mappings.find(a);
+    auto last = first;
+    std::size_t covered = 0;
+    while (last != d.mappings.end() && last->first == a + covered && covered < bytes) {
+      covered += last->second.bytes;
+      ++last;
+    }
+    if (bytes == 0 || first == d.mappings.end() || covered != bytes) {
+      throw backend_error(prefix("unmap", device) + "[" + hex(a) + ", +" +
+                          std::to_string(bytes) + ") is not exactly covered by mapped ranges");
+    }
+    // Put a fresh inaccessible range in place, so that the reservation stays intact.
+    void* p = ::mmap(reinterpret_cast<void*>(a), bytes, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      throw backend_error(prefix("unmap", device) + errno_text("mmap", err));
+    }
+    for (auto it = first; it != last;) {
+      auto h = d.physical.find(it->second.handle);
+      it = d.mappings.erase(it);
+      if (h != d.physical.end() && --h->second.mappings == 0 && h->second.released) {
+        d.free_physical(h);
+      }
+    }
   }
 
   Event& event(event_t e, int device, const char* call) {
@@ -475,77 +546,37 @@ void SimBackend::release_physical(int device, phys_handle_t handle) {
   if (it->second.mappings == 0) d.free_physical(it);
 }
 
-void SimBackend::map(int device, void* va, std::size_t bytes, phys_handle_t handle) {
+bool SimBackend::map_run(int device, void* va, const MapPiece* pieces, std::size_t count) {
   std::lock_guard lock(impl_->mutex);
-  (void)impl_->enter(SimCall::map, bytes);
   Device& d = impl_->device(device, "map");
-  auto h = d.physical.find(handle);
-  if (h == d.physical.end() || h->second.released) {
-    throw backend_error(prefix("map", device) + "handle " + std::to_string(handle) +
-                        (h == d.physical.end() ? " is not a live physical handle"
-                                               : " was released"));
+  // All or nothing: on any failure the pieces mapped so far are unmapped again.
+  std::size_t mapped = 0;  // bytes
+  auto undo = [&] {
+    if (mapped > 0) impl_->unmap_range(d, device, addr(va), mapped);
+  };
+  try {
+    if (count == 0) throw backend_error(prefix("map", device) + "no pieces");
+    for (std::size_t k = 0; k < count; ++k) {
+      if (impl_->enter(SimCall::map, pieces[k].bytes)) {
+        undo();
+        return false;  // injected: out of memory while mapping (cuMemMap can report it)
+      }
+      impl_->map_piece(d, device, static_cast<char*>(va) + mapped, pieces[k]);
+      mapped += pieces[k].bytes;
+    }
+    (void)impl_->enter(SimCall::set_access, mapped);
+  } catch (...) {
+    undo();
+    throw;
   }
-  if (bytes == 0 || bytes > h->second.bytes) {
-    throw backend_error(prefix("map", device) + "handle " + std::to_string(handle) + " has " +
-                        std::to_string(h->second.bytes) + " bytes, not " + std::to_string(bytes));
-  }
-  if (bytes % impl_->options.granularity != 0) {
-    throw backend_error(prefix("map", device) + "size " + std::to_string(bytes) +
-                        " is not a multiple of the granularity");
-  }
-  const std::uintptr_t a = addr(va);
-  if (a % impl_->options.granularity != 0) {
-    throw backend_error(prefix("map", device) + hex(a) + " is not aligned to the granularity");
-  }
-  if (d.reservation_of(a, bytes) == d.reservations.end()) {
-    throw backend_error(prefix("map", device) + "[" + hex(a) + ", +" + std::to_string(bytes) +
-                        ") is not inside a reservation");
-  }
-  if (d.mapped_in(a, bytes)) {
-    throw backend_error(prefix("map", device) + "[" + hex(a) + ", +" + std::to_string(bytes) +
-                        ") overlaps a mapped range");
-  }
-  void* p = ::mmap(va, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, d.fd,
-                   static_cast<off_t>(h->second.offset));
-  if (p == MAP_FAILED) {
-    const int err = errno;
-    throw backend_error(prefix("map", device) + errno_text("mmap", err));
-  }
-  d.mappings.emplace(a, Mapping{bytes, handle});
-  ++h->second.mappings;
+  return true;
 }
 
 void SimBackend::unmap(int device, void* va, std::size_t bytes) {
   std::lock_guard lock(impl_->mutex);
   (void)impl_->enter(SimCall::unmap, bytes);
   Device& d = impl_->device(device, "unmap");
-  const std::uintptr_t a = addr(va);
-  // The range must be exactly a run of adjacent mappings, the first starting at `va`.
-  auto first = d.mappings.find(a);
-  auto last = first;
-  std::size_t covered = 0;
-  while (last != d.mappings.end() && last->first == a + covered && covered < bytes) {
-    covered += last->second.bytes;
-    ++last;
-  }
-  if (bytes == 0 || first == d.mappings.end() || covered != bytes) {
-    throw backend_error(prefix("unmap", device) + "[" + hex(a) + ", +" + std::to_string(bytes) +
-                        ") is not exactly covered by mapped ranges");
-  }
-  // Put a fresh inaccessible range in place, so that the reservation stays intact.
-  void* p = ::mmap(va, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
-                   -1, 0);
-  if (p == MAP_FAILED) {
-    const int err = errno;
-    throw backend_error(prefix("unmap", device) + errno_text("mmap", err));
-  }
-  for (auto it = first; it != last;) {
-    auto h = d.physical.find(it->second.handle);
-    it = d.mappings.erase(it);
-    if (h != d.physical.end() && --h->second.mappings == 0 && h->second.released) {
-      d.free_physical(h);
-    }
-  }
+  impl_->unmap_range(d, device, addr(va), bytes);
 }
 
 // ---- events and streams -----------------------------------------------------------------------

@@ -130,7 +130,7 @@ CallCounts CallCounts::of(const SimBackend& sim) {
   put(CostCall::mem_create, SimCall::create_physical);
   put(CostCall::mem_release, SimCall::release_physical);
   put(CostCall::mem_map, SimCall::map);
-  put(CostCall::mem_set_access, SimCall::map);
+  put(CostCall::mem_set_access, SimCall::set_access);
   put(CostCall::mem_unmap, SimCall::unmap);
   put(CostCall::address_reserve, SimCall::reserve);
   put(CostCall::address_free, SimCall::release_reservation);

@@ -39,8 +39,8 @@ const char* cost_name(CostCall call) noexcept;
 struct CallCounts {
   std::array<std::uint64_t, kCostCalls> calls{};
   std::array<std::uint64_t, kCostCalls> bytes{};
-  /// The simulated device's counters. cuMemSetAccess is charged once per cuMemMap, as the CUDA
-  /// back end grants access after each map.
+  /// The simulated device's counters. cuMemSetAccess is charged once per run of maps (its
+  /// bytes: the run's), as the CUDA back end grants access once over each run it maps.
   static CallCounts of(const SimBackend& sim);
 };
 

@@ -1,0 +1,377 @@
+// tests/fake_cuda/fake_cuda_backend_test.cpp — backend:cuda, its real code path, on the strict
+// fake driver (libstitch_fake_cuda.so, named by STITCH_CUDA_DRIVER; ctest sets it): the
+// allocator plain, with expandable segments and with stitching (data, bad frees, OOM and
+// recovery, leaks), contexts (never one on a device the program did not use, the caller's
+// restored, threads on other devices), the CUDA defects fixed on this path (cuMemMap out of
+// memory, one cuMemSetAccess per run, peers, strays), held streams, and a fault sweep over every
+// entry point. Every test also asserts that the fake saw no contract violation. Without the fake
+// every test skips.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "stitch/allocator.hpp"
+#include "stitch/config.hpp"
+#include "stitch/errors.hpp"
+#include "support/cuda_driver.hpp"
+
+namespace stitch {
+namespace {
+
+using test::TestDriver;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+#ifdef STITCH_FAKE_CUDA_PATH
+// Before any test runs (and before the back end opens a driver): the fake, with two devices of
+// 2 GiB, unless the environment names a driver already.
+const bool kFakeNamed = [] {
+  ::setenv("STITCH_CUDA_DRIVER", STITCH_FAKE_CUDA_PATH, 0);
+  ::setenv("STITCH_FAKE_CUDA_DEVICES", "2", 0);
+  ::setenv("STITCH_FAKE_CUDA_MEMORY_MB", "2048", 0);
+  return true;
+}();
+#endif
+
+const char* const kConfigs[] = {"", ",expandable_segments:True",
+                                ",expandable_segments:True,stitching:True"};
+
+class FakeCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    f_ = test::fake_driver();
+    if (f_ == nullptr) {
+      GTEST_SKIP() << "needs the strict fake CUDA driver (STITCH_CUDA_DRIVER="
+                      "build/tests/libstitch_fake_cuda.so): " << test::test_driver().why;
+    }
+    f_->clear_faults();
+    violations_ = f_->violations();
+    for (int d = 0; d < 2; ++d) baseline_[d] = f_->usage(d);
+  }
+  void TearDown() override {
+    if (f_ == nullptr) return;
+    f_->clear_faults();
+    EXPECT_EQ(f_->violations(), violations_) << "contract violation: " << f_->last_violation();
+  }
+  /// Everything the allocators of the test held is back (call once they are gone).
+  void expect_nothing_held() {
+    for (int d = 0; d < 2; ++d) {
+      const stitch_fake_cuda_usage u = f_->usage(d), b = baseline_[d];
+      EXPECT_EQ(u.used_bytes, b.used_bytes) << "device " << d;
+      EXPECT_EQ(u.live_allocations, b.live_allocations) << "device " << d;
+      EXPECT_EQ(u.live_handles, b.live_handles) << "device " << d;
+      EXPECT_EQ(u.live_reservations, b.live_reservations) << "device " << d;
+      EXPECT_EQ(u.live_mappings, b.live_mappings) << "device " << d;
+      EXPECT_EQ(u.live_events, b.live_events) << "device " << d;
+    }
+  }
+  static std::unique_ptr<Allocator> make(const std::string& conf) {
+    return std::make_unique<Allocator>(Config::parse("backend:cuda" + conf));
+  }
+  static void fill(void* p, std::size_t n, unsigned seed) {
+    auto* c = static_cast<unsigned char*>(p);
+    for (std::size_t i = 0; i < n; i += 4096) c[i] = static_cast<unsigned char>(i / 4096 * 7 + seed);
+    c[n - 1] = static_cast<unsigned char>(seed);
+  }
+  static bool intact(const void* p, std::size_t n, unsigned seed) {
+    const auto* c = static_cast<const unsigned char*>(p);
+    for (std::size_t i = 0; i < n; i += 4096)
+      if (c[i] != static_cast<unsigned char>(i / 4096 * 7 + seed)) return false;
+    return c[n - 1] == static_cast<unsigned char>(seed);
+  }
+  static CUcontext current() {
+    CUcontext c = nullptr;
+    test::test_driver().ctx_get_current(&c);
+    return c;
+  }
+
+  const TestDriver* f_ = nullptr;
+  unsigned long long violations_ = 0;
+  stitch_fake_cuda_usage baseline_[2]{};
+};
+
+TEST_F(FakeCuda, TheAllocatorRunsOnTheFakeDriverInEveryMode) {
+  for (const char* conf : kConfigs) {
+    SCOPED_TRACE(std::string("backend:cuda") + conf);
+    {
+      auto a = make(conf);
+      EXPECT_STREQ(a->backend().name(), "cuda");
+      EXPECT_EQ(a->device_count(), 2) << "STITCH_FAKE_CUDA_DEVICES=2";
+      void* stream = f_->make_stream(0);
+      ASSERT_NE(stream, nullptr);
+      // Data written through the pointers reads back, across many sizes and two streams.
+      std::vector<std::pair<void*, std::size_t>> live;
+      for (int i = 0; i < 40; ++i) {
+        const std::size_t n = (i % 3 == 0) ? 512 + 97 * i : (1 + i % 7) * 3 * MiB + 4096 * i;
+        void* p = a->allocate(n, i % 2 ? stream : nullptr);
+        ASSERT_NE(p, nullptr);
+        fill(p, n, static_cast<unsigned>(i));
+        live.emplace_back(p, n);
+      }
+      for (std::size_t i = 0; i < live.size(); i += 2) a->deallocate(live[i].first);
+      void* big = a->allocate(48 * MiB);  // may be served from holes (stitching) or fresh pages
+      fill(big, 48 * MiB, 99);
+      for (std::size_t i = 1; i < live.size(); i += 2)
+        EXPECT_TRUE(intact(live[i].first, live[i].second, static_cast<unsigned>(i))) << i;
+      EXPECT_TRUE(intact(big, 48 * MiB, 99));
+      // Bad input is refused and changes nothing else.
+      EXPECT_THROW(a->deallocate(static_cast<char*>(big) + 512), invalid_argument);
+      int local = 0;
+      EXPECT_THROW(a->deallocate(&local), invalid_argument);
+      a->validate();
+      // Out of memory: reported, and recovered from.
+      EXPECT_THROW((void)a->allocate(std::size_t{8} << 30), out_of_memory);
+      void* after = a->allocate(8 * MiB);
+      fill(after, 8 * MiB, 5);
+      EXPECT_TRUE(intact(after, 8 * MiB, 5));
+      a->deallocate(after);
+      a->deallocate(big);
+      for (std::size_t i = 1; i < live.size(); i += 2) a->deallocate(live[i].first);
+      a->validate();
+      a->empty_cache();
+      f_->destroy_stream(0, stream);
+    }
+    expect_nothing_held();
+  }
+}
+
+TEST_F(FakeCuda, NoContextOnADeviceTheProgramDidNotUse) {
+  ASSERT_EQ(f_->contexts_activated(1), 0) << "each test runs in its own process";
+  {
+    // A memory fraction needs each device's total: cuDeviceTotalMem, no context.
+    auto a = make(",expandable_segments:True,per_process_memory_fraction:0.5");
+    std::thread fresh([&] {  // a thread that never chose a device
+      void* p = a->allocate(30 * MiB, nullptr, 0);
+      a->deallocate(p);
+      EXPECT_EQ(current(), nullptr) << "the thread is left without a context, as it was";
+    });
+    fresh.join();
+    a->empty_cache();
+    (void)a->stats(1);
+    (void)a->memory_summary(1);
+    (void)a->snapshot();
+  }
+  EXPECT_EQ(f_->contexts_activated(0), 1);
+  EXPECT_EQ(f_->contexts_activated(1), 0) << "device 1 was never used";
+  expect_nothing_held();
+}
+
+TEST_F(FakeCuda, CallsFromAThreadOnAnotherDeviceRestoreItsContext) {
+  auto a = make(",expandable_segments:True");
+  CUcontext one = f_->context(1);
+  ASSERT_NE(one, nullptr);
+  std::thread t([&] {
+    ASSERT_EQ(f_->ctx_set_current(one), CUDA_SUCCESS);
+    void* p = a->allocate(25 * MiB, nullptr, 0);  // device 0, from a thread on device 1
+    fill(p, 25 * MiB, 3);
+    EXPECT_EQ(current(), one);
+    void* q = a->allocate(1 * MiB, nullptr, 1);
+    EXPECT_EQ(current(), one);
+    a->record_stream(p, nullptr);
+    a->deallocate(p);
+    a->deallocate(q);
+    a->empty_cache();
+    EXPECT_EQ(current(), one) << "the caller's context is current again after every call";
+    f_->ctx_set_current(nullptr);
+  });
+  t.join();
+  a.reset();
+  expect_nothing_held();
+}
+
+TEST_F(FakeCuda, OutOfMemoryInsideCuMemMapTakesTheOomPath) {
+  {
+    auto a = make(",expandable_segments:True");
+    // Every map runs out of memory: an out_of_memory, not a backend error; nothing left mapped.
+    for (unsigned long long n = 1; n <= 64; ++n) f_->fail("cuMemMap", n, CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_THROW((void)a->allocate(50 * MiB), out_of_memory);
+    a->validate();
+    EXPECT_EQ(a->stat(0, "reserved_bytes.all.current"), 0);
+    f_->clear_faults();
+    // Once: the ladder's retry after freeing the cache serves it.
+    f_->fail("cuMemMap", 2, CUDA_ERROR_OUT_OF_MEMORY);
+    void* p = a->allocate(50 * MiB);
+    fill(p, 50 * MiB, 1);
+    a->deallocate(p);
+    // The same for cuMemSetAccess.
+    a->empty_cache();
+    f_->fail("cuMemSetAccess", 1, CUDA_ERROR_OUT_OF_MEMORY);
+    void* q = a->allocate(50 * MiB);
+    a->deallocate(q);
+    a->validate();
+  }
+  expect_nothing_held();
+}
+
+TEST_F(FakeCuda, ARunOfPagesGetsOneCuMemSetAccess) {
+  for (const char* conf : {",expandable_segments:True", ",expandable_segments:True,stitching:True"}) {
+    SCOPED_TRACE(conf);
+    auto a = make(conf);
+    const auto maps = f_->calls("cuMemMap");
+    const auto grants = f_->set_access_calls(0);
+    void* p = a->allocate(60 * MiB);  // three 20 MiB pages, one grow
+    EXPECT_EQ(f_->calls("cuMemMap") - maps, 3u);
+    EXPECT_EQ(f_->set_access_calls(0) - grants, 1u);
+    a->deallocate(p);
+  }
+  {
+    // Fine pages (stitching short of memory): one grant for a run of 2 MiB pages too.
+    auto a = make(",expandable_segments:True,stitching:True,stitch_fine_above:0");
+    const auto maps = f_->calls("cuMemMap");
+    const auto grants = f_->set_access_calls(0);
+    void* p = a->allocate(60 * MiB);
+    EXPECT_EQ(f_->calls("cuMemMap") - maps, 30u);
+    EXPECT_EQ(f_->set_access_calls(0) - grants, 1u);
+    a->deallocate(p);
+  }
+  expect_nothing_held();
+}
+
+TEST_F(FakeCuda, PeerAccessGrantsTheOtherDevice) {
+  {
+    auto a = make(",expandable_segments:True,peer_access:True");
+    void* p = a->allocate(40 * MiB, nullptr, 1);
+    fill(p, 40 * MiB, 8);
+    EXPECT_TRUE(intact(p, 40 * MiB, 8));
+    a->deallocate(p);
+    a->empty_cache();
+  }
+  expect_nothing_held();
+}
+
+TEST_F(FakeCuda, AStrayMappingBlocksOnlyItsOwnAddresses) {
+  {
+    auto a = make(",expandable_segments:True");
+    // The second map of a run fails, and so does the unmap that undoes the first: that run stays
+    // mapped (a stray) until it can be unmapped.
+    f_->fail("cuMemMap", 2, CUDA_ERROR_UNKNOWN);
+    f_->fail("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+    EXPECT_THROW((void)a->allocate(50 * MiB), backend_error);
+    a->validate();
+    // While it still cannot be unmapped, grows elsewhere (another stream's range) still work.
+    void* stream = f_->make_stream(0);
+    f_->fail("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+    void* elsewhere = a->allocate(50 * MiB, stream);
+    fill(elsewhere, 50 * MiB, 4);
+    // Once it can, the range it blocked grows again.
+    void* p = a->allocate(50 * MiB);
+    fill(p, 50 * MiB, 2);
+    EXPECT_TRUE(intact(elsewhere, 50 * MiB, 4));
+    a->deallocate(p);
+    a->deallocate(elsewhere);
+    a->empty_cache();
+    f_->destroy_stream(0, stream);
+  }
+  expect_nothing_held();
+}
+
+TEST_F(FakeCuda, AHeldStreamKeepsItsBlockFromReuseUntilItsWorkCompletes) {
+  {
+    auto a = make(",expandable_segments:True");
+    void* s1 = f_->make_stream(0);
+    void* s2 = f_->make_stream(0);
+    void* p = a->allocate(4 * MiB, s1);
+    a->record_stream(p, s2);
+    ASSERT_EQ(f_->hold_stream(static_cast<CUstream_st*>(s2)), 0);
+    a->deallocate(p);  // s2's work on it is still running
+    void* q = a->allocate(4 * MiB, s1);
+    EXPECT_NE(q, p) << "reused while another stream may still use it";
+    ASSERT_EQ(f_->release_stream(static_cast<CUstream_st*>(s2)), 0);
+    void* r = a->allocate(4 * MiB, s1);
+    EXPECT_EQ(r, p) << "reused once the other stream's work completed";
+    a->deallocate(q);
+    a->deallocate(r);
+    a->empty_cache();
+    f_->destroy_stream(0, s1);
+    f_->destroy_stream(0, s2);
+  }
+  expect_nothing_held();
+}
+
+// ---- the fault sweep ------------------------------------------------------------------------
+
+/// A workload that reaches every entry point of the back end: plain or mapped memory, two
+/// streams, cross-stream frees, an OOM and its ladder, empty_cache.
+void workload(Allocator& a, void* stream, int& backend_errors) {
+  std::vector<void*> live;
+  auto step = [&](auto&& f) {
+    try {
+      f();
+    } catch (const backend_error&) {
+      ++backend_errors;
+    } catch (const out_of_memory&) {
+    }
+  };
+  for (int i = 0; i < 12; ++i) {
+    step([&] {
+      void* p = a.allocate((1 + i % 5) * 5 * MiB + 512 * i, i % 2 ? stream : nullptr);
+      live.push_back(p);
+    });
+  }
+  for (std::size_t i = 0; i < live.size(); i += 2) {
+    step([&] { a.record_stream(live[i], stream); });
+    step([&] {
+      a.deallocate(live[i]);  // a free that throws leaves the pointer allocated: freed below
+      live[i] = nullptr;
+    });
+  }
+  step([&] { live.push_back(a.allocate(70 * MiB)); });
+  step([&] { (void)a.allocate(std::size_t{16} << 30); });  // OOM: the ladder runs
+  for (void* p : live)
+    if (p != nullptr) step([&] { a.deallocate(p); });
+  for (void* p : live)  // once more for a free the fault made fail
+    if (p != nullptr && a.find(p)) step([&] { a.deallocate(p); });
+  step([&] { a.empty_cache(); });
+}
+
+TEST_F(FakeCuda, EveryEntryPointFailsCleanlyAtEveryPosition) {
+  const char* const entry_points[] = {
+      "cuMemAlloc",  "cuMemFree",   "cuMemGetInfo",   "cuMemAddressReserve", "cuMemAddressFree",
+      "cuMemCreate", "cuMemRelease", "cuMemMap",      "cuMemSetAccess",      "cuMemUnmap",
+      "cuEventCreate", "cuEventDestroy", "cuEventRecord", "cuEventQuery", "cuEventSynchronize",
+      "cuStreamSynchronize", "cuCtxSetCurrent"};
+  const CUresult results[] = {CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN};
+  void* stream = f_->make_stream(0);
+  ASSERT_NE(stream, nullptr);
+  std::uint64_t fired = 0;
+  for (const char* conf : kConfigs) {
+    for (const char* entry : entry_points) {
+      for (CUresult result : results) {
+        for (unsigned long long pos = 1; pos <= 300; ++pos) {
+          SCOPED_TRACE(std::string(conf) + " " + entry + " #" + std::to_string(pos) + " -> " +
+                       std::to_string(static_cast<int>(result)));
+          const auto before = f_->calls(entry);
+          int backend_errors = 0;
+          {
+            auto a = make(conf);
+            f_->fail(entry, pos, result);
+            workload(*a, stream, backend_errors);
+            f_->clear_faults();
+            EXPECT_NO_THROW(a->validate());
+            try {
+              a->empty_cache();  // whatever a failure left behind goes back now
+            } catch (const backend_error&) {
+              ADD_FAILURE() << "empty_cache failed after the fault";
+            }
+          }
+          const bool hit = f_->calls(entry) - before >= pos;
+          expect_nothing_held();
+          if (!hit) break;  // the workload makes fewer calls of this entry point
+          ++fired;
+          EXPECT_LE(backend_errors, 1) << "only the failing call reports an error";
+          if (HasFailure()) return;
+        }
+      }
+    }
+  }
+  f_->destroy_stream(0, stream);
+  EXPECT_GT(fired, 200u) << "the faults must hit";
+}
+
+}  // namespace
+}  // namespace stitch
