@@ -274,7 +274,7 @@ def vmm_section(res, lines):
     lines.append("")
     lines.append("Each iteration runs cuMemCreate → cuMemMap → cuMemSetAccess → cuMemUnmap → "
                  "cuMemRelease on one range of the given size; each column times that call alone "
-                 "(`cycle`: all five). Driver entry points via cudaGetDriverEntryPointByVersion.")
+                 "(`cycle`: all five). Driver entry points via dlopen and cuGetProcAddress, as the back end.")
     lines.append("")
     gmin = res.context.get("stitch_vmm_granularity_min")
     grec = res.context.get("stitch_vmm_granularity_recommended")

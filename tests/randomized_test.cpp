@@ -1,6 +1,7 @@
-// Randomized stress test: several threads allocate and free on two simulated devices and several
-// streams, with a realistic size mix (512 B .. 64 MiB, mostly small), frees of other threads'
-// blocks through a shared pool, record_stream onto other streams while streams are held and
+// Randomized stress test: several threads allocate and free on two devices (simulated, or
+// backend:cuda on the strict fake driver in stitch_fake_cuda_tests) and several streams, with a
+// realistic size mix (512 B .. 64 MiB, mostly small), frees of other threads' blocks through a
+// shared pool, record_stream onto other streams while streams are held and
 // released, frees on other streams, and occasional empty_cache. Checked throughout: live blocks
 // never overlap, every block keeps its data until it is freed, and at every quiescent checkpoint
 // Allocator::validate() passes and the statistics equal a recount of the live blocks.
@@ -30,6 +31,7 @@
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
 #include "stitch/sim_backend.hpp"
+#include "support/cuda_driver.hpp"
 #include "support/data_pattern.hpp"
 #include "support/live_ranges.hpp"
 
@@ -53,6 +55,98 @@ constexpr std::uint64_t kDefaultSeed = 20261201;
 constexpr std::uint64_t kDefaultOps = 1'000'000;
 
 stream_t S(int n) { return reinterpret_cast<stream_t>(static_cast<std::uintptr_t>(n) * 0x10); }
+
+// ---- the devices under test ------------------------------------------------------------------------
+
+/// Where the stress runs: the simulator, or backend:cuda on the strict fake driver
+/// (tests/fake_cuda/), whose streams belong to one device each.
+class Devices {
+ public:
+  virtual ~Devices() = default;
+  /// The allocator; `conf` is empty or starts with a comma.
+  virtual std::unique_ptr<Allocator> make(const std::string& conf) = 0;
+  /// Stream `s` (1..kStreams) of `device`.
+  virtual stream_t stream(int s, int device) = 0;
+  /// Events recorded on stream `s` (of every device) stay incomplete until release(s).
+  virtual void hold(int s) = 0;
+  virtual void release(int s) = 0;
+  /// Device memory in use, as the device counts it.
+  virtual std::int64_t used(int device) = 0;
+  /// Whether the device holds nothing of the allocator's any more.
+  virtual bool empty(int device) = 0;
+  virtual std::uint64_t forced_completions() = 0;
+  virtual std::int64_t capacity() = 0;
+};
+
+class SimDevices final : public Devices {
+ public:
+  SimDevices() {
+    SimBackend::Options options;
+    options.devices = kDevices;
+    options.capacity = 4 * GiB;
+    sim_ = std::make_shared<SimBackend>(options);
+  }
+  std::unique_ptr<Allocator> make(const std::string& conf) override {
+    return std::make_unique<Allocator>(Config::parse("backend:sim" + conf), sim_);
+  }
+  stream_t stream(int s, int) override { return S(s); }  // simulated streams span devices
+  void hold(int s) override { sim_->hold_stream(S(s)); }
+  void release(int s) override { sim_->release_stream(S(s)); }
+  std::int64_t used(int d) override { return static_cast<std::int64_t>(sim_->usage(d).used); }
+  bool empty(int d) override {
+    const SimUsage u = sim_->usage(d);
+    return u.used == 0 && u.allocations == 0 && u.physical_handles == 0 && u.mappings == 0 &&
+           u.reservations == 0;
+  }
+  std::uint64_t forced_completions() override { return sim_->forced_completions(); }
+  std::int64_t capacity() override { return static_cast<std::int64_t>(4 * GiB); }
+
+ private:
+  std::shared_ptr<SimBackend> sim_;
+};
+
+class FakeCudaDevices final : public Devices {
+ public:
+  explicit FakeCudaDevices(const test::TestDriver& fake) : f_(fake) {
+    for (int d = 0; d < kDevices; ++d) {
+      baseline_[static_cast<std::size_t>(d)] = f_.usage(d);
+      for (int s = 1; s <= kStreams; ++s) streams_[index(s, d)] = f_.make_stream(d);
+    }
+  }
+  ~FakeCudaDevices() override {
+    for (int d = 0; d < kDevices; ++d)
+      for (int s = 1; s <= kStreams; ++s) f_.destroy_stream(d, streams_[index(s, d)]);
+  }
+  std::unique_ptr<Allocator> make(const std::string& conf) override {
+    return std::make_unique<Allocator>(Config::parse("backend:cuda" + conf));
+  }
+  stream_t stream(int s, int d) override { return streams_[index(s, d)]; }
+  void hold(int s) override {
+    for (int d = 0; d < kDevices; ++d) f_.hold_stream(static_cast<CUstream_st*>(stream(s, d)));
+  }
+  void release(int s) override {
+    for (int d = 0; d < kDevices; ++d) f_.release_stream(static_cast<CUstream_st*>(stream(s, d)));
+  }
+  std::int64_t used(int d) override {
+    return static_cast<std::int64_t>(f_.usage(d).used_bytes - baseline_[static_cast<std::size_t>(d)].used_bytes);
+  }
+  bool empty(int d) override {
+    const stitch_fake_cuda_usage u = f_.usage(d), b = baseline_[static_cast<std::size_t>(d)];
+    return u.used_bytes == b.used_bytes && u.live_allocations == b.live_allocations &&
+           u.live_handles == b.live_handles && u.live_mappings == b.live_mappings &&
+           u.live_reservations == b.live_reservations;
+  }
+  std::uint64_t forced_completions() override { return f_.forced_completions(); }
+  std::int64_t capacity() override { return static_cast<std::int64_t>(f_.usage(0).capacity_bytes); }
+  unsigned long long violations() const { return f_.violations(); }
+  const char* last_violation() const { return f_.last_violation(); }
+
+ private:
+  static std::size_t index(int s, int d) { return static_cast<std::size_t>(d * kStreams + s - 1); }
+  const test::TestDriver& f_;
+  std::array<stream_t, kDevices * kStreams> streams_{};
+  std::array<stitch_fake_cuda_usage, kDevices> baseline_{};
+};
 
 std::uint64_t env_or(const char* name, std::uint64_t fallback) {
   const char* v = std::getenv(name);
@@ -88,19 +182,15 @@ struct Counters {
 
 class Stress {
  public:
-  Stress(std::uint64_t seed, std::uint64_t ops_per_thread_per_phase, const std::string& conf)
-      : seed_(seed), ops_(ops_per_thread_per_phase) {
-    SimBackend::Options options;
-    options.devices = kDevices;
-    options.capacity = 4 * GiB;
-    sim_ = std::make_shared<SimBackend>(options);
-    alloc_ = std::make_unique<Allocator>(
-        Config::parse("backend:sim" + conf), sim_);
+  Stress(std::uint64_t seed, std::uint64_t ops_per_thread_per_phase, const std::string& conf,
+         Devices& devices)
+      : seed_(seed), ops_(ops_per_thread_per_phase), dev_(devices) {
+    alloc_ = dev_.make(conf);
     for (int t = 0; t < kThreads; ++t) rngs_.emplace_back(mix(seed + static_cast<std::uint64_t>(t) + 1));
   }
 
   Allocator& a() { return *alloc_; }
-  SimBackend& sim() { return *sim_; }
+  Devices& devices() { return dev_; }
   Counters& counters() { return c_; }
   std::vector<std::string>& errors() { return errors_; }
 
@@ -113,7 +203,7 @@ class Stress {
   /// Quiescent check: no thread runs. Completes pending work first so that the statistics
   /// only describe live blocks, then recounts them.
   void checkpoint(const char* when) {
-    for (int s = 1; s <= kStreams; ++s) sim_->release_stream(S(s));
+    for (int s = 1; s <= kStreams; ++s) dev_.release(s);
     held_.fill(false);
     try {
       alloc_->empty_cache();
@@ -151,9 +241,9 @@ class Stress {
              count[d]);
       if (s.reserved_bytes[kAll].current < s.allocated_bytes[kAll].current)
         error(std::string(when) + ": reserved below allocated");
-      if (s.reserved_bytes[kAll].current > static_cast<std::int64_t>(4 * GiB))
+      if (s.reserved_bytes[kAll].current > dev_.capacity())
         error(std::string(when) + ": reserved above the capacity");
-      if (static_cast<std::int64_t>(sim_->usage(d).used) != s.reserved_bytes[kAll].current)
+      if (dev_.used(d) != s.reserved_bytes[kAll].current)
         error(std::string(when) + ": the device's use differs from reserved_bytes");
     }
   }
@@ -172,10 +262,7 @@ class Stress {
     for (auto& m : ranges_) m.clear();
     checkpoint("after freeing everything");
     for (int d = 0; d < kDevices; ++d) {
-      const SimUsage u = sim_->usage(d);
-      if (u.used != 0 || u.allocations != 0 || u.physical_handles != 0 || u.mappings != 0 ||
-          u.reservations != 0)
-        error("drain: device " + std::to_string(d) + " not empty");
+      if (!dev_.empty(d)) error("drain: device " + std::to_string(d) + " not empty");
       if (alloc_->stats(d).reserved_bytes[kAll].current != 0) error("drain: reserved_bytes != 0");
     }
   }
@@ -236,10 +323,10 @@ class Stress {
         std::lock_guard lock(held_mutex_);
         auto& held = held_[static_cast<std::size_t>(s - 1)];
         if (held) {
-          sim_->release_stream(S(s));
+          dev_.release(s);
           ++c_.releases;
         } else {
-          sim_->hold_stream(S(s));
+          dev_.hold(s);
           ++c_.holds;
         }
         held = !held;
@@ -265,7 +352,7 @@ class Stress {
     Block b{};
     b.size = random_size(rng);
     b.device = static_cast<int>(rng() % kDevices);
-    b.stream = S(1 + static_cast<int>(rng() % kStreams));
+    b.stream = dev_.stream(1 + static_cast<int>(rng() % kStreams), b.device);
     b.seed = rng();
     try {
       b.ptr = alloc_->allocate(b.size, b.stream, b.device);
@@ -304,7 +391,7 @@ class Stress {
         alloc_->deallocate(b.ptr, b.size, b.device, b.stream);
         ++c_.frees_sized;
       } else {
-        alloc_->deallocate(b.ptr, S(1 + static_cast<int>(rng() % kStreams)));
+        alloc_->deallocate(b.ptr, dev_.stream(1 + static_cast<int>(rng() % kStreams), b.device));
         ++c_.frees_other_stream;
       }
       ++c_.frees;
@@ -318,7 +405,7 @@ class Stress {
     Block b{};
     if (!take(rng, b, t)) return;
     try {
-      alloc_->record_stream(b.ptr, S(1 + static_cast<int>(rng() % kStreams)));
+      alloc_->record_stream(b.ptr, dev_.stream(1 + static_cast<int>(rng() % kStreams), b.device));
       ++c_.records;
     } catch (const std::exception& e) {
       ++c_.unexpected;
@@ -329,7 +416,7 @@ class Stress {
 
   std::uint64_t seed_;
   std::uint64_t ops_;
-  std::shared_ptr<SimBackend> sim_;
+  Devices& dev_;
   std::unique_ptr<Allocator> alloc_;
   std::vector<std::mt19937_64> rngs_;
   Counters c_;
@@ -348,8 +435,8 @@ class Stress {
   std::vector<std::string> errors_;
 };
 
-/// `conf`: settings after "backend:sim" (empty, or starting with a comma).
-void run_stress(const std::string& conf, std::uint64_t default_ops) {
+/// `conf`: settings after the backend (empty, or starting with a comma).
+void run_stress(const std::string& conf, std::uint64_t default_ops, Devices& devices) {
   const std::uint64_t seed = env_or("STITCH_STRESS_SEED", kDefaultSeed);
   const std::uint64_t total = env_or("STITCH_STRESS_OPS", default_ops);
   const std::uint64_t per_thread_phase = std::max<std::uint64_t>(1, total / kThreads / kCheckpoints);
@@ -360,7 +447,7 @@ void run_stress(const std::string& conf, std::uint64_t default_ops) {
               conf.c_str());
   ::testing::Test::RecordProperty("seed", std::to_string(seed));
 
-  Stress stress(seed, per_thread_phase, conf);
+  Stress stress(seed, per_thread_phase, conf, devices);
   for (int phase = 0; phase < kCheckpoints; ++phase) {
     stress.run_phase();
     stress.checkpoint(("checkpoint " + std::to_string(phase + 1)).c_str());
@@ -381,7 +468,7 @@ void run_stress(const std::string& conf, std::uint64_t default_ops) {
               static_cast<unsigned long long>(c.empty_caches.load()),
               static_cast<unsigned long long>(c.holds.load()),
               static_cast<unsigned long long>(c.releases.load()), stress.live(),
-              static_cast<unsigned long long>(stress.sim().forced_completions()));
+              static_cast<unsigned long long>(stress.devices().forced_completions()));
   for (int d = 0; d < kDevices; ++d)
     std::printf("[ device %d ] stitches %lld, page reuses %lld, page borrows %lld, retries %lld\n", d,
                 static_cast<long long>(stress.a().stat(d, "num_stitches").value_or(0)),
@@ -410,19 +497,49 @@ void run_stress(const std::string& conf, std::uint64_t default_ops) {
 }
 
 TEST(Randomized, MillionOperationsOnTwoDevicesKeepEveryInvariant) {
-  run_stress("", kDefaultOps);
+  SimDevices devices;
+  run_stress("", kDefaultOps, devices);
 }
 
 // The same mix with expandable segments (pages mapped into per-stream reserved ranges), shorter.
 TEST(Randomized, ExpandableSegmentsKeepEveryInvariant) {
-  run_stress(",expandable_segments:True", kDefaultOps / 4);
+  SimDevices devices;
+  run_stress(",expandable_segments:True", kDefaultOps / 4, devices);
 }
 
 // And with stitching at its defaults: coarse pages with room, fine pages, page reuse, stitches
 // and borrowed pages as the devices fill.
 TEST(Randomized, StitchingKeepsEveryInvariant) {
-  run_stress(",expandable_segments:True,stitching:True", kDefaultOps / 4);
+  SimDevices devices;
+  run_stress(",expandable_segments:True,stitching:True", kDefaultOps / 4, devices);
 }
+
+#ifdef STITCH_FAKE_CUDA_PATH
+// The same three on backend:cuda over the strict fake driver (two 2 GiB devices, streams of
+// their own per device), in stitch_fake_cuda_tests; the fake must see no contract violation.
+class RandomizedOnTheFakeDriver : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(RandomizedOnTheFakeDriver, KeepsEveryInvariant) {
+  const test::TestDriver* fake = test::fake_driver();
+  if (fake == nullptr) GTEST_SKIP() << "needs the strict fake CUDA driver: " << test::test_driver().why;
+  const auto violations = fake->violations();
+  {
+    FakeCudaDevices devices(*fake);
+    run_stress(GetParam(), kDefaultOps / 4, devices);
+  }
+  EXPECT_EQ(fake->violations(), violations) << "contract violation: " << fake->last_violation();
+}
+
+std::string mode_name(const ::testing::TestParamInfo<const char*>& info) {
+  static const char* const names[] = {"plain", "expandable", "stitching"};
+  return names[info.index];
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, RandomizedOnTheFakeDriver,
+                         ::testing::Values("", ",expandable_segments:True",
+                                           ",expandable_segments:True,stitching:True"),
+                         mode_name);
+#endif
 
 }  // namespace
 }  // namespace stitch
