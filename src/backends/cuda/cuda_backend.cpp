@@ -442,7 +442,8 @@ class CudaBackend final : public Backend {
   void retry_strays(DeviceState& s, int device, CUdeviceptr at, std::size_t bytes) {
     std::lock_guard lock(s.strays_mutex);
     for (auto it = s.strays.begin(); it != s.strays.end();) {
-      const auto [va, size] = *it;
+      const CUdeviceptr va = it->first;  // (not a structured binding: the lambda below uses it)
+      const std::size_t size = it->second;
       const CUresult r = d_.mem_unmap(va, size);
       if (r == CUDA_SUCCESS) {
         it = s.strays.erase(it);
