@@ -3,13 +3,21 @@
 //   *_pair       a warm cache-hit allocate + free of one size (*_pair_filed: with immediate
 //                reuse off, the general path of a hit);
 //   *_random     RMM random_allocations-style mixed workload (random sizes, random frees);
-//   *_threads    the cache-hit pair from several threads at once (each on its own stream).
+//   *_threads    the cache-hit pair from several threads at once (each on its own stream), on
+//                one device and on two (*_devices), through the C++ and the C API, with
+//                PyTorch's structure (a std::mutex and an ordered set per device) as the peer;
+//                wall time per pair and thread.
 // stitch runs on the simulated device, so no device call is ever timed: this is the allocator.
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <set>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/device_allocator.hpp"
@@ -86,9 +94,11 @@ void BM_stitch_pair_recording(benchmark::State& state) {
 }
 BENCHMARK(BM_stitch_pair_recording)->Args({4096, 0})->Args({4096, 1});
 
+constexpr const char* kCapiConf = "backend:sim,sim_capacity_mb:65536,sim_devices:2";
+
 void BM_stitch_capi_pair(benchmark::State& state) {
   const auto size = static_cast<std::size_t>(state.range(0));
-  if (stitch_configure("backend:sim,sim_capacity_mb:65536") != 0 &&
+  if (stitch_configure(kCapiConf) != 0 &&
       std::string(stitch_last_error()).find("fixed") == std::string::npos) {
     state.SkipWithError(stitch_last_error());
     return;
@@ -164,6 +174,14 @@ BENCHMARK(BM_stitch_random)->Arg(1 << 20);
 
 // ---- several threads ----------------------------------------------------------------------------
 
+void thread_args(benchmark::internal::Benchmark* b) {
+  b->Threads(1)->Threads(2)->Threads(4)->Threads(8)->UseRealTime();
+}
+
+stitch::stream_t own_stream(const benchmark::State& state) {
+  return reinterpret_cast<stitch::stream_t>(static_cast<std::uintptr_t>(state.thread_index() + 1));
+}
+
 void BM_glibc_pair_threads(benchmark::State& state) {
   for (auto _ : state) {
     void* p = malloc(4096);
@@ -171,17 +189,101 @@ void BM_glibc_pair_threads(benchmark::State& state) {
     free(p);
   }
 }
-BENCHMARK(BM_glibc_pair_threads)->Threads(1)->Threads(2)->Threads(4);
+BENCHMARK(BM_glibc_pair_threads)->Apply(thread_args);
 
 void BM_stitch_pair_threads(benchmark::State& state) {
   stitch::Allocator& a = shared_allocator();
-  auto* stream = reinterpret_cast<stitch::stream_t>(static_cast<std::uintptr_t>(state.thread_index() + 1));
+  const stitch::stream_t stream = own_stream(state);
   for (auto _ : state) {
     void* p = a.allocate(4096, stream);
     benchmark::DoNotOptimize(p);
     a.deallocate(p);
   }
 }
-BENCHMARK(BM_stitch_pair_threads)->Threads(1)->Threads(2)->Threads(4);
+BENCHMARK(BM_stitch_pair_threads)->Apply(thread_args);
+
+// Thread i on device i % 2.
+void BM_stitch_pair_threads_devices(benchmark::State& state) {
+  static stitch::Allocator two(stitch::Config::parse("backend:sim,sim_capacity_mb:65536,sim_devices:2"));
+  const stitch::stream_t stream = own_stream(state);
+  const int device = state.thread_index() % 2;
+  for (auto _ : state) {
+    void* p = two.allocate(4096, stream, device);
+    benchmark::DoNotOptimize(p);
+    two.deallocate(p, 4096, device, stream);
+  }
+}
+BENCHMARK(BM_stitch_pair_threads_devices)->Apply(thread_args);
+
+// Through the C API, on one device (range 0) or thread i on device i % 2 (range 1).
+void BM_stitch_capi_pair_threads(benchmark::State& state) {
+  if (state.thread_index() == 0 && stitch_configure(kCapiConf) != 0 &&
+      std::string(stitch_last_error()).find("fixed") == std::string::npos) {
+    state.SkipWithError(stitch_last_error());
+    return;
+  }
+  void* stream = own_stream(state);
+  const int device = state.range(0) == 0 ? 0 : state.thread_index() % 2;
+  for (auto _ : state) {
+    void* p = stitch_malloc(512, device, stream);
+    benchmark::DoNotOptimize(p);
+    stitch_free(p, 512, device, stream);
+  }
+}
+BENCHMARK(BM_stitch_capi_pair_threads)->Arg(0)->Arg(1)->Apply(thread_args);
+
+/// PyTorch's structure for the same pair, as the peer: per device one std::mutex over an
+/// ordered set of free blocks (stream, size, address: best fit by lower_bound) and a hash map
+/// of the live ones; a freed block goes back into the set at once.
+class MutexSetDevice {
+ public:
+  void* allocate(std::size_t size, stitch::stream_t stream) {
+    std::lock_guard lock(mutex_);
+    auto it = free_.lower_bound(Key{stream, size, nullptr});
+    if (it == free_.end() || it->stream != stream) {
+      slabs_.push_back(std::make_unique<char[]>(size));  // grow: one block of this size
+      it = free_.insert(Key{stream, size, slabs_.back().get()}).first;
+    }
+    const Key k = *it;
+    free_.erase(it);
+    live_.emplace(k.ptr, k);
+    return k.ptr;
+  }
+  void deallocate(void* p) {
+    std::lock_guard lock(mutex_);
+    auto it = live_.find(p);
+    free_.insert(it->second);
+    live_.erase(it);
+  }
+
+ private:
+  struct Key {
+    stitch::stream_t stream;
+    std::size_t size;
+    char* ptr;
+    bool operator<(const Key& o) const noexcept {
+      if (stream != o.stream) return stream < o.stream;
+      if (size != o.size) return size < o.size;
+      return ptr < o.ptr;
+    }
+  };
+  std::mutex mutex_;
+  std::set<Key> free_;
+  std::unordered_map<void*, Key> live_;
+  std::vector<std::unique_ptr<char[]>> slabs_;
+};
+
+// The peer on one device (range 0), or thread i on device i % 2 (range 1).
+void BM_mutex_set_pair_threads(benchmark::State& state) {
+  static MutexSetDevice devices[2];
+  MutexSetDevice& d = devices[state.range(0) == 0 ? 0 : state.thread_index() % 2];
+  const stitch::stream_t stream = own_stream(state);
+  for (auto _ : state) {
+    void* p = d.allocate(4096, stream);
+    benchmark::DoNotOptimize(p);
+    d.deallocate(p);
+  }
+}
+BENCHMARK(BM_mutex_set_pair_threads)->Arg(0)->Arg(1)->Apply(thread_args);
 
 }  // namespace

@@ -6,7 +6,9 @@
 // of immediate reuses itself, num_immediate_reuses). The configs cover
 // the small and large pools, max_split_size and rounding, expandable segments, stitching, a
 // memory fraction with garbage collection, out of memory, and blocks that wait for events on
-// other streams.
+// other streams. ImmediateReuseThreads does the same from four threads at once, each on its own
+// stream, with blocks handed to another thread to free: every thread's pairs then run in its own
+// slot without the device lock.
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -16,6 +18,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -136,10 +139,12 @@ std::string layout(const Allocator& a) {
   return out;
 }
 
-std::string stats_text(const Allocator& a) {
+std::string stats_text(const Allocator& a, bool peaks = true) {
   std::string out;
   a.stats(0).for_each([&](const std::string& key, std::int64_t v) {
-    if (key != "num_immediate_reuses") out += key + "=" + std::to_string(v) + "\n";
+    if (key == "num_immediate_reuses") return;
+    if (!peaks && key.find(".peak") != std::string::npos) return;
+    out += key + "=" + std::to_string(v) + "\n";
   });
   return out;
 }
@@ -305,6 +310,110 @@ TEST(ImmediateReuseUnit, SameSizeComesBackAndOtherRequestsSeeTheFreedBlock) {
   a.empty_cache(0);
   EXPECT_EQ(a.stats(0).reserved_bytes[kAll].current, 0);
 }
+
+// ---- several threads ------------------------------------------------------------------------
+
+/// Per stream, its segments in creation order, each as its blocks' offsets, sizes and states:
+/// what one thread's own operations decide, whatever the other threads did meanwhile.
+std::map<std::uintptr_t, std::vector<std::string>> layout_by_stream(const Allocator& a) {
+  std::map<std::uintptr_t, std::vector<std::string>> out;
+  for (const SegmentSnapshot& s : a.snapshot().segments) {
+    std::string seg = std::to_string(s.total_size) + " " + s.segment_type +
+                      (s.is_expandable ? " expandable" : "") + ":";
+    for (const BlockSnapshot& b : s.blocks)
+      seg += " " + std::to_string(b.address - s.address) + "+" + std::to_string(b.size) + "/" +
+             std::to_string(b.requested_size) + "/" + b.state;
+    out[s.stream].push_back(seg);
+  }
+  return out;
+}
+
+/// One thread's script: the operations of one phase, decided by its own generator.
+struct ThreadScript {
+  std::mt19937_64 rng;
+  std::vector<std::pair<void*, std::size_t>> live;  ///< its blocks (pointer, bytes)
+  std::vector<void*> inbox;                         ///< other threads' blocks to free
+};
+
+void run_phase(Allocator& a, ThreadScript& t, stream_t stream, int ops) {
+  auto pick = [&](std::size_t n) { return static_cast<std::size_t>(t.rng() % n); };
+  for (int i = 0; i < ops; ++i) {
+    const std::size_t r = pick(100);
+    if (r < 30 || t.live.empty()) {
+      const std::size_t bytes = pick(4) == 0 ? (1 + pick(8)) * MiB + pick(MiB) : 512 * (1 + pick(64));
+      t.live.emplace_back(a.allocate(bytes, stream), bytes);
+    } else if (r < 85) {
+      // The pair a training loop repeats: free the newest, the same size again.
+      const auto [p, bytes] = t.live.back();
+      a.deallocate(p, bytes, 0, stream);
+      t.live.back().first = a.allocate(bytes, stream);
+    } else {
+      const std::size_t k = pick(t.live.size());
+      a.deallocate(t.live[k].first, stream);
+      t.live[k] = t.live.back();
+      t.live.pop_back();
+    }
+  }
+}
+
+class ImmediateReuseThreads : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ImmediateReuseThreads, ChangesNothingObservable) {
+  constexpr int kThreads = 4, kPhases = 12, kOps = 3000;
+  const std::string conf = std::string("backend:sim,") + GetParam();
+  Side on(conf, 65536 * MiB, true);   // room enough: no thread's memory ever serves another's
+  Side off(conf, 65536 * MiB, false);
+  std::vector<ThreadScript> on_scripts, off_scripts;
+  for (int t = 0; t < kThreads; ++t) {
+    on_scripts.push_back({std::mt19937_64(1000 + t), {}, {}});
+    off_scripts.push_back({std::mt19937_64(1000 + t), {}, {}});
+  }
+  for (int phase = 0; phase < kPhases; ++phase) {
+    // Blocks handed over at the end of the last phase: each freed by its new thread, one thread
+    // after another (a free among another thread's operations on its stream would make the
+    // outcome depend on the timing).
+    for (std::vector<ThreadScript>* side : {&on_scripts, &off_scripts}) {
+      Allocator& a = side == &on_scripts ? *on.alloc : *off.alloc;
+      for (ThreadScript& t : *side) {
+        std::thread([&] {
+          for (void* p : t.inbox) a.deallocate(p);
+        }).join();
+        t.inbox.clear();
+      }
+    }
+    // The allocator with immediate reuse runs the threads at once, the other one after another.
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t)
+      threads.emplace_back([&, t] { run_phase(*on.alloc, on_scripts[t], S(t + 1), kOps); });
+    for (auto& th : threads) th.join();
+    for (int t = 0; t < kThreads; ++t) run_phase(*off.alloc, off_scripts[t], S(t + 1), kOps);
+    // Peaks are of sums over the streams, which depend on how the threads interleaved.
+    ASSERT_EQ(stats_text(*on.alloc, false), stats_text(*off.alloc, false)) << "phase " << phase;
+    ASSERT_EQ(layout_by_stream(*on.alloc), layout_by_stream(*off.alloc)) << "phase " << phase;
+    // A few blocks change hands: the next thread frees them in the next phase.
+    for (std::vector<ThreadScript>* side : {&on_scripts, &off_scripts}) {
+      for (int t = 0; t < kThreads; ++t) {
+        ThreadScript& from = (*side)[static_cast<std::size_t>(t)];
+        ThreadScript& to = (*side)[static_cast<std::size_t>((t + 1) % kThreads)];
+        for (int k = 0; k < 3 && !from.live.empty(); ++k) {
+          to.inbox.push_back(from.live.back().first);
+          from.live.pop_back();
+        }
+      }
+    }
+  }
+  on.alloc->validate();
+  off.alloc->validate();
+  const std::int64_t reuses = on.alloc->stats(0).num_immediate_reuses;
+  EXPECT_GT(reuses, kThreads * kPhases * kOps / 4) << "the pairs must mostly be taken straight back";
+  std::printf("[ reuse    ] %s: %d threads, %lld immediate reuses\n", GetParam(), kThreads,
+              static_cast<long long>(reuses));
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, ImmediateReuseThreads,
+                         ::testing::Values("max_split_size_mb:20000", "max_split_size_mb:24",
+                                           "expandable_segments:True",
+                                           "expandable_segments:True,stitching:True"));
 
 }  // namespace
 }  // namespace stitch

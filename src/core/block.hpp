@@ -8,6 +8,7 @@
 // into a stitched range that uses it: in no set, unusable here until the range gives it back).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <set>
@@ -21,6 +22,7 @@ namespace stitch::detail {
 
 struct Segment;
 struct Block;
+struct ThreadSlot;
 
 /// Ordering of free blocks: (stream, size, address). A FreeKey searches without a Block.
 struct FreeKey {
@@ -65,6 +67,9 @@ struct Block {
   int event_count = 0;         ///< outstanding events before a pending block becomes free
   std::uint64_t gc_stamp = 0;  ///< pool call counter when it was last freed (GC age)
   std::vector<stream_t> stream_uses;  ///< other streams that used it (record_stream)
+  /// The thread slot that holds it (core/thread_slots.hpp): parked there after a free, or
+  /// handed out from there; set and cleared under the device lock.
+  ThreadSlot* slot = nullptr;
   FreeSet::iterator pos{};     ///< position in the FreeIndex while in_index
 
   Block(char* p, std::size_t s, stream_t st, Segment* seg, bool is_small) noexcept
@@ -101,6 +106,8 @@ struct Segment {
   char* base = nullptr;
   std::size_t size = 0;
   stream_t stream = nullptr;
+  /// Its stream's epoch (core/thread_slots.hpp): bumped when the stream's free blocks change.
+  std::atomic<std::uint64_t>* epoch = nullptr;
   bool small = false;
   bool oversize = false;       ///< counted in oversize_segments
   bool expandable = false;     ///< a reserved range whose pages are mapped on demand

@@ -53,7 +53,7 @@ void DeviceAllocator::set_config(const Config& config, bool apply_fraction) {
     throw config_error("stitching:True requires expandable_segments:True");
   bool fraction_changed = false;
   {
-    std::lock_guard lock(mutex_);  // settles the deferred free: the new tunables decide from here on
+    std::lock_guard lock(mutex_);  // settles the slots: the new tunables decide from here on
     // per_process_memory_fraction applies when it is set or changed, so a configure() of other
     // keys keeps a fraction set at run time with set_memory_fraction().
     fraction_changed = apply_fraction || !configured_ ||
@@ -62,6 +62,8 @@ void DeviceAllocator::set_config(const Config& config, bool apply_fraction) {
     config_ = config;
     recorder_.configure(config.record_history, config.max_entries, config.record_stacks,
                         /*device_empty=*/segments_ == nullptr);
+    note_fast_ok();
+    settle_slots();  // a pair that began before the change has ended
     stats_.max_split_size =
         config.max_split_size == Config::kUnlimited ? -1
                                                     : static_cast<std::int64_t>(config.max_split_size);
@@ -85,23 +87,55 @@ void DeviceAllocator::set_memory_fraction(double fraction) {
 
 DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t stream) {
   if (size == 0) return {nullptr, nullptr};
-  detail::UnsettledGuard guard(mutex_);  // malloc alone may find the deferred free unsettled
+  detail::ThreadSlot* mine = slots_.mine();
+  if (mine != nullptr) {
+    if (void* again = take_parked(*mine, size, stream)) return {again, nullptr};  // no lock
+  }
+  detail::UnsettledGuard guard(mutex_);  // malloc and free alone may find the slots unsettled
+  if (mine != nullptr) flush_pairs(*mine);  // its pairs came before this request
   if (size >= detail::kMaxRequest) {
-    mutex_.settle();
+    if (mine != nullptr) settle_slot(*mine);
     capture_oom(size, size, size, false, stream);
     return {nullptr, failed_.release()};
   }
   if (events_.outstanding() != 0) {
-    mutex_.settle();
+    if (mine != nullptr) settle_slot(*mine);
     events_.poll([this](Block* b) { complete_pending(b); });
+    note_events();
   }
   const std::size_t rounded = detail::round_size(size, config_.roundup_power2_divisions);
   const bool small = detail::is_small(rounded);
   Pool& pool = pool_for(small);
-  if (mutex_.deferred() != nullptr) {
-    if (Block* again = reuse_deferred(pool, stream, rounded, size)) return {again->ptr, nullptr};
-    mutex_.settle();
+  if (mine != nullptr && mine->block != nullptr) {
+    // This thread's parked free, taken back here when best fit would give it (as the slot
+    // would have, had its verdict been current), else completed first, as the free it is.
+    Block* parked = mine->block;
+    const bool is_parked = mine->parked;  // own slot: only this thread changes it unlocked
+    if (is_parked && parked->stream == stream && parked->size == rounded &&
+        parked->small == small) {
+      if (const std::optional<PairEffect> effect = reuse_effect(parked, rounded)) {
+        std::lock_guard slot_lock(mine->lock);
+        if (mine->pairs != 0) apply_pairs(parked, mine->effect, mine->pairs);
+        mine->pairs = 0;
+        // This pair's statistics at once: it may ask for other bytes than the last.
+        hot_.reallocated_block(small, static_cast<std::int64_t>(parked->size),
+                               static_cast<std::int64_t>(parked->requested),
+                               static_cast<std::int64_t>(size));
+        parked->requested = size;
+        ++pool.calls;
+        ++stats_.num_immediate_reuses;
+        apply_inactive(parked, *effect, 1);
+        mine->parked = false;
+        mine->effect = *effect;  // the pairs from here on move the statistics this way
+        mine->reusable = detail::round_size(size, config_.roundup_power2_divisions) == rounded;
+        mine->seen = mine->epoch->load(std::memory_order_relaxed);
+        trace(TraceAction::alloc, parked->ptr, size, stream);
+        return {parked->ptr, nullptr};
+      }
+    }
+    if (is_parked) settle_slot(*mine);  // (a handed-out block stays where it is)
   }
+  if (slots_.shared()) settle_parked_on(stream, mine);
   Block* block = get_free_block(pool, stream, rounded);
   if (block == nullptr) {
     block = allocate_slow(pool, stream, rounded, size);
@@ -110,6 +144,7 @@ DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t s
   block = take_found_block(pool, block, rounded);
   activate(block, size);
   live_.insert(block->ptr, block);
+  bump(block->segment);
   trace(TraceAction::alloc, block->ptr, size, stream);
   return {block->ptr, nullptr};
 }
@@ -177,10 +212,23 @@ void DeviceAllocator::activate_slow(Block* block, std::size_t requested) noexcep
 
 FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
                                  const stream_t* stream, std::size_t* actual_size) {
-  std::lock_guard lock(mutex_);
-  const auto slot = live_.find_slot(ptr);
-  if (slot == live_.npos) return FreeStatus::not_found;
-  Block* block = live_.value_at(slot);
+  if (detail::ThreadSlot* mine = slots_.mine()) {
+    if (park_again(*mine, ptr, expected_size, stream, actual_size)) return FreeStatus::freed;
+  }
+  detail::UnsettledGuard guard(mutex_);
+  if (detail::ThreadSlot* own = slots_.mine()) flush_pairs(*own);  // its pairs came first
+  Block* block = live_.find(ptr);
+  if (block == nullptr) return FreeStatus::not_found;
+  if (block->slot != nullptr) {
+    // A block of a thread's slot: parked there (this is a second free of it), or handed out
+    // from there (an ordinary allocation from here on).
+    detail::ThreadSlot& owner = *block->slot;
+    owner.lock.lock();
+    const bool parked = owner.parked;
+    owner.lock.unlock();
+    settle_slot(owner);
+    if (parked) return FreeStatus::not_found;
+  }
   if (actual_size != nullptr) *actual_size = block->requested;
   if (expected_size != nullptr && *expected_size != block->requested)
     return FreeStatus::wrong_size;
@@ -189,89 +237,216 @@ FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
           block->stream_uses.end()) {
     block->stream_uses.push_back(*stream);  // freed on another stream: that was its last use
   }
-  if (!block->stream_uses.empty()) events_.record(block);  // may throw; nothing changed then
-  // Without events, the free is completed lazily: the next allocation may take the block
-  // straight back (reuse_deferred). With a free neighbour in front, the filed block would start
-  // elsewhere, so it could not come back. A deferred block stays in the live table, not
-  // allocated, until its free completes.
-  const bool defer = block->event_count == 0 && immediate_reuse_ &&
+  if (!block->stream_uses.empty()) {
+    events_.record(block);  // may throw; nothing changed then
+    note_events();
+  }
+  // This thread's last free completes first (as any other request sees it completed), and so
+  // do frees parked next to this block in other threads' slots (they decide how it files).
+  detail::ThreadSlot* mine = slots_.mine();
+  if (mine != nullptr && mine->block != nullptr) settle_slot(*mine);
+  if (block->prev != nullptr && block->prev->slot != nullptr) settle_slot(*block->prev->slot);
+  if (block->next != nullptr && block->next->slot != nullptr) settle_slot(*block->next->slot);
+  // Without events, the free is completed lazily: the block waits in the calling thread's slot,
+  // where its next allocation of the same size on the same stream may take it straight back.
+  // With a free neighbour in front, the filed block would start elsewhere, so it could not
+  // come back. A parked block stays in the live table, allocated, until its free completes.
+  const bool defer = block->event_count == 0 && immediate_reuse_ && !block->oversize &&
                      (block->prev == nullptr || !block->prev->in_index);
-  if (!defer) live_.erase_at(slot);
+  if (defer && mine == nullptr) mine = slots_.mine_or_create();  // may throw: nothing changed
   trace(TraceAction::free_requested, block->ptr, block->requested, block->stream);
+  if (defer) {
+    trace(TraceAction::free_completed, block->ptr, block->requested, block->stream);
+    park(*mine, block);
+    return FreeStatus::freed;
+  }
+  live_.erase(block->ptr);  // (settling above may have moved the entries of the live table)
   block->allocated = false;
   if (block->oversize) stats_.oversize_allocations.decrease(1);
   block->oversize = false;
-  if (defer) {
-    trace(TraceAction::free_completed, block->ptr, block->requested, block->stream);
-    mutex_.defer(block);
-    return FreeStatus::freed;
-  }
   hot_.freed_block(block->small, static_cast<std::int64_t>(block->size), block->event_count != 0);
+  const Segment* segment = block->segment;
   if (block->event_count == 0) free_block(block);
+  bump(segment);
   return FreeStatus::freed;
 }
 
-void DeviceAllocator::settle_deferred(Block* block) {
-  STITCH_ASSERT(!block->allocated && block->event_count == 0 && !block->in_index &&
-                    live_.find(block->ptr) == block,
-                "a deferred free: not allocated, no events, not filed, still in the live table");
-  live_.erase(block->ptr);
-  hot_.freed_block(block->small, static_cast<std::int64_t>(block->size), false);
-  file_free_block(block);
+// ---- immediate reuse: the threads' slots (core/thread_slots.hpp) ----------------------------------
+
+void* DeviceAllocator::take_parked(detail::ThreadSlot& s, std::size_t size,
+                                   stream_t stream) noexcept {
+  s.lock.lock();
+  Block* b = s.block;
+  void* out = nullptr;
+  if (b != nullptr && s.parked && s.reusable && b->requested == size && b->stream == stream &&
+      fast_ok_.load(std::memory_order_relaxed) &&
+      !events_pending_.load(std::memory_order_relaxed) &&
+      s.epoch->load(std::memory_order_acquire) == s.seen) {
+    s.parked = false;
+    ++s.pairs;
+    out = b->ptr;
+  }
+  s.lock.unlock();
+  return out;
 }
 
-DeviceAllocator::Block* DeviceAllocator::reuse_deferred(Pool& pool, stream_t stream,
-                                                        std::size_t rounded,
-                                                        std::size_t requested) {
-  // Completing the free would file the block merged with its free successor, if any (its
-  // predecessor is not free: free() checked, and nothing has changed since). The request
-  // would then get this block back exactly when the filed block is the best fit, may serve
-  // the request, and is split (merged) or taken whole (alone) at the block's own size.
-  Block* block = mutex_.deferred();
-  if (block->stream != stream || block->size != rounded || block->small != pool.small)
-    return nullptr;
+bool DeviceAllocator::park_again(detail::ThreadSlot& s, void* ptr,
+                                 const std::size_t* expected_size, const stream_t* stream,
+                                 std::size_t* actual_size) noexcept {
+  s.lock.lock();
+  Block* b = s.block;
+  const bool again = b != nullptr && !s.parked && b->ptr == ptr &&
+                     (expected_size == nullptr || *expected_size == b->requested) &&
+                     (stream == nullptr || *stream == b->stream) &&
+                     fast_ok_.load(std::memory_order_relaxed);
+  if (again) {
+    if (actual_size != nullptr) *actual_size = b->requested;
+    s.parked = true;
+  }
+  s.lock.unlock();
+  return again;
+}
+
+void DeviceAllocator::park(detail::ThreadSlot& s, Block* block) {
+  // No verdict yet: the next allocation of its size takes the locked path once, which decides
+  // it (most frees are not followed by their own size, and deciding costs a lookup).
+  std::lock_guard lock(s.lock);
+  s.block = block;
+  s.parked = true;
+  s.reusable = false;
+  s.effect = PairEffect{};
+  s.epoch = block->segment->epoch;
+  // A block of the stream is free now: the other slots' verdicts on the stream are void (this
+  // one's was decided with it free).
+  bump(block->segment);
+  s.seen = s.epoch->load(std::memory_order_relaxed);
+  s.pairs = 0;
+  s.parked_stream.store(block->stream, std::memory_order_relaxed);
+  block->slot = &s;
+}
+
+void DeviceAllocator::settle_slot(detail::ThreadSlot& s) {
+  Block* b = nullptr;
+  bool parked = false;
+  {
+    std::lock_guard lock(s.lock);
+    b = s.block;
+    if (b == nullptr) return;
+    if (s.pairs != 0) apply_pairs(b, s.effect, s.pairs);
+    parked = s.parked;
+    s.pairs = 0;
+    s.parked = false;
+    s.block = nullptr;
+    s.parked_stream.store(nullptr, std::memory_order_relaxed);
+    b->slot = nullptr;
+  }
+  if (!parked) return;  // handed out: an ordinary allocation now
+  // The parked free completes: its statistics and its filing (no trace: free() recorded it).
+  live_.erase(b->ptr);
+  b->allocated = false;
+  hot_.freed_block(b->small, static_cast<std::int64_t>(b->size), false);
+  const Segment* segment = b->segment;
+  file_free_block(b);
+  bump(segment);
+}
+
+void DeviceAllocator::flush_pairs(detail::ThreadSlot& s) noexcept {
+  // The calling thread's own slot, under the device lock: only this thread changes `pairs`
+  // without the device lock, so reading it needs no slot lock.
+  if (s.pairs == 0) return;
+  std::lock_guard lock(s.lock);
+  if (s.block != nullptr) apply_pairs(s.block, s.effect, s.pairs);
+  s.pairs = 0;
+}
+
+void DeviceAllocator::settle_slots() {
+  slots_.for_each([this](detail::ThreadSlot& s) { settle_slot(s); });
+}
+
+void DeviceAllocator::settle_parked_on(stream_t stream, const detail::ThreadSlot* except) {
+  slots_.for_each([&](detail::ThreadSlot& s) {
+    if (&s != except && s.parked_stream.load(std::memory_order_relaxed) == stream) {
+      s.lock.lock();
+      const bool parked = s.parked;
+      s.lock.unlock();
+      if (parked) settle_slot(s);
+    }
+  });
+}
+
+std::optional<DeviceAllocator::PairEffect> DeviceAllocator::reuse_effect(const Block* block,
+                                                                       std::size_t rounded) const {
+  // Filing the block would merge it with its free successor, if any (its predecessor is not
+  // free: free() checked, and insert_free keeps it so). A request for its requested bytes would
+  // then get this block back exactly when that rounds to the block's size, the filed block is
+  // the best fit, may serve the request, and is split (merged) or taken whole (alone) at the
+  // block's own size.
+  if (rounded != block->size || detail::is_small(rounded) != block->small) return std::nullopt;
+  const Pool& pool = pool_for_const(block->small);
   STITCH_ASSERT(block->prev == nullptr || !block->prev->in_index,
-                "reuse_deferred: the deferred block's predecessor is not free");
-  Block* next = block->next != nullptr && block->next->in_index ? block->next : nullptr;
+                "reuse_effect: the block's predecessor is not free");
+  const Block* next = block->next != nullptr && block->next->in_index ? block->next : nullptr;
   const std::size_t filed = block->size + (next != nullptr ? next->size : 0);
   const bool expandable = block->segment->expandable;
-  if (!may_serve(filed, rounded)) return nullptr;
-  if (next != nullptr && !should_split(block->small, expandable, filed, rounded)) return nullptr;
-  auto it = pool.index.lower_bound(detail::FreeKey{stream, rounded, nullptr});
+  if (!may_serve(filed, rounded)) return std::nullopt;
+  if (next != nullptr && !should_split(block->small, expandable, filed, rounded)) return std::nullopt;
+  auto it = pool.index.lower_bound(detail::FreeKey{block->stream, rounded, nullptr});
   if (it != pool.index.end() && *it == next) ++it;  // `next` is part of the filed block
   if (it != pool.index.end() &&
-      !detail::FreeOrder::less(stream, filed, block->ptr, (*it)->stream, (*it)->size, (*it)->ptr))
-    return nullptr;
-
-  // Taken back: the statistics of the completed free and the allocation in one.
-  // The filing would stamp the filed block's GC age, but no one reads it: the taken block is
-  // allocated again and its free successor stays split (GC ages only whole free segments) until
-  // its next merge, which stamps it anew.
-  ++pool.calls;  // as get_free_block counts
-  const bool small = block->small;
-  hot_.reallocated_block(small, static_cast<std::int64_t>(block->size),
-                         static_cast<std::int64_t>(block->requested),
-                         static_cast<std::int64_t>(requested));
+      !detail::FreeOrder::less(block->stream, filed, block->ptr, (*it)->stream, (*it)->size,
+                               (*it)->ptr))
+    return std::nullopt;
+  // inactive_split: the filing's net change followed by the take's (see insert_free and
+  // take_found_block), which undoes it.
+  PairEffect e;
   if (!expandable) {
-    // inactive_split: the filing's net change followed by the take's (see insert_free and
-    // take_found_block), which undoes it.
     if (next != nullptr) {
       if (block->prev != nullptr || next->next != nullptr) {  // the merged block is split
-        hot_.inactive_split_bytes.rise_and_fall(small, static_cast<std::int64_t>(block->size));
+        e = {PairEffect::split_bytes, static_cast<std::int64_t>(block->size)};
       } else {
-        hot_.inactive_split.fall_and_rise(small, 1);
-        hot_.inactive_split_bytes.fall_and_rise(small, static_cast<std::int64_t>(next->size));
+        e = {PairEffect::merged_whole, static_cast<std::int64_t>(next->size)};
       }
     } else if (block->is_split()) {
-      hot_.inactive_split.rise_and_fall(small, 1);
-      hot_.inactive_split_bytes.rise_and_fall(small, static_cast<std::int64_t>(block->size));
+      e = {PairEffect::split, static_cast<std::int64_t>(block->size)};
     }
   }
-  (void)mutex_.take_deferred();
-  ++stats_.num_immediate_reuses;
-  mark_allocated(block, requested);  // still in the live table
-  trace(TraceAction::alloc, block->ptr, requested, stream);
-  return block;
+  return e;
+}
+
+void DeviceAllocator::apply_pairs(const Block* block, const PairEffect& e,
+                                  std::uint64_t times) noexcept {
+  // Taken back `times` times: the statistics of each completed free and allocation in one.
+  // The filing would stamp the filed block's GC age, but no one reads it: the taken block is
+  // allocated again and its free successor stays split (GC ages only whole free segments)
+  // until its next merge, which stamps it anew.
+  const bool small = block->small;
+  const auto n = static_cast<std::int64_t>(times);
+  if (n == 0) return;
+  pool_for(small).calls += times;  // as get_free_block counts
+  hot_.reallocated_blocks(small, static_cast<std::int64_t>(block->size),
+                          static_cast<std::int64_t>(block->requested), n);
+  apply_inactive(block, e, n);
+  stats_.num_immediate_reuses += n;
+}
+
+void DeviceAllocator::apply_inactive(const Block* block, const PairEffect& e,
+                                     std::int64_t n) noexcept {
+  const bool small = block->small;
+  switch (e.kind) {
+    case PairEffect::split_bytes:
+      hot_.inactive_split_bytes.rise_and_fall(small, e.bytes, n);
+      break;
+    case PairEffect::merged_whole:
+      hot_.inactive_split.fall_and_rise(small, n);
+      hot_.inactive_split_bytes.fall_and_rise(small, e.bytes * n);
+      break;
+    case PairEffect::split:
+      hot_.inactive_split.rise_and_fall(small, 1, n);
+      hot_.inactive_split_bytes.rise_and_fall(small, e.bytes, n);
+      break;
+    case PairEffect::none:
+      break;
+  }
 }
 
 void DeviceAllocator::free_block(Block* block) {
@@ -289,7 +464,9 @@ void DeviceAllocator::file_free_block(Block* block) {
 
 void DeviceAllocator::complete_pending(Block* block) {
   hot_.pending_done(block->small, static_cast<std::int64_t>(block->size));
+  const Segment* segment = block->segment;
   free_block(block);
+  bump(segment);
 }
 
 
@@ -298,6 +475,9 @@ DeviceAllocator::Block* DeviceAllocator::insert_free(Pool& pool, Block* block) {
   // re-keyed in place, and `block` is recycled, so the common case needs no tree insert.
   STITCH_ASSERT(block->mapped && !block->allocated && block->event_count == 0 && !block->in_index,
                 "insert_free: a mapped block, neither allocated, pending nor filed");
+  // A block parked in a thread's slot before this one is free: filed first, so that they merge
+  // (a handed-out one just leaves its slot).
+  if (block->prev != nullptr && block->prev->slot != nullptr) settle_slot(*block->prev->slot);
   // The inactive_split statistics change once, by the net effect (as PyTorch's free_block):
   // each merged neighbour (a free block in a split segment) leaves, the survivor joins.
   Block* prev = block->prev != nullptr && block->prev->in_index ? block->prev : nullptr;
@@ -340,12 +520,19 @@ DeviceAllocator::Block* DeviceAllocator::insert_free(Pool& pool, Block* block) {
     inactive_bytes += static_cast<std::int64_t>(survivor->size);
   }
   account_inactive_change(survivor, inactive_blocks, inactive_bytes);
+  // A thread slot's block never follows a free block (thread_slots.hpp): the one after this
+  // one leaves its slot (parked, it is filed now and merges here; handed out, it becomes an
+  // ordinary allocation).
+  if (survivor->next != nullptr && survivor->next->slot != nullptr)
+    settle_slot(*survivor->next->slot);  // `survivor` stays, grown if they merged
   return survivor;
 }
 
 void DeviceAllocator::set_immediate_reuse(bool on) {
   std::lock_guard lock(mutex_);
   immediate_reuse_ = on;
+  note_fast_ok();
+  settle_slots();  // a pair that began before the change has ended
 }
 
 bool DeviceAllocator::record_stream(void* ptr, stream_t stream) {

@@ -16,6 +16,7 @@
 // device_snapshot.cpp, device_validate.cpp.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -37,6 +38,7 @@
 #include "core/spin_lock.hpp"
 #include "core/stitcher.hpp"
 #include "core/stream_events.hpp"
+#include "core/thread_slots.hpp"
 #include "core/oom_capture.hpp"
 #include "diagnostics/recorder.hpp"
 #include "stitch/backend.hpp"
@@ -153,16 +155,56 @@ class DeviceAllocator {
     if (rounded < max_split) return block_size < max_split;
     return block_size < rounded + config_.max_non_split_rounding;
   }
-  /// The deferred free (see set_immediate_reuse) taken back for a request of `requested` bytes
-  /// (`rounded`) on `stream` when filing it and then serving the request would hand out this
-  /// very block and leave everything else as it is; nullptr otherwise (nothing changed then).
-  [[gnu::always_inline]] inline Block* reuse_deferred(Pool& pool, stream_t stream,
-                                                      std::size_t rounded, std::size_t requested);
-  /// Completes the deferred free of `block`: its statistics and its filing in the free index.
-  /// The device lock calls it (core/device_lock.hpp): every path but malloc's sees the free
-  /// completed. Completing changes the representation only, never what any query reports, so
-  /// the const queries may lock too.
-  void settle_deferred(Block* block);
+  // immediate reuse, per thread (device_allocator.cpp; core/thread_slots.hpp)
+  using PairEffect = detail::PairEffect;
+  /// Whether a request of `rounded` bytes on its stream, right after filing the freed `block`,
+  /// would get this very block back and leave everything else as it is (the best fit of the
+  /// filed block, merged with a free successor); and how the pair moves the inactive-split
+  /// statistics. Under the lock; changes nothing.
+  [[nodiscard]] std::optional<PairEffect> reuse_effect(const Block* block,
+                                                       std::size_t rounded) const;
+  /// Applies `times` pairs (a free and the same allocation again) of `block` to the statistics.
+  void apply_pairs(const Block* block, const PairEffect& effect, std::uint64_t times) noexcept;
+  /// The inactive-split part of `n` pairs.
+  void apply_inactive(const Block* block, const PairEffect& effect, std::int64_t n) noexcept;
+  /// The slot's parked block, handed out again without the device lock when it is the one best
+  /// fit would give; nullptr otherwise.
+  [[gnu::always_inline]] inline void* take_parked(detail::ThreadSlot& slot, std::size_t size,
+                                                  stream_t stream) noexcept;
+  /// Parks the slot's handed-out block again without the device lock when it is `ptr` and the
+  /// free needs nothing else (its own stream, the size it was allocated with).
+  [[gnu::always_inline]] inline bool park_again(detail::ThreadSlot& slot, void* ptr,
+                                                const std::size_t* expected_size,
+                                                const stream_t* stream,
+                                                std::size_t* actual_size) noexcept;
+  /// Parks the freed `block` in the calling thread's slot (under the lock).
+  void park(detail::ThreadSlot& slot, Block* block);
+  /// Settles `slot` (under the lock): the running sums of its pairs, then its block: a parked
+  /// one is freed and filed, a handed-out one becomes an ordinary allocation.
+  void settle_slot(detail::ThreadSlot& slot);
+  /// Adds the running sums of the slot's pairs so far (under the lock), keeping its block.
+  void flush_pairs(detail::ThreadSlot& slot) noexcept;
+  /// Settles every thread's slot; the device lock calls it (core/device_lock.hpp), so every
+  /// path but malloc's and free's sees every free completed. Settling changes the
+  /// representation only, never what any query reports, so the const queries may lock too.
+  void settle_slots();
+  /// Settles the other threads' slots whose block is parked on `stream`: a locked allocation
+  /// on `stream` then sees their memory free, as it is.
+  void settle_parked_on(stream_t stream, const detail::ThreadSlot* except);
+  /// `stream`'s free blocks changed: its parked blocks' reusable verdicts are void.
+  static void bump(const Segment* segment) noexcept {
+    // Written under the device lock only: a load and a store, no read-modify-write.
+    std::atomic<std::uint64_t>* e = segment->epoch;
+    if (e != nullptr) e->store(e->load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  }
+  /// Whether thread slots may take pairs without the lock (immediate reuse on, no recording),
+  /// and whether events are outstanding (the locked path polls them first).
+  void note_fast_ok() noexcept {
+    fast_ok_.store(immediate_reuse_ && !recorder_.enabled(), std::memory_order_relaxed);
+  }
+  void note_events() noexcept {
+    events_pending_.store(events_.outstanding() != 0, std::memory_order_relaxed);
+  }
   friend class detail::DeviceLock<DeviceAllocator>;
   friend class detail::Stitcher;  // works on the blocks through the operations below
   /// Takes the free, indexed `block` out of the index for `rounded` bytes, splitting off the
@@ -333,10 +375,14 @@ class DeviceAllocator {
   detail::ObjectPool<Block> blocks_;
   Pool small_{&index_nodes_, true};
   Pool large_{&index_nodes_, false};
-  /// The live allocations; also the block freed by the caller whose free is not completed yet
-  /// (see set_immediate_reuse), which mutex_ holds and completes for every path but malloc.
+  /// The live allocations; also the blocks parked in the threads' slots (freed by the caller,
+  /// not completed yet: see set_immediate_reuse), which mutex_ settles for every path but
+  /// malloc's and free's.
   detail::PtrMap<Block> live_;
   bool immediate_reuse_ = true;
+  detail::ThreadSlots slots_;                  ///< immediate reuse, per thread
+  std::atomic<bool> fast_ok_{true};            ///< see note_fast_ok
+  std::atomic<bool> events_pending_{false};    ///< see note_events
   Segment* segments_ = nullptr;  ///< intrusive list of every segment
   DeviceStats stats_;      ///< every statistic except the fast path's (hot_)
   detail::Ledger ledger_{stats_};  ///< what is held from the device, and the memory-fraction cap

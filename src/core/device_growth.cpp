@@ -16,6 +16,9 @@ namespace stitch {
 DeviceAllocator::Block* DeviceAllocator::allocate_slow(Pool& pool, stream_t stream,
                                                        std::size_t rounded,
                                                        std::size_t requested) {
+  // Memory parked in the threads' slots is free memory: completed before growing (the slow
+  // path may release, move or reuse any free block).
+  settle_slots();
   const std::size_t alloc_size = growth_size(pool.small, rounded);
   auto grow = [&] { return this->grow(pool, stream, rounded, alloc_size); };
   if (ledger_.cap() && config_.garbage_collection_threshold > 0.0) garbage_collect();
@@ -62,6 +65,7 @@ DeviceAllocator::Block* DeviceAllocator::link_new_segment(Pool& pool, stream_t s
   segment->base = base;
   segment->size = size;
   segment->stream = stream;
+  segment->epoch = slots_.epoch(stream);
   segment->small = pool.small;
   segment->next = segments_;
   if (segments_ != nullptr) segments_->prev = segment;
@@ -108,6 +112,7 @@ bool DeviceAllocator::release_cached_blocks() {
   if (events_.outstanding() != 0) {
     ++stats_.num_sync_all_streams;
     events_.wait_all([this](Block* b) { complete_pending(b); });
+    note_events();
   }
   std::vector<Block*> whole;
   for (Pool* pool : {&small_, &large_})

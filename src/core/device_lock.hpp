@@ -1,18 +1,18 @@
-// core/device_lock.hpp — the device lock and the deferred free it guards.
+// core/device_lock.hpp — the device lock, which settles the threads' parked frees.
 //
-// Immediate reuse leaves the last free uncompleted (DeviceAllocator::set_immediate_reuse): the
-// block stays in the live table, not allocated, not filed. Nothing but malloc and free may see
-// it that way, so the lock completes it: lock() — what std::lock_guard and every other entry
-// point take — settles the deferred free before returning, and only malloc takes the lock
-// without that (lock_unsettled). A path added later that locks the device cannot forget it.
+// Immediate reuse parks a thread's last free in its slot (core/thread_slots.hpp): the block
+// stays in the live table, counted as allocated. Nothing but malloc and free may see it that
+// way, so the lock settles them: lock() — what std::lock_guard and every other entry point take
+// — settles every slot before returning, and only malloc and free take the lock without that
+// (lock_unsettled), settling what they need themselves. A path added later that locks the
+// device cannot forget it.
 #pragma once
 
-#include "core/block.hpp"
 #include "core/spin_lock.hpp"
 
 namespace stitch::detail {
 
-/// `Owner::settle_deferred(Block*)` completes a deferred free (its statistics and its filing).
+/// `Owner::settle_slots()` settles every thread's slot (under the lock).
 template <typename Owner>
 class DeviceLock {
  public:
@@ -20,47 +20,27 @@ class DeviceLock {
   DeviceLock(const DeviceLock&) = delete;
   DeviceLock& operator=(const DeviceLock&) = delete;
 
-  /// Takes the lock and completes the deferred free, if any. If completing it throws, the lock
-  /// is released and the exception passes on.
+  /// Takes the lock and settles every parked free. If settling throws, the lock is released
+  /// and the exception passes on.
   void lock() {
     spin_.lock();
-    if (deferred_ != nullptr) settle_or_unlock();
-  }
-  void unlock() noexcept { spin_.unlock(); }
-  /// Takes the lock leaving the deferred free as it is: malloc only, which takes the block
-  /// straight back or settles it itself.
-  void lock_unsettled() noexcept { spin_.lock(); }
-
-  // ---- the deferred free (held under the lock) ----
-  [[nodiscard]] Block* deferred() const noexcept { return deferred_; }
-  void defer(Block* block) noexcept { deferred_ = block; }
-  /// Hands the deferred block back (to be re-allocated or completed) and clears it.
-  Block* take_deferred() noexcept {
-    Block* b = deferred_;
-    deferred_ = nullptr;
-    return b;
-  }
-  /// Completes the deferred free under a lock taken with lock_unsettled().
-  void settle() {
-    if (deferred_ != nullptr) owner_->settle_deferred(take_deferred());
-  }
-
- private:
-  void settle_or_unlock() {
     try {
-      owner_->settle_deferred(take_deferred());
+      owner_->settle_slots();
     } catch (...) {
       spin_.unlock();
       throw;
     }
   }
+  void unlock() noexcept { spin_.unlock(); }
+  /// Takes the lock leaving the slots as they are: malloc and free only.
+  void lock_unsettled() noexcept { spin_.lock(); }
 
+ private:
   SpinLock spin_;
-  Block* deferred_ = nullptr;
   Owner* owner_;
 };
 
-/// malloc's guard: the lock without settling, released at scope exit.
+/// The lock without settling, released at scope exit.
 template <typename Lock>
 class UnsettledGuard {
  public:

@@ -97,6 +97,7 @@ void DeviceAllocator::validate_locked() const {
     const Block* prev = nullptr;
     for (const Block* b = s->head; b != nullptr; prev = b, b = b->next) {
       if (b->segment != s) broken(device_, "block points at the wrong segment");
+      if (b->slot != nullptr) broken(device_, "a block is still in a thread's slot after settling");
       if (b->prev != prev) broken(device_, "block prev link is wrong");
       if (b->ptr != expect)
         broken(device_, fmt::format("blocks do not tile segment {}: gap or overlap at {}",

@@ -48,6 +48,15 @@ struct PoolCounter {
     s.allocated += n;
     s.freed += n;
   }
+  /// `times` rises by `n` that each fell back at once: the sums move `times` over, the peaks
+  /// as for one.
+  void rise_and_fall(bool small, std::int64_t n, std::int64_t times) noexcept {
+    if (times <= 0) return;
+    rise_and_fall(small, n);
+    Stat& s = pool[small ? 0 : 1];
+    s.allocated += n * (times - 1);
+    s.freed += n * (times - 1);
+  }
   void reset_peak() noexcept {
     for (Stat& s : pool) s.reset_peak();
     all_peak = current();
@@ -137,6 +146,15 @@ struct HotStats {
       active.note(allocation, pending, small);
       active_bytes.note(allocated_bytes, pending_bytes, small);
     }
+  }
+  /// `times` frees of a block of `bytes`, each handed out again at once for the same
+  /// `requested` bytes (the pairs of a thread's slot, core/thread_slots.hpp): reallocated_block
+  /// `times` over, while nothing was pending.
+  void reallocated_blocks(bool small, std::int64_t bytes, std::int64_t requested,
+                          std::int64_t times) noexcept {
+    allocation.fall_and_rise(small, times);
+    allocated_bytes.fall_and_rise(small, bytes * times);
+    requested_bytes.fall_and_rise(small, requested * times);
   }
   /// The caller freed a block; it waits for events when `pending_events`.
   void freed_block(bool small, std::int64_t bytes, bool pending_events) noexcept {
