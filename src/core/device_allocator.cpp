@@ -245,8 +245,8 @@ FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
   // do frees parked next to this block in other threads' slots (they decide how it files).
   detail::ThreadSlot* mine = slots_.mine();
   if (mine != nullptr && mine->block != nullptr) settle_slot(*mine);
-  if (block->prev != nullptr && block->prev->slot != nullptr) settle_slot(*block->prev->slot);
-  if (block->next != nullptr && block->next->slot != nullptr) settle_slot(*block->next->slot);
+  for (Block* neighbour : {block->prev, block->next})
+    if (neighbour != nullptr && neighbour->slot != nullptr) settle_if_parked(*neighbour->slot);
   // Without events, the free is completed lazily: the block waits in the calling thread's slot,
   // where its next allocation of the same size on the same stream may take it straight back.
   // With a free neighbour in front, the filed block would start elsewhere, so it could not
@@ -363,14 +363,19 @@ void DeviceAllocator::settle_slots() {
   slots_.for_each([this](detail::ThreadSlot& s) { settle_slot(s); });
 }
 
+void DeviceAllocator::settle_if_parked(detail::ThreadSlot& s) {
+  s.lock.lock();
+  const bool parked = s.parked;
+  s.lock.unlock();
+  // (Its owner cannot park it meanwhile without the device lock: a handed-out block is parked
+  // again only while it is still in its slot, and whoever files a block before it detaches it.)
+  if (parked) settle_slot(s);
+}
+
 void DeviceAllocator::settle_parked_on(stream_t stream, const detail::ThreadSlot* except) {
   slots_.for_each([&](detail::ThreadSlot& s) {
-    if (&s != except && s.parked_stream.load(std::memory_order_relaxed) == stream) {
-      s.lock.lock();
-      const bool parked = s.parked;
-      s.lock.unlock();
-      if (parked) settle_slot(s);
-    }
+    if (&s != except && s.parked_stream.load(std::memory_order_relaxed) == stream)
+      settle_if_parked(s);
   });
 }
 
@@ -475,9 +480,8 @@ DeviceAllocator::Block* DeviceAllocator::insert_free(Pool& pool, Block* block) {
   // re-keyed in place, and `block` is recycled, so the common case needs no tree insert.
   STITCH_ASSERT(block->mapped && !block->allocated && block->event_count == 0 && !block->in_index,
                 "insert_free: a mapped block, neither allocated, pending nor filed");
-  // A block parked in a thread's slot before this one is free: filed first, so that they merge
-  // (a handed-out one just leaves its slot).
-  if (block->prev != nullptr && block->prev->slot != nullptr) settle_slot(*block->prev->slot);
+  // A block parked in a thread's slot before this one is free: filed first, so that they merge.
+  if (block->prev != nullptr && block->prev->slot != nullptr) settle_if_parked(*block->prev->slot);
   // The inactive_split statistics change once, by the net effect (as PyTorch's free_block):
   // each merged neighbour (a free block in a split segment) leaves, the survivor joins.
   Block* prev = block->prev != nullptr && block->prev->in_index ? block->prev : nullptr;

@@ -182,6 +182,8 @@ class DeviceAllocator {
   /// Settles `slot` (under the lock): the running sums of its pairs, then its block: a parked
   /// one is freed and filed, a handed-out one becomes an ordinary allocation.
   void settle_slot(detail::ThreadSlot& slot);
+  /// settle_slot when the slot's block is parked (under the lock).
+  void settle_if_parked(detail::ThreadSlot& slot);
   /// Adds the running sums of the slot's pairs so far (under the lock), keeping its block.
   void flush_pairs(detail::ThreadSlot& slot) noexcept;
   /// Settles every thread's slot; the device lock calls it (core/device_lock.hpp), so every
