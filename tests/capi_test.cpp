@@ -16,6 +16,9 @@
 #include <thread>
 
 #include "stitch/stitch.h"
+#ifdef STITCH_CAPI_TEST_CONF
+#include "support/cuda_driver.hpp"
+#endif
 
 namespace {
 
@@ -23,7 +26,23 @@ constexpr std::size_t KiB = std::size_t{1} << 10;
 constexpr std::size_t MiB = std::size_t{1} << 20;
 constexpr std::size_t GiB = std::size_t{1} << 30;
 
+#ifdef STITCH_CAPI_TEST_CONF
+// stitch_fake_cuda_capi_tests: the same tests on backend:cuda over the strict fake driver, with
+// streams of the driver (device 0's) and a 1 GiB device like the simulated one.
+const bool kFakeNamed = [] {
+  ::setenv("STITCH_CUDA_DRIVER", STITCH_FAKE_CUDA_PATH, 0);
+  ::setenv("STITCH_FAKE_CUDA_DEVICES", "2", 0);
+  ::setenv("STITCH_FAKE_CUDA_MEMORY_MB", "1024", 0);
+  return true;
+}();
+void* stream(int n) {
+  static void* streams[8] = {};
+  if (streams[n] == nullptr) streams[n] = stitch::test::test_driver().make_stream(0);
+  return streams[n];
+}
+#else
 void* stream(int n) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(n) * 0x10); }
+#endif
 
 std::string last_error() { return stitch_last_error(); }
 
@@ -39,7 +58,11 @@ std::int64_t stat(const char* key, int device = 0) {
 
 /// Every test starts here: the simulated 1 GiB device, no memory cap.
 void use_sim() {
+#ifdef STITCH_CAPI_TEST_CONF
+  ASSERT_EQ(stitch_configure(STITCH_CAPI_TEST_CONF), 0) << last_error();
+#else
   ASSERT_EQ(stitch_configure("backend:sim,sim_capacity_mb:1024"), 0) << last_error();
+#endif
   ASSERT_EQ(stitch_set_memory_fraction(1.0, 0), 0) << last_error();
 }
 
@@ -333,16 +356,24 @@ TEST(CApi, ConfigureWithNullFails) {
   EXPECT_NE(last_error(), "");
 }
 
+#ifdef STITCH_CAPI_TEST_CONF
+constexpr const char* kOtherBackend = "backend:sim";
+constexpr const char* kThisBackend = STITCH_CAPI_TEST_CONF;
+#else
+constexpr const char* kOtherBackend = "backend:cuda";
+constexpr const char* kThisBackend = "backend:sim,sim_capacity_mb:1024";
+#endif
+
 TEST(CApi, ConfigureBackendCudaAfterTheFirstAllocationFails) {
   use_sim();
   void* p = stitch_malloc(1000, 0, nullptr);  // the allocator exists now
   ASSERT_NE(p, nullptr);
-  EXPECT_NE(stitch_configure("backend:cuda"), 0);
+  EXPECT_NE(stitch_configure(kOtherBackend), 0);
   EXPECT_TRUE(contains(last_error(), "backend")) << last_error();
   EXPECT_TRUE(contains(last_error(), "fixed")) << last_error();
   EXPECT_NE(stitch_configure("sim_capacity_mb:2048"), 0);
   EXPECT_NE(stitch_configure("sim_devices:2"), 0);
-  // Still the simulated device, still working.
+  // Still the same device, still working.
   stitch_free(p, 1000, 0, nullptr);
   EXPECT_EQ(last_error(), "");
   void* q = stitch_malloc(1000, 0, nullptr);
@@ -352,7 +383,7 @@ TEST(CApi, ConfigureBackendCudaAfterTheFirstAllocationFails) {
 
 TEST(CApi, ConfigureCanRepeatTheCurrentBackend) {
   use_sim();
-  EXPECT_EQ(stitch_configure("backend:sim,sim_capacity_mb:1024"), 0) << last_error();
+  EXPECT_EQ(stitch_configure(kThisBackend), 0) << last_error();
   EXPECT_EQ(last_error(), "");
 }
 
