@@ -542,7 +542,7 @@ void DeviceAllocator::set_immediate_reuse(bool on) {
 bool DeviceAllocator::record_stream(void* ptr, stream_t stream) {
   std::lock_guard lock(mutex_);
   Block* block = live_.find(ptr);
-  if (block == nullptr || !block->allocated) return false;  // (or the deferred free)
+  if (block == nullptr || !block->allocated) return false;
   if (stream == block->stream) return true;  // its own stream is ordered already
   if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
       block->stream_uses.end())
@@ -583,7 +583,7 @@ void DeviceAllocator::count_invalid_free() {
 std::optional<BlockInfo> DeviceAllocator::find(const void* ptr) const {
   std::lock_guard lock(mutex_);
   const Block* block = live_.find(ptr);
-  if (block == nullptr || !block->allocated) return std::nullopt;  // (or the deferred free)
+  if (block == nullptr || !block->allocated) return std::nullopt;
   return BlockInfo{device_, block->requested, block->size, block->stream};
 }
 

@@ -4,7 +4,8 @@
 // live-allocation table and the statistics, all under one lock. The fast path (a cache hit) is:
 // lock, best-fit lookup, optional split, table insert, unlock — no heap allocation, no scan, no
 // backend call. The concepts around it are types of their own:
-// - device_lock.hpp: the lock, which settles the deferred free of immediate reuse;
+// - device_lock.hpp: the lock, which settles the threads' parked frees of immediate reuse;
+// - thread_slots.hpp: immediate reuse per thread (each thread's parked free, the stream epochs);
 // - ledger.hpp: what is held from the device, and the memory-fraction cap;
 // - stream_events.hpp: cross-stream events;
 // - page_table.hpp: an expandable range's page slots;
@@ -126,10 +127,11 @@ class DeviceAllocator {
   /// The page size of expandable ranges in the small or large pool.
   [[nodiscard]] std::size_t expandable_page(bool small);
 
-  /// Immediate reuse (on by default): a free is completed lazily, so that an allocation of the
-  /// same size on the same stream that comes next takes the block straight back when the
-  /// completed free would have led to the very same block (see reuse_deferred). Off, every free
-  /// files its block at once. Results are identical either way; tests compare the two.
+  /// Immediate reuse (on by default): a free is completed lazily, parked in the calling
+  /// thread's slot, so that the thread's next allocation of the same size on the same stream
+  /// takes the block straight back when the completed free would have led to the very same block
+  /// (see reuse_effect and core/thread_slots.hpp). Off, every free files its block at once.
+  /// Results are identical either way; tests compare the two.
   void set_immediate_reuse(bool on);
 
  private:

@@ -34,7 +34,7 @@ struct PoolCounter {
     pool[small ? 0 : 1].decrease(n);
   }
   /// The value rose by `n` and fell back (a free and re-allocation that cancelled out, see
-  /// DeviceAllocator::reuse_deferred): running sums and peaks as if both steps were applied.
+  /// DeviceAllocator::apply_pairs): running sums and peaks as if both steps were applied.
   [[gnu::always_inline]] void rise_and_fall(bool small, std::int64_t n) noexcept {
     Stat& s = pool[small ? 0 : 1];
     s.allocated += n;
