@@ -11,10 +11,10 @@ The statistics mirror ``torch.cuda.memory_stats()`` (which raises under a plugga
 
 from __future__ import annotations
 
-import collections
-import ctypes
-import os
-import sys
+import collections as _collections
+import ctypes as _ctypes
+import os as _os
+import sys as _sys
 from typing import Any, Optional, Union
 
 from . import _lib
@@ -81,7 +81,7 @@ def _device_index(device: Device, default_all: bool = False) -> int:
     if device is None:
         if default_all:
             return -1
-        torch = sys.modules.get("torch")
+        torch = _sys.modules.get("torch")
         try:
             if torch is not None and torch.cuda.is_initialized():
                 return int(torch.cuda.current_device())
@@ -176,7 +176,7 @@ def stat(key: str, device: Device = None) -> int:
     return int(value)
 
 
-def memory_stats(device: Device = None) -> "collections.OrderedDict[str, int]":
+def memory_stats(device: Device = None) -> "_collections.OrderedDict[str, int]":
     """``torch.cuda.memory_stats()`` for stitch: an OrderedDict with exactly PyTorch's keys (sorted
     like PyTorch sorts them) plus ``num_invalid_frees``.
 
@@ -184,7 +184,7 @@ def memory_stats(device: Device = None) -> "collections.OrderedDict[str, int]":
     atomic snapshot (neither are PyTorch's across devices).
     """
     index = _device_index(device)
-    return collections.OrderedDict((k, stat(k, index)) for k in MEMORY_STATS_KEYS)
+    return _collections.OrderedDict((k, stat(k, index)) for k in MEMORY_STATS_KEYS)
 
 
 def memory_allocated(device: Device = None) -> int:
@@ -207,14 +207,26 @@ def max_memory_reserved(device: Device = None) -> int:
     return stat("reserved_bytes.all.peak", device)
 
 
-def memory_summary(device: Device = None) -> str:
-    """``torch.cuda.memory_summary()``'s table for ``device``, plus stitch's fragmentation lines."""
+def memory_summary(device: Device = None, abbreviated: bool = False) -> str:
+    """``torch.cuda.memory_summary()``'s table for ``device``, plus stitch's fragmentation lines.
+
+    With ``abbreviated``, as in PyTorch, the per-pool rows ("from large pool", "from small
+    pool") are left out.
+    """
+    text = _memory_summary_full(device)
+    if not abbreviated:
+        return text
+    return "\n".join(line for line in text.split("\n")
+                     if "from large pool" not in line and "from small pool" not in line)
+
+
+def _memory_summary_full(device: Device) -> str:
     fn = _lib.require("stitch_memory_summary")
     index = _device_index(device)
     size = fn(index, None, 0)
     _lib.check(size == 0, "memory_summary")
     for _ in range(4):  # the table can grow between the two calls: retry with the new length
-        buf = ctypes.create_string_buffer(size + 1)
+        buf = _ctypes.create_string_buffer(size + 1)
         full = fn(index, buf, size + 1)
         _lib.check(full == 0, "memory_summary")
         if full <= size:
@@ -223,12 +235,12 @@ def memory_summary(device: Device = None) -> str:
     return buf.value.decode("utf-8", "replace")
 
 
-def dump_snapshot(path: Union[str, "os.PathLike[str]"]) -> None:
+def dump_snapshot(path: Union[str, "_os.PathLike[str]"]) -> None:
     """Writes a memory snapshot to ``path``: a pickle in PyTorch's format (open it at
     https://pytorch.org/memory_viz), or JSON when the path ends in ``.json``. Call
     :func:`record_history` first to include the allocation trace."""
     fn = _lib.require("stitch_dump_snapshot")
-    rc = fn(os.fsencode(os.fspath(path)))
+    rc = fn(_os.fsencode(_os.fspath(path)))
     _lib.check(rc != 0, "dump_snapshot")
 
 
@@ -261,3 +273,8 @@ def reset_peak_memory_stats(device: Device = None) -> None:
     current value."""
     rc = _lib.lib().stitch_reset_peak_stats(_device_index(device))
     _lib.check(rc != 0, "reset_peak_memory_stats")
+
+
+def __dir__() -> "list[str]":
+    """The public names only (not the modules and typing names this module uses)."""
+    return sorted(__all__ + ["__version__", "torch"])

@@ -87,7 +87,7 @@ std::string format_oom(const OomFacts& f, const std::string& what_if) {
   } else {
     out += fmt::format("GPU {} did not report its memory. ", f.device);
   }
-  if (f.allowed) out += fmt::format("{} allowed; ", format_size(*f.allowed));
+  if (f.allowed) out += fmt::format("The memory fraction allows {}. ", format_size(*f.allowed));
   const std::size_t unallocated = f.reserved > f.allocated ? f.reserved - f.allocated : 0;
   out += fmt::format(
       "Of the allocated memory {} is allocated by stitch, and {} is reserved by stitch but "

@@ -144,7 +144,7 @@ def test_out_of_memory_raises_the_report(no_leaks):
 def test_out_of_memory_under_a_memory_fraction(no_leaks):
     try:
         stitch.set_memory_fraction(0.25)
-        with pytest.raises(stitch.OutOfMemoryError, match="allowed"):
+        with pytest.raises(stitch.OutOfMemoryError, match="The memory fraction allows"):
             stitch.malloc(SIM_CAPACITY // 2)
         ptr = stitch.malloc(64 << 20)  # within the cap
         stitch.free(ptr, 64 << 20)

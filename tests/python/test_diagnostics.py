@@ -45,6 +45,24 @@ def test_memory_summary_is_pytorchs_table(no_leaks):
         stitch.memory_summary(9)
 
 
+
+def test_memory_summary_abbreviated_leaves_out_the_pool_rows(no_leaks):
+    _require("stitch_memory_summary")
+    full = stitch.memory_summary(0)
+    short = stitch.memory_summary(0, abbreviated=True)
+    assert "from large pool" in full and "from small pool" in full
+    assert "from large pool" not in short and "from small pool" not in short
+    assert "Allocated memory" in short and "GPU reserved memory" in short
+    assert stitch.memory_summary(abbreviated=False) == stitch.memory_summary()
+
+
+def test_dir_shows_the_public_names_only():
+    names = dir(stitch)
+    for hidden in ("os", "sys", "ctypes", "collections", "Any", "Optional", "Union", "annotations"):
+        assert hidden not in names, hidden
+    for public in ("malloc", "free", "memory_stats", "memory_summary", "configure", "torch"):
+        assert public in names, public
+
 def test_snapshot_pickle_and_json_with_history(tmp_path, no_leaks):
     _require("stitch_dump_snapshot")
     _require("stitch_record_history")
