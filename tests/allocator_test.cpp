@@ -874,7 +874,7 @@ TEST_F(AllocatorTest, SetMemoryFractionCapsReservedMemory) {
     msg = e.what();
   }
   ASSERT_FALSE(msg.empty()) << "expected an OOM";
-  EXPECT_TRUE(contains(msg, "256.00 MiB allowed")) << msg;
+  EXPECT_TRUE(contains(msg, "The memory fraction allows 256.00 MiB")) << msg;
   EXPECT_LE(st("reserved_bytes.all.current"), I(256 * MiB));
   EXPECT_EQ(sim().usage(0).used, 200 * MiB);
   (void)p;
@@ -911,7 +911,7 @@ TEST_F(AllocatorTest, PerProcessMemoryFractionKeyCapsReservedMemory) {
   } catch (const out_of_memory& e) {
     msg = e.what();
   }
-  EXPECT_TRUE(contains(msg, "allowed")) << msg;
+  EXPECT_TRUE(contains(msg, "The memory fraction allows")) << msg;
   EXPECT_LE(st("reserved_bytes.all.current"), I(256 * MiB));
 }
 

@@ -471,7 +471,7 @@ TEST(CApi, SetMemoryFractionCapsAllocations) {
   ASSERT_EQ(stitch_empty_cache(-1), 0);
   ASSERT_EQ(stitch_set_memory_fraction(0.25, 0), 0) << last_error();
   EXPECT_EQ(stitch_malloc(300 * MiB, 0, nullptr), nullptr);
-  EXPECT_TRUE(contains(last_error(), "allowed")) << last_error();
+  EXPECT_TRUE(contains(last_error(), "The memory fraction allows")) << last_error();
   ASSERT_EQ(stitch_set_memory_fraction(1.0, 0), 0) << last_error();
   void* p = stitch_malloc(300 * MiB, 0, nullptr);
   EXPECT_NE(p, nullptr) << last_error();
