@@ -233,15 +233,20 @@ def render_cost_summary(w, reports, configs, labels):
         w("")
 
 
-def render(reports, readme_rows, plots_dir, out_path, command):
-    lines = []
-    w = lines.append
+def config_labels(reports):
+    """Every config of the reports in first-seen order, and its letter (A, B, ...)."""
     configs = []
     for r in reports:
         for c in r["configs"]:
             if c["config"] not in configs:
                 configs.append(c["config"])
-    labels = {c: label(i) for i, c in enumerate(configs)}
+    return configs, {c: label(i) for i, c in enumerate(configs)}
+
+
+def render(reports, readme_rows, plots_dir, out_path, command):
+    lines = []
+    w = lines.append
+    configs, labels = config_labels(reports)
 
     w("# Fragmentation benchmark")
     w("")
@@ -454,12 +459,7 @@ def write_totals(path, reports, command):
         text = f.read()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{path}: no '{BEGIN}' ... '{END}' section")
-    configs = []
-    for r in reports:
-        for c in r["configs"]:
-            if c["config"] not in configs:
-                configs.append(c["config"])
-    labels = {c: label(i) for i, c in enumerate(configs)}
+    configs, labels = config_labels(reports)
     lines = [BEGIN, ""]
     lines.append(f"Totals over the {len(reports)} traces of [fragmentation.md](fragmentation.md)"
                  + (f" (`{command}`)" if command else "") + ": calls on the unlimited device, the "

@@ -8,20 +8,11 @@
 #include <string.h>
 
 #include "stitch/stitch.h"
+#include "support/c_check.h"
 
 #define SLOTS 512
 #define OPS 200000
 
-static int failures = 0;
-#define CHECK(cond, ...)                                   \
-  do {                                                     \
-    if (!(cond)) {                                         \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                        \
-      fprintf(stderr, "\n");                               \
-      ++failures;                                          \
-    }                                                      \
-  } while (0)
 
 typedef struct {
   unsigned char* ptr;

@@ -114,9 +114,7 @@ DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t s
     if (is_parked && parked->stream == stream && parked->size == rounded &&
         parked->small == small) {
       if (const std::optional<PairEffect> effect = reuse_effect(parked, rounded)) {
-        std::lock_guard slot_lock(mine->lock);
-        if (mine->pairs != 0) apply_pairs(parked, mine->effect, mine->pairs);
-        mine->pairs = 0;
+        std::lock_guard slot_lock(mine->lock);  // (its pairs were flushed above)
         // This pair's statistics at once: it may ask for other bytes than the last.
         hot_.reallocated_block(small, static_cast<std::int64_t>(parked->size),
                                static_cast<std::int64_t>(parked->requested),
@@ -127,7 +125,7 @@ DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t s
         apply_inactive(parked, *effect, 1);
         mine->parked = false;
         mine->effect = *effect;  // the pairs from here on move the statistics this way
-        mine->reusable = detail::round_size(size, config_.roundup_power2_divisions) == rounded;
+        mine->reusable = true;  // `size` rounds to the block's size: checked just now
         mine->seen = mine->epoch->load(std::memory_order_relaxed);
         trace(TraceAction::alloc, parked->ptr, size, stream);
         return {parked->ptr, nullptr};
@@ -212,23 +210,16 @@ void DeviceAllocator::activate_slow(Block* block, std::size_t requested) noexcep
 
 FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
                                  const stream_t* stream, std::size_t* actual_size) {
-  if (detail::ThreadSlot* mine = slots_.mine()) {
-    if (park_again(*mine, ptr, expected_size, stream, actual_size)) return FreeStatus::freed;
-  }
+  detail::ThreadSlot* mine = slots_.mine();
+  if (mine != nullptr && park_again(*mine, ptr, expected_size, stream, actual_size))
+    return FreeStatus::freed;
   detail::UnsettledGuard guard(mutex_);
-  if (detail::ThreadSlot* own = slots_.mine()) flush_pairs(*own);  // its pairs came first
+  if (mine != nullptr) flush_pairs(*mine);  // its pairs came first
   Block* block = live_.find(ptr);
   if (block == nullptr) return FreeStatus::not_found;
-  if (block->slot != nullptr) {
-    // A block of a thread's slot: parked there (this is a second free of it), or handed out
-    // from there (an ordinary allocation from here on).
-    detail::ThreadSlot& owner = *block->slot;
-    owner.lock.lock();
-    const bool parked = owner.parked;
-    owner.lock.unlock();
-    settle_slot(owner);
-    if (parked) return FreeStatus::not_found;
-  }
+  // A block of a thread's slot: parked there (this is a second free of it), or handed out
+  // from there (an ordinary allocation from here on).
+  if (block->slot != nullptr && settle_slot(*block->slot)) return FreeStatus::not_found;
   if (actual_size != nullptr) *actual_size = block->requested;
   if (expected_size != nullptr && *expected_size != block->requested)
     return FreeStatus::wrong_size;
@@ -243,7 +234,6 @@ FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
   }
   // This thread's last free completes first (as any other request sees it completed), and so
   // do frees parked next to this block in other threads' slots (they decide how it files).
-  detail::ThreadSlot* mine = slots_.mine();
   if (mine != nullptr && mine->block != nullptr) settle_slot(*mine);
   for (Block* neighbour : {block->prev, block->next})
     if (neighbour != nullptr && neighbour->slot != nullptr) settle_if_parked(*neighbour->slot);
@@ -325,13 +315,13 @@ void DeviceAllocator::park(detail::ThreadSlot& s, Block* block) {
   block->slot = &s;
 }
 
-void DeviceAllocator::settle_slot(detail::ThreadSlot& s) {
+bool DeviceAllocator::settle_slot(detail::ThreadSlot& s) {
   Block* b = nullptr;
   bool parked = false;
   {
     std::lock_guard lock(s.lock);
     b = s.block;
-    if (b == nullptr) return;
+    if (b == nullptr) return false;
     if (s.pairs != 0) apply_pairs(b, s.effect, s.pairs);
     parked = s.parked;
     s.pairs = 0;
@@ -340,7 +330,7 @@ void DeviceAllocator::settle_slot(detail::ThreadSlot& s) {
     s.parked_stream.store(nullptr, std::memory_order_relaxed);
     b->slot = nullptr;
   }
-  if (!parked) return;  // handed out: an ordinary allocation now
+  if (!parked) return false;  // handed out: an ordinary allocation now
   // The parked free completes: its statistics and its filing (no trace: free() recorded it).
   live_.erase(b->ptr);
   b->allocated = false;
@@ -348,6 +338,7 @@ void DeviceAllocator::settle_slot(detail::ThreadSlot& s) {
   const Segment* segment = b->segment;
   file_free_block(b);
   bump(segment);
+  return true;
 }
 
 void DeviceAllocator::flush_pairs(detail::ThreadSlot& s) noexcept {

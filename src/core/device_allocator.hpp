@@ -182,8 +182,9 @@ class DeviceAllocator {
   /// Parks the freed `block` in the calling thread's slot (under the lock).
   void park(detail::ThreadSlot& slot, Block* block);
   /// Settles `slot` (under the lock): the running sums of its pairs, then its block: a parked
-  /// one is freed and filed, a handed-out one becomes an ordinary allocation.
-  void settle_slot(detail::ThreadSlot& slot);
+  /// one is freed and filed, a handed-out one becomes an ordinary allocation. True when the
+  /// block was parked.
+  bool settle_slot(detail::ThreadSlot& slot);
   /// settle_slot when the slot's block is parked (under the lock).
   void settle_if_parked(detail::ThreadSlot& slot);
   /// Adds the running sums of the slot's pairs so far (under the lock), keeping its block.

@@ -14,22 +14,13 @@
 #include <string.h>
 
 #include "stitch/stitch.h"
+#include "../support/c_check.h"
 
 typedef int CUresult;
 typedef int CUdevice;
 typedef void* CUcontext;
 typedef void* CUstream;
 
-static int failures = 0;
-#define CHECK(cond, ...)                                   \
-  do {                                                     \
-    if (!(cond)) {                                         \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                        \
-      fprintf(stderr, "\n");                               \
-      ++failures;                                          \
-    }                                                      \
-  } while (0)
 
 static CUresult (*cu_init)(unsigned);
 static CUresult (*cu_device_get)(CUdevice*, int);

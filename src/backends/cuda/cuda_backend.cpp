@@ -256,15 +256,18 @@ class CudaBackend final : public Backend {
       }
       return message;
     };
+    // Out of memory (cuMemMap and cuMemSetAccess may report it): the run is taken back and the
+    // caller's OOM path runs; if taking it back failed, that is the error.
+    auto out_of_memory = [&](const char* call_name) {
+      const std::string left = undo({});
+      if (!left.empty()) throw backend_error(std::string(call_name) + " ran out of memory" + left);
+      return false;
+    };
     for (std::size_t k = 0; k < count; ++k) {
       const MapPiece& p = pieces[k];
       const CUresult r = d_.mem_map(to_cu(base + mapped), p.bytes, 0,
                                     static_cast<CUmemGenericAllocationHandle>(p.handle), 0);
-      if (r == CUDA_ERROR_OUT_OF_MEMORY) {  // cuMemMap may run out of memory: the OOM path
-        const std::string left = undo({});
-        if (!left.empty()) throw backend_error("cuMemMap ran out of memory" + left);
-        return false;
-      }
+      if (r == CUDA_ERROR_OUT_OF_MEMORY) return out_of_memory("cuMemMap");
       if (r != CUDA_SUCCESS) {
         throw backend_error(undo("cuMemMap(" + hex(base + mapped) + ", " + bytes_text(p.bytes) +
                                  ", handle " + std::to_string(p.handle) + ")" +
@@ -274,11 +277,7 @@ class CudaBackend final : public Backend {
     }
     // One access grant over the run ("all mappings start with no accessibility setup").
     const CUresult r = d_.mem_set_access(to_cu(va), mapped, s.access.data(), s.access.size());
-    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-      const std::string left = undo({});
-      if (!left.empty()) throw backend_error("cuMemSetAccess ran out of memory" + left);
-      return false;
-    }
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) return out_of_memory("cuMemSetAccess");
     if (r != CUDA_SUCCESS) {
       throw backend_error(undo("cuMemSetAccess(" + hex(va) + ", " + bytes_text(mapped) +
                                ", read-write)" + on_device(device) + " failed: " + describe(r)));
