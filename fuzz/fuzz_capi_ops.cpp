@@ -221,6 +221,7 @@ class Session {
  private:
   // ---- operations ----
   void step(Input& in) {
+    stitch_clear_error();  // the error text is kept until cleared: each step reads only its own
     switch (in.byte() % kOpCount) {
       case kMalloc:
       case kMalloc2: return do_malloc(in);
@@ -555,6 +556,7 @@ class Session {
     for (int s = 1; s < kStreams; ++s) sim_->release_stream(S(s));
     for (const Live& b : live_) {
       check_pattern(b);
+      stitch_clear_error();
       stitch_free(b.ptr, b.size, b.device, S(b.stream));
       if (*stitch_last_error() != '\0') fail("freeing a live allocation at the end failed");
       ++g_figures.frees;

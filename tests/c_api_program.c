@@ -90,6 +90,7 @@ int main(void) {
         CHECK(stitch_record_stream(s->ptr, streams[next_random() % 3]) == 0, "record_stream: %s",
               stitch_last_error());
       }
+      stitch_clear_error(); /* free returns nothing: clear, free, read */
       stitch_free(s->ptr, s->size, s->device, s->stream);
       CHECK(stitch_last_error()[0] == '\0', "free failed: %s", stitch_last_error());
       s->ptr = NULL;
@@ -110,19 +111,25 @@ int main(void) {
     CHECK(keep.ptr != NULL, "malloc failed: %s", stitch_last_error());
     fill(&keep);
     p = (unsigned char*)stitch_malloc(4096, 0, NULL);
+    stitch_clear_error();
     stitch_free(p, 4000, 0, NULL); /* wrong size */
     CHECK(strstr(stitch_last_error(), "size") != NULL, "wrong size not reported: %s",
           stitch_last_error());
+    stitch_clear_error();
     stitch_free(p, 4096, 1, NULL); /* wrong device */
     CHECK(strstr(stitch_last_error(), "device") != NULL, "wrong device not reported: %s",
           stitch_last_error());
+    stitch_clear_error();
     stitch_free(p, 4096, 0, NULL); /* correct */
     CHECK(stitch_last_error()[0] == '\0', "valid free failed: %s", stitch_last_error());
+    stitch_clear_error();
     stitch_free(p, 4096, 0, NULL); /* double free */
     CHECK(strstr(stitch_last_error(), "double free") != NULL, "double free not reported: %s",
           stitch_last_error());
+    stitch_clear_error();
     stitch_free(keep.ptr + 512, 512, 0, NULL); /* interior pointer */
     CHECK(stitch_last_error()[0] != '\0', "interior pointer accepted");
+    stitch_clear_error();
     stitch_free((void*)(uintptr_t)0xdead000, 16, 0, NULL); /* never allocated */
     CHECK(stitch_last_error()[0] != '\0', "unknown pointer accepted");
     CHECK(stitch_stat(0, "num_invalid_frees") == invalid_before + 5, "num_invalid_frees is %lld",

@@ -1,7 +1,8 @@
 /* stitch/stitch.h — the C API of libstitch. Valid C99; needs no CUDA header.
  *
  * A stream is a cudaStream_t passed as void* (NULL is the default stream). No function throws:
- * failures return NULL or a non-zero code and stitch_last_error() says why. The process-wide
+ * failures return NULL or a non-zero code and stitch_last_error() says why (until the next
+ * failure or stitch_clear_error()). The process-wide
  * allocator is created at first use from STITCH_ALLOC_CONF plus any stitch_configure() calls
  * made before it. stitch_malloc/stitch_free have the signatures PyTorch's
  * torch.cuda.memory.CUDAPluggableAllocator expects. */
@@ -55,8 +56,14 @@ STITCH_API int stitch_dump_snapshot(const char* path);
  *  into `buf`, snprintf-style: at most cap-1 characters and a NUL (nothing if buf is NULL or cap
  *  is 0). Returns the summary's full length, without the NUL; 0 on error. */
 STITCH_API size_t stitch_memory_summary(int device, char* buf, size_t cap);
-/** This thread's last error message; "" if the last call succeeded. Valid until the next call. */
+/** The message of this thread's most recent failure, "" if none. Like errno, it is kept until a
+ *  later failure replaces it or stitch_clear_error() clears it: successful calls leave it alone,
+ *  so the out-of-memory report is still there after reading statistics. Check a call's return
+ *  value to know whether it failed. The pointer is valid until this thread's next stitch call. */
 STITCH_API const char* stitch_last_error(void);
+/** Clears this thread's last error (stitch_last_error() returns "" until the next failure). For
+ *  calls whose result cannot signal failure (stitch_free): clear, call, then read the error. */
+STITCH_API void stitch_clear_error(void);
 
 #ifdef __cplusplus
 }

@@ -152,8 +152,9 @@ def free(ptr: int, size: int, device: Device = None, stream: Stream = None) -> N
     if not ptr:
         return
     L = _lib.lib()
+    L.stitch_clear_error()  # stitch_free returns nothing: an error text after it is its failure
     L.stitch_free(ptr, size, _device_index(device), _stream_handle(stream))
-    msg = _lib.last_error()  # stitch_free clears it on entry: non-empty means this call failed
+    msg = _lib.last_error()
     if msg:
         raise _lib.error_from(msg)
 
@@ -167,6 +168,7 @@ def record_stream(ptr: int, stream: Stream) -> None:
 def stat(key: str, device: Device = None) -> int:
     """One statistic by its PyTorch name, e.g. ``"reserved_bytes.all.peak"``."""
     L = _lib.lib()
+    L.stitch_clear_error()
     value = L.stitch_stat(_device_index(device), key.encode())
     # -1 is also a real value (max_split_size when unlimited): the error text decides.
     if value == -1:

@@ -32,6 +32,7 @@ __all__ = [
     "has",
     "hook_address",
     "last_error",
+    "clear_error",
     "check",
     "OOM_PREFIX",
 ]
@@ -71,6 +72,7 @@ _REQUIRED = {
     "stitch_stat": (ctypes.c_int64, [ctypes.c_int, ctypes.c_char_p]),
     "stitch_reset_peak_stats": (ctypes.c_int, [ctypes.c_int]),
     "stitch_last_error": (ctypes.c_char_p, []),
+    "stitch_clear_error": (None, []),
 }
 # Newer entry points: a library built before them still loads, and the wrappers that need them
 # raise NotImplementedError naming the missing function.
@@ -201,9 +203,15 @@ def hook_address(name: str) -> int:
 
 
 def last_error() -> str:
-    """This thread's last stitch error ("" if the last call succeeded)."""
+    """This thread's most recent stitch failure ("" if none since :func:`clear_error`); kept
+    until the next failure, like errno."""
     raw = lib().stitch_last_error()
     return raw.decode("utf-8", "replace") if raw else ""
+
+
+def clear_error() -> None:
+    """Clears this thread's last error (before a call whose result cannot signal failure)."""
+    lib().stitch_clear_error()
 
 
 def error_from(message: str, fallback: str = "stitch: unknown error") -> StitchError:

@@ -42,7 +42,7 @@ std::string& early_conf() {
 // destructor sets `t_error_gone` (no destructor of its own, so it stays readable) and errors go
 // to `t_error_tail` (no destructor either; long messages are cut there).
 thread_local bool t_error_gone = false;
-thread_local bool t_error_set = false;  // an error is stored: successful calls skip the clearing
+thread_local bool t_error_set = false;  // an error is stored (kept until the next failure)
 thread_local char t_error_tail[512];
 struct ErrorText {
   std::string text;
@@ -64,16 +64,13 @@ void set_error(const char* message) noexcept {
   if (!t_error_gone) t_error.text.clear();
 }
 
-[[gnu::noinline]] void clear_stored_error() noexcept {
+// Only stitch_clear_error() clears: like errno, the text of the last failure stays until a later
+// failure replaces it, so a program that reads statistics right after an OOM still has the report.
+void clear_error() noexcept {
+  if (!t_error_set) return;
   t_error_set = false;
   t_error_tail[0] = '\0';
   if (!t_error_gone) t_error.text.clear();
-}
-
-// Cheap when there is nothing to clear (the common case): one thread-local flag, no access to
-// t_error (a thread_local with a destructor goes through an initialisation wrapper).
-void clear_error() noexcept {
-  if (t_error_set) clear_stored_error();
 }
 
 const char* last_error() noexcept {
@@ -107,10 +104,9 @@ stitch::Allocator& allocator() {
   return create_allocator();
 }
 
-// Runs `fn`, turning any exception into t_error and `fail`.
+// Runs `fn`, turning any exception into t_error and `fail`. Success leaves t_error as it was.
 template <typename Fn, typename R>
 R guarded(Fn&& fn, R fail) noexcept {
-  clear_error();
   try {
     return fn();
   } catch (const std::exception& e) {
@@ -244,5 +240,7 @@ size_t stitch_memory_summary(int device, char* buf, size_t cap) {
 }
 
 const char* stitch_last_error(void) { return last_error(); }
+
+void stitch_clear_error(void) { clear_error(); }
 
 }  // extern "C"

@@ -106,11 +106,18 @@ def test_fixed_keys_cannot_change_after_first_use():
     stitch.configure("garbage_collection_threshold:0.9")
 
 
-def test_last_error_is_cleared_by_a_successful_call():
+def test_last_error_is_kept_until_the_next_failure():
     with pytest.raises(stitch.StitchError):
         stitch.configure("nope:1")
-    assert _lib.last_error() != ""
-    stitch.stat("num_ooms")
+    first = _lib.last_error()
+    assert "nope" in first
+    assert _lib.lib().stitch_stat(0, b"num_ooms") >= 0  # a successful call keeps the message
+    assert _lib.lib().stitch_reset_peak_stats(-1) == 0
+    assert _lib.last_error() == first
+    with pytest.raises(stitch.StitchError, match="other"):
+        stitch.configure("other:1")  # the next failure replaces it
+    assert "other" in _lib.last_error()
+    _lib.clear_error()
     assert _lib.last_error() == ""
 
 
