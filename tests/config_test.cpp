@@ -87,6 +87,24 @@ TEST(ConfigParse, ParsesOnTopOfTheBase) {
 
 TEST(ConfigParse, RemembersTheSourceString) {
   EXPECT_EQ(Config::parse("backend:sim,sim_devices:2").source, "backend:sim,sim_devices:2");
+  EXPECT_EQ(Config::parse(" backend : sim , roundup_power2_divisions:[256:1, >:4]").source,
+            "backend:sim,roundup_power2_divisions:[256:1,>:4]");
+}
+
+TEST(ConfigParse, TheSourceIsEveryItemGivenSoFarWithoutTheRecordersSwitches) {
+  // The environment, then configure() calls: a later item for a key replaces it in place.
+  const Config env = Config::parse("backend:sim,max_split_size_mb:64,expandable_segments:True");
+  Config c = Config::parse("garbage_collection_threshold:0.8,max_split_size_mb:128", env);
+  EXPECT_EQ(c.source,
+            "backend:sim,max_split_size_mb:128,expandable_segments:True,"
+            "garbage_collection_threshold:0.8");
+  // Turning the history on is not a setting of the allocator.
+  c = Config::parse("record_history:True,max_entries:100000,record_stacks:True", c);
+  EXPECT_TRUE(c.record_history);
+  EXPECT_EQ(c.source,
+            "backend:sim,max_split_size_mb:128,expandable_segments:True,"
+            "garbage_collection_threshold:0.8");
+  EXPECT_EQ(Config::parse("record_history:True").source, "");
 }
 
 // ---- every key ----------------------------------------------------------------------------------

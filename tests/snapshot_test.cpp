@@ -230,8 +230,8 @@ TEST(Snapshot, RoundTripWithAPendingCrossStreamBlock) {
   EXPECT_EQ(t[9].addr, reinterpret_cast<std::uintptr_t>(p4));
   for (std::size_t i = 1; i < t.size(); ++i) EXPECT_LE(t[i - 1].time_us, t[i].time_us);
 
-  // The settings travel along.
-  EXPECT_EQ(file.settings, "backend:sim,record_history:True");
+  // The settings travel along, without the recorder's switch.
+  EXPECT_EQ(file.settings, "backend:sim");
   EXPECT_EQ(file.max_split_size, SIZE_MAX);
   EXPECT_FALSE(file.expandable_segments);
   EXPECT_EQ(file.roundup_power2_divisions, std::vector<std::uint32_t>(16, 0));

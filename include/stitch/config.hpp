@@ -77,7 +77,10 @@ struct STITCH_EXPORT Config {
   /// name in the report those that served the request (docs/diagnostics.md).
   bool oom_what_if = true;
 
-  /// The last configuration string applied (as given), for reports.
+  /// The user's configuration as given: every `key:value` item parsed so far (STITCH_ALLOC_CONF,
+  /// then each configure()), a later item for the same key replacing the earlier one in place,
+  /// without the recorder's switches (record_history, max_entries, record_stacks). Snapshots
+  /// report it as PYTORCH_CUDA_ALLOC_CONF.
   std::string source;
 
   /// Parses `conf` on top of `base`. Throws stitch::config_error naming the key and the accepted

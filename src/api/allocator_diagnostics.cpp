@@ -41,12 +41,7 @@ std::string Allocator::memory_summary(int device) const {
 void Allocator::record_history(bool enabled, std::size_t max_entries) {
   std::string conf = fmt::format("record_history:{}", enabled ? "True" : "False");
   if (max_entries != 0) conf += fmt::format(",max_entries:{}", max_entries);
-  // configure() records the string as the last configuration applied; the snapshot's
-  // PYTORCH_CUDA_ALLOC_CONF should keep showing the user's settings instead.
-  std::lock_guard lock(config_mutex_);
-  std::string source = config_.source;
-  configure_locked(conf);
-  config_.source = std::move(source);
+  configure(conf);  // the recorder's switches stay out of Config::source
 }
 
 namespace detail {

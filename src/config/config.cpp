@@ -3,6 +3,7 @@
 // both driven by the key table.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 #include <charconv>
 #include <cmath>
@@ -254,6 +255,52 @@ constexpr KeySpec kKeys[] = {
      [](const Config& c) { return std::string(py_bool(c.oom_what_if)); }},
 };
 
+// The `key:value` items of a configuration string, spaces dropped, lists kept whole.
+std::vector<std::string> config_items(std::string_view conf) {
+  std::vector<std::string> items;
+  std::string cur;
+  int depth = 0;
+  for (const std::string& t : tokenize(conf)) {
+    if (t == "," && depth == 0) {
+      if (!cur.empty()) items.push_back(std::move(cur));
+      cur.clear();
+      continue;
+    }
+    depth += t == "[" ? 1 : t == "]" ? -1 : 0;
+    cur += t;
+  }
+  if (!cur.empty()) items.push_back(std::move(cur));
+  return items;
+}
+
+// The history recorder's own switches: turning recording on is not a setting of the allocator.
+bool is_recorder_key(std::string_view key) {
+  return key == "record_history" || key == "max_entries" || key == "record_stacks";
+}
+
+// `base` with the items of `conf` applied: an item for a key already there replaces it in place,
+// a new key goes at the end, and the recorder's switches are left out.
+std::string merged_source(std::string_view base, std::string_view conf) {
+  std::vector<std::string> items = config_items(base);
+  auto key_of = [](std::string_view item) { return item.substr(0, item.find(':')); };
+  for (std::string& item : config_items(conf)) {
+    if (is_recorder_key(key_of(item))) continue;
+    auto same = std::find_if(items.begin(), items.end(),
+                             [&](const std::string& x) { return key_of(x) == key_of(item); });
+    if (same != items.end()) {
+      *same = std::move(item);
+    } else {
+      items.push_back(std::move(item));
+    }
+  }
+  std::string out;
+  for (const std::string& item : items) {
+    if (!out.empty()) out += ',';
+    out += item;
+  }
+  return out;
+}
+
 std::string key_list() {
   std::string out;
   for (const KeySpec& k : kKeys) {
@@ -302,7 +349,7 @@ Config Config::parse(std::string_view conf, const Config& base, std::vector<std:
     throw config_error(
         "stitch config: stitching:True requires expandable_segments:True (stitching remaps the "
         "pages of expandable segments)");
-  if (!conf.empty()) c.source = std::string(conf);
+  c.source = detail::merged_source(base.source, conf);
   return c;
 }
 

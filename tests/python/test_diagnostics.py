@@ -9,6 +9,8 @@ import pytest
 import stitch
 from stitch import _lib
 
+from conftest import run_python
+
 
 def _require(name):
     if not _lib.has(name):
@@ -105,3 +107,23 @@ def test_dump_snapshot_error_names_the_path(tmp_path):
     _require("stitch_dump_snapshot")
     with pytest.raises(stitch.StitchError, match="no_such_dir"):
         stitch.dump_snapshot(tmp_path / "no_such_dir" / "s.pickle")
+
+
+def test_snapshot_settings_are_the_users_configuration(tmp_path):
+    # A fresh process: STITCH_ALLOC_CONF, then configure() before and after the first allocation,
+    # with the history recorder switched on in between. The snapshot shows the user's settings.
+    script = f"""
+import pickle, stitch
+stitch.configure("max_split_size_mb:64")
+stitch.record_history(True, max_entries=1000)
+p = stitch.malloc(1 << 20)
+stitch.configure("garbage_collection_threshold:0.7,max_split_size_mb:128")
+stitch.free(p, 1 << 20)
+stitch.dump_snapshot({str(tmp_path / "s.pickle")!r})
+print(pickle.load(open({str(tmp_path / "s.pickle")!r}, "rb"))["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"])
+"""
+    proc = run_python(["-c", script])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == (
+        "backend:sim,sim_capacity_mb:256,max_split_size_mb:128,garbage_collection_threshold:0.7"
+    )
