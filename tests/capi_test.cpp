@@ -437,6 +437,27 @@ TEST(CApi, StatOfAnUnknownDeviceIsMinusOne) {
   EXPECT_EQ(stitch_stat(-1, "num_ooms"), -1);
 }
 
+TEST(CApi, ConfigAndDeviceCountDescribeTheAllocator) {
+  use_sim();
+  void* p = stitch_malloc(1000, 0, nullptr);  // the allocator exists
+  ASSERT_NE(p, nullptr);
+  stitch_free(p, 1000, 0, nullptr);
+  // The simulated device is one; the fake driver has the devices its environment gives.
+  const char* fake_devices = std::getenv("STITCH_FAKE_CUDA_DEVICES");
+  const int expected = contains(kThisBackend, "cuda") && fake_devices ? std::atoi(fake_devices) : 1;
+  EXPECT_EQ(stitch_device_count(), expected) << last_error();
+  const std::size_t n = stitch_config(nullptr, 0);
+  ASSERT_GT(n, 0u) << last_error();
+  std::string conf(n + 1, '\0');
+  EXPECT_EQ(stitch_config(conf.data(), conf.size()), n);
+  conf.resize(n);
+  EXPECT_TRUE(contains(conf, kThisBackend)) << conf;
+  EXPECT_EQ(stitch_configure(conf.c_str()), 0) << conf << ": " << last_error();  // it round-trips
+  char small[8];
+  EXPECT_EQ(stitch_config(small, sizeof small), n);  // cut, NUL-terminated
+  EXPECT_EQ(std::strlen(small), sizeof small - 1);
+}
+
 TEST(CApi, StatKnownKeysKeepTheError) {
   use_sim();
   (void)stitch_stat(0, "bogus");
@@ -630,6 +651,9 @@ TEST(CApiFreshProcess, EveryCallBeforeConfigurationFailsCleanlyWithoutAGpu) {
           stitch_free(&host, sizeof host, 0, nullptr);
           if (!contains(last_error(), "CUDA")) std::_Exit(76);
           if (stitch_dump_snapshot("/nonexistent/x.pickle") == 0) std::_Exit(77);
+          if (stitch_device_count() != -1 || !contains(last_error(), "no CUDA device")) std::_Exit(81);
+          char conf[256];
+          if (stitch_config(conf, sizeof conf) == 0 || !contains(conf, "backend:cuda")) std::_Exit(82);
           // Nothing was fixed by the failed calls: the simulated device can still be chosen.
           if (stitch_configure("backend:sim,sim_capacity_mb:64") != 0) std::_Exit(78);
           void* p = stitch_malloc(1000, 0, nullptr);

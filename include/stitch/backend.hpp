@@ -111,4 +111,9 @@ struct Config;
 /// another backend.
 STITCH_EXPORT std::shared_ptr<Backend> make_backend(const Config& config);
 
+/// How many devices the backend `config` names has, without creating it: sim_devices for
+/// `backend:sim`; for `backend:cuda`, what the driver reports after cuInit (no context is
+/// created). Throws stitch::backend_error, as make_backend() would, when the backend is unusable.
+STITCH_EXPORT int probe_device_count(const Config& config);
+
 }  // namespace stitch

@@ -56,6 +56,16 @@ STITCH_API int stitch_dump_snapshot(const char* path);
  *  into `buf`, snprintf-style: at most cap-1 characters and a NUL (nothing if buf is NULL or cap
  *  is 0). Returns the summary's full length, without the NUL; 0 on error. */
 STITCH_API size_t stitch_memory_summary(int device, char* buf, size_t cap);
+/** Writes the settings in effect as a `key:value,...` string that stitch_configure() accepts (those
+ *  of the allocator, or those it will be built with: STITCH_ALLOC_CONF plus earlier
+ *  stitch_configure() calls), snprintf-style like stitch_memory_summary. Returns the full length;
+ *  0 on error (a bad STITCH_ALLOC_CONF). Creates nothing. */
+STITCH_API size_t stitch_config(char* buf, size_t cap);
+/** The number of devices of the configured backend: sim_devices for backend:sim, the driver's
+ *  count for backend:cuda (the driver is opened and initialised; no context is created, nor the
+ *  allocator). -1 when the backend is unusable (no driver, no device), stitch_last_error() says
+ *  why. */
+STITCH_API int stitch_device_count(void);
 /** The message of this thread's most recent failure, "" if none. Like errno, it is kept until a
  *  later failure replaces it or stitch_clear_error() clears it: successful calls leave it alone,
  *  so the out-of-memory report is still there after reading statistics. Check a call's return

@@ -29,6 +29,8 @@ __all__ = [
     "MEMORY_STATS_KEYS",
     "TORCH_MEMORY_STATS_KEYS",
     "configure",
+    "config",
+    "device_count",
     "malloc",
     "free",
     "record_stream",
@@ -223,18 +225,39 @@ def memory_summary(device: Device = None, abbreviated: bool = False) -> str:
 
 
 def _memory_summary_full(device: Device) -> str:
-    fn = _lib.require("stitch_memory_summary")
-    index = _device_index(device)
-    size = fn(index, None, 0)
-    _lib.check(size == 0, "memory_summary")
-    for _ in range(4):  # the table can grow between the two calls: retry with the new length
+    return _read_text("stitch_memory_summary", _device_index(device))
+
+
+def _read_text(name: str, *args: Any) -> str:
+    """The text a snprintf-style C function (``fn(*args, buf, cap)`` returning the full length, 0
+    on error) writes."""
+    fn = _lib.require(name)
+    size = fn(*args, None, 0)
+    _lib.check(size == 0, name)
+    for _ in range(4):  # the text can grow between the two calls: retry with the new length
         buf = _ctypes.create_string_buffer(size + 1)
-        full = fn(index, buf, size + 1)
-        _lib.check(full == 0, "memory_summary")
+        full = fn(*args, buf, size + 1)
+        _lib.check(full == 0, name)
         if full <= size:
-            return buf.value.decode("utf-8", "replace")
+            break
         size = full
     return buf.value.decode("utf-8", "replace")
+
+
+def config() -> str:
+    """The settings in effect, as a ``key:value,...`` string :func:`configure` accepts: the
+    allocator's, or those it will be built with (``STITCH_ALLOC_CONF`` plus earlier
+    :func:`configure` calls). Creates nothing."""
+    return _read_text("stitch_config")
+
+
+def device_count() -> int:
+    """The number of devices of the configured backend (for ``backend:cuda`` the driver is opened,
+    but no context or allocator is created). Raises StitchError when the backend is unusable:
+    no CUDA driver, or no device."""
+    n = _lib.require("stitch_device_count")()
+    _lib.check(n < 0, "device_count")
+    return int(n)
 
 
 def dump_snapshot(path: Union[str, "_os.PathLike[str]"]) -> None:

@@ -24,4 +24,14 @@ std::shared_ptr<Backend> make_backend(const Config& config) {
   throw config_error("unknown backend");
 }
 
+int probe_device_count(const Config& config) {
+  switch (config.backend) {
+    case BackendKind::sim:
+      return config.sim_devices;
+    case BackendKind::cuda:
+      return cuda_device_count();
+  }
+  throw config_error("unknown backend");
+}
+
 }  // namespace stitch

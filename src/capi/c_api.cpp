@@ -23,6 +23,7 @@
 
 #include "capi/c_api_testing.hpp"
 #include "stitch/allocator.hpp"
+#include "stitch/backend.hpp"
 #include "stitch/errors.hpp"
 
 namespace {
@@ -85,6 +86,24 @@ stitch::Config base_config() {
   } catch (const stitch::config_error& e) {
     throw stitch::config_error(fmt::format("STITCH_ALLOC_CONF: {}", e.what()));
   }
+}
+
+// The configuration the allocator has, or will be built from when it does not exist yet.
+stitch::Config effective_config() {
+  if (stitch::Allocator* a = g_allocator.load(std::memory_order_acquire)) return a->config();
+  std::lock_guard lock(g_init_mutex);
+  if (stitch::Allocator* a = g_allocator.load(std::memory_order_relaxed)) return a->config();
+  return stitch::Config::parse(early_conf(), base_config());
+}
+
+// snprintf-style copy of `text` into buf (at most cap-1 characters and a NUL); its length.
+size_t copy_out(const std::string& text, char* buf, size_t cap) noexcept {
+  if (buf != nullptr && cap > 0) {
+    const size_t n = text.size() < cap - 1 ? text.size() : cap - 1;
+    std::memcpy(buf, text.data(), n);
+    buf[n] = '\0';
+  }
+  return text.size();
 }
 
 [[gnu::noinline]] stitch::Allocator& create_allocator() {
@@ -228,15 +247,21 @@ int stitch_dump_snapshot(const char* path) {
 
 size_t stitch_memory_summary(int device, char* buf, size_t cap) {
   if (buf != nullptr && cap > 0) buf[0] = '\0';
-  return guarded([&]() -> size_t {
-    const std::string summary = allocator().memory_summary(device);
-    if (buf != nullptr && cap > 0) {
-      const size_t n = summary.size() < cap - 1 ? summary.size() : cap - 1;
-      std::memcpy(buf, summary.data(), n);
-      buf[n] = '\0';
-    }
-    return summary.size();
-  }, size_t{0});
+  return guarded([&]() -> size_t { return copy_out(allocator().memory_summary(device), buf, cap); },
+                 size_t{0});
+}
+
+size_t stitch_config(char* buf, size_t cap) {
+  if (buf != nullptr && cap > 0) buf[0] = '\0';
+  return guarded([&]() -> size_t { return copy_out(effective_config().to_string(), buf, cap); },
+                 size_t{0});
+}
+
+int stitch_device_count(void) {
+  return guarded([&] {
+    if (stitch::Allocator* a = g_allocator.load(std::memory_order_acquire)) return a->device_count();
+    return stitch::probe_device_count(effective_config());
+  }, -1);
 }
 
 const char* stitch_last_error(void) { return last_error(); }

@@ -43,6 +43,23 @@ def no_leaks():
     assert after == before, "the test left allocations behind"
 
 
+#: The strict fake CUDA driver (tests/fake_cuda) that CTest names; None when it was not built.
+FAKE_CUDA = os.environ.get("STITCH_TEST_FAKE_CUDA") or None
+
+
+@pytest.fixture
+def fake_cuda_env():
+    """Environment for a subprocess on backend:cuda over the fake driver: two 2 GiB devices."""
+    if FAKE_CUDA is None:
+        pytest.skip("the fake CUDA driver was not built (STITCH_TEST_FAKE_CUDA is unset)")
+    return {
+        "STITCH_ALLOC_CONF": "",
+        "STITCH_CUDA_DRIVER": FAKE_CUDA,
+        "STITCH_FAKE_CUDA_DEVICES": "2",
+        "STITCH_FAKE_CUDA_MEMORY_MB": "2048",
+    }
+
+
 def run_python(args, env=None, path=(), cwd=None, timeout=120):
     """Runs `python args...` in a fresh process with the source package importable (after the
     directories in `path`), the session's library and a small simulated device; `env` overrides.

@@ -29,9 +29,12 @@ def _load_fake():
 
 @pytest.fixture
 def fake_torch(monkeypatch):
+    """The stand-in torch, in this process, over the session's simulated device (which enable()
+    refuses outside the tests)."""
     mod = _load_fake()
     monkeypatch.setitem(sys.modules, "torch", mod)
     monkeypatch.setattr(st, "_allocator", None)
+    monkeypatch.setattr(st, "_ALLOW_SIM_FOR_TESTS", True)
     return mod
 
 
@@ -90,6 +93,49 @@ def test_enable_validates_the_configuration_first(fake_torch):
     with pytest.raises(stitch.StitchError, match="unknown key 'bogus'"):
         st.enable("bogus:1")
     assert fake_torch.state.current is None and not st.is_enabled()
+
+
+@pytest.mark.parametrize("route", ["enable", "mempool"])
+def test_backend_sim_is_refused(fake_torch, monkeypatch, route):
+    monkeypatch.setattr(st, "_ALLOW_SIM_FOR_TESTS", False)
+    with pytest.raises(stitch.StitchError, match="backend:sim, whose memory is host memory"):
+        getattr(st, route)()
+    assert fake_torch.state.current is None and not fake_torch.state.pools
+    assert not st.is_enabled()
+
+
+ENABLE = textwrap.dedent(
+    """
+    import torch, stitch, stitch.torch
+    try:
+        stitch.torch.enable()
+    except stitch.StitchError as e:
+        print("REFUSED", e)
+    print("SWAPS", torch.state.swaps, "ENABLED", stitch.torch.is_enabled())
+    """
+)
+
+
+def test_enable_without_a_driver_fails_at_once(fake_torch_dir):
+    env = {"STITCH_ALLOC_CONF": "", "STITCH_CUDA_DRIVER": "/nonexistent/libcuda.so.1"}
+    r = run_python(["-c", ENABLE], env=env, path=[fake_torch_dir])
+    assert r.returncode == 0, r.stderr
+    assert "REFUSED stitch.torch.enable(): no usable CUDA device: backend:cuda: no CUDA device" in r.stdout
+    assert "/nonexistent/libcuda.so.1" in r.stdout
+    assert "SWAPS 0 ENABLED False" in r.stdout
+
+
+def test_enable_on_the_fake_driver(fake_torch_dir, fake_cuda_env):
+    r = run_python(["-c", ENABLE], env=fake_cuda_env, path=[fake_torch_dir])
+    assert r.returncode == 0, r.stderr
+    assert "REFUSED" not in r.stdout and "SWAPS 1 ENABLED True" in r.stdout
+
+
+def test_enable_refuses_backend_sim_from_the_environment(fake_torch_dir):
+    r = run_python(["-c", ENABLE], env={"STITCH_ALLOC_CONF": "backend:sim"}, path=[fake_torch_dir])
+    assert r.returncode == 0, r.stderr
+    assert "REFUSED stitch.torch.enable(): the configuration says backend:sim" in r.stdout
+    assert "SWAPS 0 ENABLED False" in r.stdout
 
 
 def test_enable_without_torch(monkeypatch):
@@ -177,15 +223,23 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _launch(tmp_path, fake_torch_dir, *args, env=None, cwd=None):
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    argv = [a if a != "SCRIPT" else str(script) for a in args]
-    return run_python(["-m", "stitch.torch", *argv], env=env, path=[fake_torch_dir], cwd=cwd)
+@pytest.fixture
+def launch(tmp_path, fake_torch_dir, fake_cuda_env):
+    """Runs `python -m stitch.torch args` (SCRIPT: the script above) with the stand-in torch on
+    backend:cuda over the fake driver; `env` adds to that environment."""
+
+    def run(*args, env=None, cwd=None):
+        script = tmp_path / "train.py"
+        script.write_text(SCRIPT)
+        argv = [a if a != "SCRIPT" else str(script) for a in args]
+        return run_python(["-m", "stitch.torch", *argv], env={**fake_cuda_env, **(env or {})},
+                          path=[fake_torch_dir], cwd=cwd)
+
+    return run
 
 
-def test_launcher_runs_the_script_as_main(tmp_path, fake_torch_dir):
-    r = _launch(tmp_path, fake_torch_dir, "SCRIPT", "--lr", "3", "--", "x", env={"EXIT": "3"})
+def test_launcher_runs_the_script_as_main(launch):
+    r = launch("SCRIPT", "--lr", "3", "--", "x", env={"EXIT": "3"})
     assert r.returncode == 3, r.stderr
     assert "NAME __main__" in r.stdout
     assert "ARGV ['--lr', '3', '--', 'x']" in r.stdout
@@ -193,49 +247,51 @@ def test_launcher_runs_the_script_as_main(tmp_path, fake_torch_dir):
     assert "ENABLED True True" in r.stdout
 
 
-def test_launcher_runs_a_module(tmp_path, fake_torch_dir):
+def test_launcher_runs_a_module(tmp_path, launch):
     (tmp_path / "trainmod.py").write_text(SCRIPT.replace("os.path.dirname(os.path.abspath(__file__))", "sys.path[0]"))
-    r = run_python(["-m", "stitch.torch", "-m", "trainmod", "a", "b"], path=[fake_torch_dir],
-                   cwd=tmp_path)
+    r = launch("-m", "trainmod", "a", "b", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "NAME __main__" in r.stdout and "ARGV ['a', 'b']" in r.stdout
     assert "ENABLED True True" in r.stdout
 
 
-def test_launcher_honours_stitch_alloc_conf(tmp_path, fake_torch_dir):
-    env = {"STITCH_ALLOC_CONF": "backend:sim,sim_capacity_mb:64,sim_devices:2", "DEV": "1"}
-    r = _launch(tmp_path, fake_torch_dir, "SCRIPT", env=env)
+def test_launcher_honours_stitch_alloc_conf(launch):
+    r = launch("SCRIPT", env={"STITCH_ALLOC_CONF": "expandable_segments:True", "DEV": "1"})
     assert r.returncode == 0, r.stderr
-    r = _launch(tmp_path, fake_torch_dir, "SCRIPT", env={"STITCH_ALLOC_CONF": "backend:sim,x:1"})
+    r = launch("SCRIPT", env={"STITCH_ALLOC_CONF": "expandable_segments:True,x:1"})
     assert r.returncode == 1
     assert "STITCH_ALLOC_CONF: stitch config: unknown key 'x'" in r.stderr
+    r = launch("SCRIPT", env={"STITCH_ALLOC_CONF": "backend:sim"})
+    assert r.returncode == 1
+    assert "the configuration says backend:sim" in r.stderr
 
 
-def test_launcher_conf_option(tmp_path, fake_torch_dir):
-    r = _launch(tmp_path, fake_torch_dir, "--conf", "sim_devices:2", "SCRIPT", env={"DEV": "1"})
+def test_launcher_conf_option(launch):
+    r = launch("--conf", "stitching:True,expandable_segments:True", "SCRIPT", env={"DEV": "1"})
     assert r.returncode == 0, r.stderr
-    r = _launch(tmp_path, fake_torch_dir, "--conf=nope:1", "SCRIPT")
+    r = launch("--conf=nope:1", "SCRIPT")
     assert r.returncode == 1 and "unknown key 'nope'" in r.stderr
 
 
-def test_launcher_translates_oom(tmp_path, fake_torch_dir):
-    r = _launch(tmp_path, fake_torch_dir, "SCRIPT", "--oom")
+def test_launcher_translates_oom(launch):
+    r = launch("SCRIPT", "--oom")
     assert r.returncode == 1
     assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate" in r.stderr
-    r = _launch(tmp_path, fake_torch_dir, "--no-oom-translation", "SCRIPT", "--oom")
+    r = launch("--no-oom-translation", "SCRIPT", "--oom")
     assert r.returncode == 1
     assert "stitch.OutOfMemoryError: CUDA out of memory" in r.stderr
     assert "torch.OutOfMemoryError" not in r.stderr
 
 
-def test_launcher_usage_errors(tmp_path, fake_torch_dir):
+def test_launcher_usage_errors(tmp_path, fake_torch_dir, fake_cuda_env):
     r = run_python(["-m", "stitch.torch", "--help"])
     assert r.returncode == 0 and "torchrun" in r.stdout
     r = run_python(["-m", "stitch.torch"], path=[fake_torch_dir])
     assert r.returncode == 1 and "no script given" in r.stderr
     r = run_python(["-m", "stitch.torch", "--bogus", "x.py"], path=[fake_torch_dir])
     assert r.returncode == 1 and "unknown option --bogus" in r.stderr
-    r = run_python(["-m", "stitch.torch", str(tmp_path / "missing.py")], path=[fake_torch_dir])
+    r = run_python(["-m", "stitch.torch", str(tmp_path / "missing.py")], env=fake_cuda_env,
+                   path=[fake_torch_dir])
     assert r.returncode == 1 and "can't open file" in r.stderr
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import re
 import threading
 from typing import Any, Callable, Optional, TypeVar
 
@@ -50,6 +51,10 @@ POOL_ALLOC_HOOK = "stitch_malloc"
 
 _lock = threading.Lock()
 _allocator: Any = None  # the CUDAPluggableAllocator installed by enable()
+
+# Only the tests against the stand-in torch (tests/python/fake_torch.py) set this, to run enable()
+# on the simulated device; with a real PyTorch, host pointers must never reach CUDA kernels.
+_ALLOW_SIM_FOR_TESTS = False
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -85,9 +90,15 @@ def enable(conf: Optional[str] = None) -> Any:
     validated here: a bad key raises StitchError now rather than at the first allocation).
     Calling it again is a no-op apart from applying ``conf`` (then only tunables may change).
 
-    Raises StitchError if CUDA is already initialized in this process: PyTorch cannot swap an
-    initialized allocator ("Can't swap an already initialized allocator"). Call it first thing,
-    use ``python -m stitch.torch script.py``, or use :func:`mempool`.
+    Raises StitchError, changing nothing:
+
+    * if CUDA is already initialized in this process: PyTorch cannot swap an initialized allocator
+      ("Can't swap an already initialized allocator"). Call it first thing, use
+      ``python -m stitch.torch script.py``, or use :func:`mempool`;
+    * if the configuration says ``backend:sim``: its pointers are host memory, which CUDA kernels
+      cannot use;
+    * if the CUDA driver cannot be opened or reports no device (stitch's message says which), at
+      once rather than at PyTorch's first allocation.
     """
     global _allocator
     import stitch
@@ -108,6 +119,7 @@ def enable(conf: Optional[str] = None) -> Any:
         path = _lib.library_path()
         # Validates STITCH_ALLOC_CONF (and conf) now; nothing is allocated yet.
         stitch.configure(conf or "")
+        _check_backend(stitch, "enable")
         alloc = torch.cuda.memory.CUDAPluggableAllocator(path, ALLOC_HOOK, FREE_HOOK)
         raw = alloc.allocator()
         # Optional hooks: each PyTorch call maps to the stitch one. set_init_fn is not used:
@@ -133,6 +145,24 @@ def enable(conf: Optional[str] = None) -> Any:
         return alloc
 
 
+def _check_backend(stitch: Any, caller: str) -> None:
+    """Refuses a backend PyTorch cannot use: the simulated device, or CUDA without a device."""
+    backend = re.search(r"(?:^|,)backend:(\w+)", stitch.config())
+    if backend is not None and backend.group(1) == "sim":
+        if _ALLOW_SIM_FOR_TESTS:
+            return
+        raise StitchError(
+            f"stitch.torch.{caller}(): the configuration says backend:sim, whose memory is host "
+            "memory: PyTorch would hand those pointers to CUDA kernels. Remove backend:sim from "
+            "STITCH_ALLOC_CONF (backend:cuda is the default); the simulated device is for "
+            "stitch's own API (stitch.malloc) and the tests."
+        )
+    try:
+        stitch.device_count()  # opens the driver and counts the devices; creates no context
+    except StitchError as e:
+        raise StitchError(f"stitch.torch.{caller}(): no usable CUDA device: {e}") from e
+
+
 def mempool(conf: Optional[str] = None, **kwargs: Any) -> Any:
     """A ``torch.cuda.MemPool`` whose memory comes from stitch.
 
@@ -155,6 +185,7 @@ def mempool(conf: Optional[str] = None, **kwargs: Any) -> Any:
         raise StitchError("stitch.torch.mempool(): this PyTorch has no torch.cuda.MemPool")
     if conf:
         stitch.configure(conf)
+    _check_backend(stitch, "mempool")
     alloc = torch.cuda.memory.CUDAPluggableAllocator(
         _lib.library_path(), POOL_ALLOC_HOOK, FREE_HOOK
     )

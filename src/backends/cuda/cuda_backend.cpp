@@ -475,7 +475,7 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::shared_ptr<Backend> make_cuda_backend(const Config& config) {
+int cuda_device_count() {
   std::string why;
   const Driver* d = cuda_driver::driver(&why);
   if (d == nullptr) {
@@ -493,7 +493,12 @@ std::shared_ptr<Backend> make_cuda_backend(const Config& config) {
         "backend:cuda: no CUDA device (the driver " + d->path +
         " reports 0 devices); use backend:sim for the simulated device");
   }
-  return std::make_shared<CudaBackend>(*d, count, config.peer_access);
+  return count;
+}
+
+std::shared_ptr<Backend> make_cuda_backend(const Config& config) {
+  const int count = cuda_device_count();  // the driver is loaded once it returns
+  return std::make_shared<CudaBackend>(*cuda_driver::driver(), count, config.peer_access);
 }
 
 }  // namespace stitch

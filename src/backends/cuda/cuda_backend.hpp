@@ -15,4 +15,8 @@ struct Config;
 /// when there is no usable driver or no device; never returns a fallback back end.
 [[nodiscard]] std::shared_ptr<Backend> make_cuda_backend(const Config& config);
 
+/// The number of CUDA devices the driver reports (>= 1), opening and initialising the driver but
+/// creating no context. Throws backend_error ("backend:cuda: no CUDA device (...)") otherwise.
+[[nodiscard]] int cuda_device_count();
+
 }  // namespace stitch
