@@ -18,6 +18,7 @@
 #include "stitch/block_info.hpp"
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
+#include "stitch/graph_pool.hpp"
 #include "stitch/snapshot.hpp"
 #include "stitch/stats.hpp"
 
@@ -76,6 +77,20 @@ class STITCH_EXPORT Allocator {
   [[nodiscard]] std::optional<std::int64_t> stat(int device, std::string_view key) const;
   void reset_peak_stats(int device);
   void reset_accumulated_stats(int device);
+
+  /// Private pools, as PyTorch's CUDA graphs and MemPools use them (stitch/graph_pool.hpp).
+  /// Until end_allocate_to_pool(device, id), `device`'s allocations on the streams `filter`
+  /// accepts come from private pool `id` (created at the first call, each call one use of it),
+  /// and nothing on the device queries an event, synchronizes or returns memory: a stream may be
+  /// capturing a CUDA graph. Routes nest; the newest that accepts a stream takes it.
+  void begin_allocate_to_pool(int device, PoolId id, StreamFilter filter);
+  /// Ends the newest route to `id`; events of blocks freed meanwhile on other streams are
+  /// recorded once no route is left.
+  void end_allocate_to_pool(int device, PoolId id);
+  /// Drops one use of pool `id`. Once it has none, its memory goes back to the device whenever
+  /// all of its blocks are free and no route is underway (at once, or at a later empty_cache or
+  /// out-of-memory retry). Throws invalid_argument for a pool not in use.
+  void release_pool(int device, PoolId id);
 
   /// What stitch knows about a live allocation (stitch/block_info.hpp).
   using BlockInfo = stitch::BlockInfo;

@@ -104,6 +104,17 @@ class STITCH_EXPORT SimBackend : public Backend {
   void hold_stream(stream_t stream);
   /// Completes all work recorded on `stream` so far and stops holding it.
   void release_stream(stream_t stream);
+  /// Graph capture, with CUDA's rules (cudaStreamBeginCapture .. cudaStreamEndCapture): while
+  /// `stream` captures on `device`, an event recorded on it is a node of the graph (no work),
+  /// and querying or waiting for such an event, or synchronizing the stream, invalidates the
+  /// capture and throws backend_error, as does returning device memory (deallocate, unmap) while
+  /// any stream of the device captures.
+  void begin_capture(int device, stream_t stream);
+  /// Ends the capture; false when it was invalidated.
+  [[nodiscard]] bool end_capture(stream_t stream);
+  [[nodiscard]] bool is_capturing(stream_t stream) const;
+  /// Captures invalidated so far.
+  [[nodiscard]] std::uint64_t capture_invalidations() const;
   /// Number of times a synchronize call had to complete work on a held stream.
   [[nodiscard]] std::uint64_t forced_completions() const;
   /// Makes the `nth` call of kind `call` counted from now (1 = the next one) fail with `fault`.

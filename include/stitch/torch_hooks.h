@@ -15,7 +15,13 @@
  *   alloc = CUDAPluggableAllocator(libstitch, "stitch_torch_malloc", "stitch_free")
  *   alloc.allocator().set_reset_fn(&stitch_torch_empty_cache)
  *   alloc.allocator().set_memory_fraction_fn(&stitch_torch_set_memory_fraction)
- *   alloc.allocator().set_record_stream_fn(&stitch_torch_record_stream) */
+ *   alloc.allocator().set_record_stream_fn(&stitch_torch_record_stream)
+ *   alloc.allocator().set_begin_allocate_to_pool(&stitch_torch_begin_allocate_to_pool)
+ *   alloc.allocator().set_end_allocate_to_pool_fn(&stitch_torch_end_allocate_to_pool)
+ *   alloc.allocator().set_release_pool(&stitch_torch_release_pool)
+ * The last three are C++ functions with C names: PyTorch calls them with its own C++ types
+ * (c10::cuda::MempoolId_t, which is std::pair<unsigned long long, unsigned long long>, and the
+ * stream filter as std::function<bool(cudaStream_t)>), so they are declared only for C++. */
 #ifndef STITCH_TORCH_HOOKS_H
 #define STITCH_TORCH_HOOKS_H
 
@@ -43,7 +49,32 @@ STITCH_API void stitch_torch_set_memory_fraction(double fraction, int device);
 STITCH_API void stitch_torch_record_stream(void* ptr, void* stream);
 
 #ifdef __cplusplus
-}
+}  // extern "C"
+
+#include <functional>
+#include <utility>
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
+extern "C" {
+
+/** CUDA graph and MemPool pools (Allocator::begin_allocate_to_pool): from now on, `device`'s
+ *  allocations on the streams `filter` accepts come from private pool `mempool_id`, and nothing
+ *  on the device queries an event, synchronizes or returns memory. PyTorch calls it when a graph
+ *  capture begins and in torch.cuda.use_mem_pool(). Throws stitch::error on failure. */
+STITCH_API void stitch_torch_begin_allocate_to_pool(
+    int device, std::pair<unsigned long long, unsigned long long> mempool_id,
+    std::function<bool(CUstream_st*)> filter);
+/** Ends the allocation to `mempool_id` (PyTorch: before the capture ends). Throws stitch::error
+ *  when none is underway. */
+STITCH_API void stitch_torch_end_allocate_to_pool(
+    int device, std::pair<unsigned long long, unsigned long long> mempool_id);
+/** Drops one use of `mempool_id` (PyTorch: the graph or MemPool is destroyed); its memory goes
+ *  back to the device once its blocks are free. Throws stitch::error for an unknown pool. */
+STITCH_API void stitch_torch_release_pool(
+    int device, std::pair<unsigned long long, unsigned long long> mempool_id);
+
+}  // extern "C"
 #endif
 
 #endif /* STITCH_TORCH_HOOKS_H */

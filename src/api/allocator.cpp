@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "config/keys.hpp"
 #include "core/device_allocator.hpp"
@@ -168,6 +169,16 @@ std::optional<std::int64_t> Allocator::stat(int device, std::string_view key) co
 }
 
 void Allocator::reset_peak_stats(int device) { checked_device(device).reset_peak_stats(); }
+
+void Allocator::begin_allocate_to_pool(int device, PoolId id, StreamFilter filter) {
+  checked_device(device).begin_allocate_to_pool(id, std::move(filter));
+}
+
+void Allocator::end_allocate_to_pool(int device, PoolId id) {
+  checked_device(device).end_allocate_to_pool(id);
+}
+
+void Allocator::release_pool(int device, PoolId id) { checked_device(device).release_pool(id); }
 
 void Allocator::reset_accumulated_stats(int device) {
   checked_device(device).reset_accumulated_stats();

@@ -1,6 +1,7 @@
-// capi/c_api_testing.hpp — a hook for tests and fuzzers (not exported from libstitch.so): lets
-// them run the C API (stitch.h) over an Allocator they built, e.g. on a SimBackend whose faults
-// and held streams they control, and start over with a fresh one for every fuzz input.
+// capi/c_api_testing.hpp — the C API's allocator from C++ (not exported from libstitch.so): the
+// torch hooks use it, and tests and fuzzers run the C API (stitch.h) over an Allocator they
+// built, e.g. on a SimBackend whose faults and held streams they control, and start over with a
+// fresh one for every fuzz input.
 #pragma once
 
 #include <memory>
@@ -15,5 +16,9 @@ namespace stitch::detail {
 /// while another thread is inside the C API, and pointers from the previous allocator must not
 /// be passed to the new one.
 std::unique_ptr<Allocator> capi_exchange_allocator(std::unique_ptr<Allocator> next);
+
+/// The C API's process-wide allocator, built at first use (for the C++ hooks of
+/// torch_hooks.cpp). Throws what building it throws.
+Allocator& capi_allocator();
 
 }  // namespace stitch::detail

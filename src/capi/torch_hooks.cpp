@@ -1,4 +1,5 @@
-// capi/torch_hooks.cpp — CUDAPluggableAllocator hooks that throw (see stitch/torch_hooks.h).
+// capi/torch_hooks.cpp — CUDAPluggableAllocator hooks that throw (see stitch/torch_hooks.h),
+// the CUDA graph pool hooks among them.
 //
 // They sit on the C API rather than on the Allocator so that they share its one process-wide
 // allocator, its lazy construction and its error text. Unlike the rest of the C API these
@@ -11,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "capi/c_api_testing.hpp"
 #include "stitch/errors.hpp"
 #include "stitch/stitch.h"
 
@@ -51,6 +53,25 @@ void stitch_torch_set_memory_fraction(double fraction, int device) {
 void stitch_torch_record_stream(void* ptr, void* stream) {
   if (ptr == nullptr) return;
   if (stitch_record_stream(ptr, stream) != 0) throw_last_error("stitch: record_stream failed");
+}
+
+void stitch_torch_begin_allocate_to_pool(int device,
+                                         std::pair<unsigned long long, unsigned long long> id,
+                                         std::function<bool(CUstream_st*)> filter) {
+  if (!filter) throw stitch::invalid_argument("stitch: begin_allocate_to_pool without a filter");
+  stitch::detail::capi_allocator().begin_allocate_to_pool(
+      device, id, [f = std::move(filter)](stitch::stream_t s) {
+        return f(static_cast<CUstream_st*>(s));
+      });
+}
+
+void stitch_torch_end_allocate_to_pool(int device,
+                                       std::pair<unsigned long long, unsigned long long> id) {
+  stitch::detail::capi_allocator().end_allocate_to_pool(device, id);
+}
+
+void stitch_torch_release_pool(int device, std::pair<unsigned long long, unsigned long long> id) {
+  stitch::detail::capi_allocator().release_pool(device, id);
 }
 
 }  // extern "C"

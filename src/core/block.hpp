@@ -23,6 +23,7 @@ namespace stitch::detail {
 struct Segment;
 struct Block;
 struct ThreadSlot;
+struct PrivatePool;
 
 /// Ordering of free blocks: (stream, size, address). A FreeKey searches without a Block.
 struct FreeKey {
@@ -110,6 +111,7 @@ struct Segment {
   std::atomic<std::uint64_t>* epoch = nullptr;
   bool small = false;
   bool oversize = false;       ///< counted in oversize_segments
+  PrivatePool* private_pool = nullptr;  ///< the private pool it belongs to (core/private_pool.hpp)
   bool expandable = false;     ///< a reserved range whose pages are mapped on demand
   bool stitched = false;       ///< expandable too: a range reserved to fit one request, mapped
                                ///< with pages moved from other ranges (stitcher.cpp)

@@ -98,21 +98,22 @@ DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t s
     capture_oom(size, size, size, false, stream);
     return {nullptr, failed_.release()};
   }
-  if (events_.outstanding() != 0) {
+  // No event is queried while a route to a private pool is underway: a stream may be capturing.
+  if (events_.outstanding() != 0 && routes_.empty()) {
     if (mine != nullptr) settle_slot(*mine);
     events_.poll([this](Block* b) { complete_pending(b); });
     note_events();
   }
   const std::size_t rounded = detail::round_size(size, config_.roundup_power2_divisions);
   const bool small = detail::is_small(rounded);
-  Pool& pool = pool_for(small);
+  Pool& pool = routes_.empty() ? pool_for(small) : routed_pool(stream, small);
   if (mine != nullptr && mine->block != nullptr) {
     // This thread's parked free, taken back here when best fit would give it (as the slot
     // would have, had its verdict been current), else completed first, as the free it is.
     Block* parked = mine->block;
     const bool is_parked = mine->parked;  // own slot: only this thread changes it unlocked
     if (is_parked && parked->stream == stream && parked->size == rounded &&
-        parked->small == small) {
+        parked->small == small && &pool == &pool_of(parked)) {
       if (const std::optional<PairEffect> effect = reuse_effect(parked, rounded)) {
         std::lock_guard slot_lock(mine->lock);  // (its pairs were flushed above)
         // This pair's statistics at once: it may ask for other bytes than the last.
@@ -136,7 +137,8 @@ DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t s
   if (slots_.shared()) settle_parked_on(stream, mine);
   Block* block = get_free_block(pool, stream, rounded);
   if (block == nullptr) {
-    block = allocate_slow(pool, stream, rounded, size);
+    block = routes_.empty() ? allocate_slow(pool, stream, rounded, size)
+                            : allocate_quiet(pool, stream, rounded, size);
     if (block == nullptr) return {nullptr, failed_.release()};
   }
   block = take_found_block(pool, block, rounded);
@@ -229,8 +231,12 @@ FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
     block->stream_uses.push_back(*stream);  // freed on another stream: that was its last use
   }
   if (!block->stream_uses.empty()) {
-    events_.record(block);  // may throw; nothing changed then
-    note_events();
+    if (routes_.empty()) {
+      events_.record(block);  // may throw; nothing changed then
+      note_events();
+    } else {
+      defer_events(block);  // a stream may be capturing: recorded when the routes end
+    }
   }
   // This thread's last free completes first (as any other request sees it completed), and so
   // do frees parked next to this block in other threads' slots (they decide how it files).
@@ -242,7 +248,8 @@ FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
   // With a free neighbour in front, the filed block would start elsewhere, so it could not
   // come back. A parked block stays in the live table, allocated, until its free completes.
   const bool defer = block->event_count == 0 && immediate_reuse_ && !block->oversize &&
-                     (block->prev == nullptr || !block->prev->in_index);
+                     (block->prev == nullptr || !block->prev->in_index) && routes_.empty() &&
+                     block->segment->private_pool == nullptr;
   if (defer && mine == nullptr) mine = slots_.mine_or_create();  // may throw: nothing changed
   trace(TraceAction::free_requested, block->ptr, block->requested, block->stream);
   if (defer) {
@@ -378,7 +385,7 @@ std::optional<DeviceAllocator::PairEffect> DeviceAllocator::reuse_effect(const B
   // the best fit, may serve the request, and is split (merged) or taken whole (alone) at the
   // block's own size.
   if (rounded != block->size || detail::is_small(rounded) != block->small) return std::nullopt;
-  const Pool& pool = pool_for_const(block->small);
+  const Pool& pool = pool_of_const(block);
   STITCH_ASSERT(block->prev == nullptr || !block->prev->in_index,
                 "reuse_effect: the block's predecessor is not free");
   const Block* next = block->next != nullptr && block->next->in_index ? block->next : nullptr;
@@ -418,7 +425,7 @@ void DeviceAllocator::apply_pairs(const Block* block, const PairEffect& e,
   const bool small = block->small;
   const auto n = static_cast<std::int64_t>(times);
   if (n == 0) return;
-  pool_for(small).calls += times;  // as get_free_block counts
+  pool_of(block).calls += times;  // as get_free_block counts
   hot_.reallocated_blocks(small, static_cast<std::int64_t>(block->size),
                           static_cast<std::int64_t>(block->requested), n);
   apply_inactive(block, e, n);
@@ -455,7 +462,7 @@ void DeviceAllocator::file_free_block(Block* block) {
   hot_.inactive_block(block->small, static_cast<std::int64_t>(block->requested));
   block->requested = 0;
   block->stream_uses.clear();
-  insert_free(pool_for(block->small), block);
+  insert_free(pool_of(block), block);
 }
 
 void DeviceAllocator::complete_pending(Block* block) {
@@ -585,6 +592,7 @@ void DeviceAllocator::validate() const {
 
 void DeviceAllocator::empty_cache() {
   std::lock_guard lock(mutex_);
+  if (!routes_.empty()) return;  // a stream may be capturing: nothing is waited for or freed
   release_cached_blocks();
 }
 

@@ -29,12 +29,14 @@
 #include <vector>
 
 #include "core/block.hpp"
+#include "core/block_pool.hpp"
 #include "core/device_lock.hpp"
 #include "core/free_index.hpp"
 #include "core/hot_stats.hpp"
 #include "core/ledger.hpp"
 #include "core/object_pool.hpp"
 #include "core/page_mapper.hpp"
+#include "core/private_pool.hpp"
 #include "core/ptr_map.hpp"
 #include "core/spin_lock.hpp"
 #include "core/stitcher.hpp"
@@ -97,6 +99,20 @@ class DeviceAllocator {
 
   [[nodiscard]] int device() const noexcept { return device_; }
 
+  // ---- private pools: CUDA graphs and MemPools (private_pools.cpp, core/private_pool.hpp) ----
+  /// Routes the allocations on the streams `filter` accepts to private pool `id` (created at the
+  /// first call; each call is one use) until end_allocate_to_pool(id).
+  void begin_allocate_to_pool(PoolId id, StreamFilter filter);
+  /// Ends the route to `id` begun last; when no route is left, the events of the blocks freed
+  /// meanwhile are recorded. Throws invalid_argument if no route to `id` is underway.
+  void end_allocate_to_pool(PoolId id);
+  /// Drops one use of pool `id`; at none, its memory goes back to the device as soon as (and
+  /// whenever) its blocks are all free and no route is underway. Throws invalid_argument for an
+  /// unknown pool.
+  void release_pool(PoolId id);
+  /// Private pools that exist (released ones included while they still hold memory).
+  [[nodiscard]] std::size_t private_pool_count() const;
+
   // ---- for replays: a recorded start state, and releases as the recording made them
   //      (device_seed.cpp) -------------------------------------------------------------------
   /// A block placed by seed_segment() or seed_expandable().
@@ -140,13 +156,7 @@ class DeviceAllocator {
 
   using NodeStorage = detail::PoolAllocator<detail::Block*>::Storage;
 
-  struct Pool {
-    Pool(NodeStorage* nodes, bool is_small) : index(nodes), small(is_small) {}
-    detail::FreeIndex index;
-    detail::UnmappedSet unmapped;  ///< expandable segments' unmapped ranges
-    bool small;
-    std::uint64_t calls = 0;  ///< get_free_block calls: the GC clock
-  };
+  using Pool = detail::BlockPool;
 
   // fast path (device_allocator.cpp)
   Block* get_free_block(Pool& pool, stream_t stream, std::size_t rounded);
@@ -205,7 +215,8 @@ class DeviceAllocator {
   /// Whether thread slots may take pairs without the lock (immediate reuse on, no recording),
   /// and whether events are outstanding (the locked path polls them first).
   void note_fast_ok() noexcept {
-    fast_ok_.store(immediate_reuse_ && !recorder_.enabled(), std::memory_order_relaxed);
+    fast_ok_.store(immediate_reuse_ && !recorder_.enabled() && routes_.empty(),
+                   std::memory_order_relaxed);
   }
   void note_events() noexcept {
     events_pending_.store(events_.outstanding() != 0, std::memory_order_relaxed);
@@ -368,6 +379,31 @@ class DeviceAllocator {
 
   Pool& pool_for(bool small) noexcept { return small ? small_ : large_; }
   const Pool& pool_for_const(bool small) const noexcept { return small ? small_ : large_; }
+  /// The pool a block of `segment` is filed in: its private pool's, or the device's.
+  Pool& pool_of(const Segment* segment) noexcept {
+    return segment->private_pool != nullptr ? segment->private_pool->pool(segment->small)
+                                            : pool_for(segment->small);
+  }
+  Pool& pool_of(const Block* block) noexcept { return pool_of(block->segment); }
+  const Pool& pool_of_const(const Block* block) const noexcept {
+    return const_cast<DeviceAllocator*>(this)->pool_of(block->segment);
+  }
+
+  // private pools (private_pools.cpp)
+  /// The pool an allocation of `small` size on `stream` comes from while routes are underway:
+  /// the newest route's that accepts the stream, else the device's.
+  Pool& routed_pool(stream_t stream, bool small);
+  /// allocate_slow for a private pool, or while a route is underway: new memory only (a plain
+  /// segment for a private pool), nothing released, synchronized or moved.
+  Block* allocate_quiet(Pool& pool, stream_t stream, std::size_t rounded, std::size_t requested);
+  /// A freed block used on other streams while a route is underway: pending, its events
+  /// recorded when the last route ends.
+  void defer_events(Block* block);
+  /// Records the deferred blocks' events (no route underway any more).
+  void record_deferred_events();
+  /// Returns the entirely free segments of released private pools, and forgets such a pool once
+  /// it holds none (no route underway).
+  void release_private_pools();
 
   const int device_;
   Backend& backend_;
@@ -397,6 +433,10 @@ class DeviceAllocator {
   std::unique_ptr<detail::OomCapture> failed_;
 
   detail::StreamEvents events_{backend_, device_};  ///< cross-stream events (slow path only)
+  /// Private pools by id, and the routes underway to them, oldest first (core/private_pool.hpp).
+  std::map<PoolId, std::unique_ptr<detail::PrivatePool>> private_pools_;
+  std::vector<detail::PoolRoute> routes_;
+  std::vector<Block*> deferred_;  ///< freed during a route, used on other streams: no events yet
   /// The physical pages of expandable ranges, and what failed undos left (page_mapper.hpp).
   detail::PageMapper pages_{backend_, device_};
   detail::Stitcher stitcher_{*this};  ///< stitching:True (stitcher.hpp)

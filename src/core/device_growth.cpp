@@ -95,8 +95,9 @@ void DeviceAllocator::release_segment(Block* block) {
   Segment* segment = block->segment;
   backend_.deallocate(device_, segment->base, segment->size);  // throws: nothing changed
   trace(TraceAction::segment_free, segment->base, segment->size, segment->stream);
-  pool_for(block->small).index.erase(block);
+  pool_of(block).index.erase(block);
   ledger_.segment_freed(segment->small, segment->size, segment->oversize);
+  if (segment->private_pool != nullptr) --segment->private_pool->segments;
   unlink_segment(segment, block);
 }
 
@@ -120,6 +121,7 @@ bool DeviceAllocator::release_cached_blocks() {
       if (!b->is_split() && !b->segment->expandable) whole.push_back(b);
   for (Block* b : whole) release_segment(b);
   release_expandable_pages();
+  release_private_pools();
   return true;
 }
 

@@ -41,12 +41,21 @@ void DeviceAllocator::validate_locked() const {
   std::size_t unmapped_blocks[2] = {};
   std::size_t live_blocks = 0;
   std::size_t pending_events = 0;
+  std::size_t private_free = 0;              // free blocks of private pools' segments
+  std::size_t segments_in_private_pools = 0;
 
   std::vector<phys_handle_t> handles;  // every mapped page's physical handle (not borrowed)
   std::vector<const Block*> lent;      // lent blocks, found in their ranges
   std::vector<const Block*> borrowed;  // lent blocks, as the stitched ranges list them
   for (const Segment* s = segments_; s != nullptr; s = s->next) {
     if (s->stitched && !s->expandable) broken(device_, "a stitched segment is not expandable");
+    if (s->private_pool != nullptr) {
+      ++segments_in_private_pools;
+      if (s->expandable) broken(device_, "a private pool's segment is expandable");
+      if (private_pools_.count(s->private_pool->id) == 0 ||
+          private_pools_.at(s->private_pool->id).get() != s->private_pool)
+        broken(device_, "a segment belongs to a private pool the device does not have");
+    }
     if (!s->borrows.empty() && !s->stitched) broken(device_, "a range that is not stitched borrows");
     // Borrowed slots map a lent block's memory a second time: the same handle, the same pieces.
     std::vector<std::size_t> borrowed_slots;
@@ -137,7 +146,7 @@ void DeviceAllocator::validate_locked() const {
         if ((b->ptr - s->base) % static_cast<std::ptrdiff_t>(s->page) != 0 || b->size % s->page != 0)
           broken(device_, "unmapped block is not page aligned");
         if (prev != nullptr && !prev->mapped) broken(device_, "two adjacent unmapped blocks");
-        if (pool_for_const(b->small).unmapped.count(const_cast<Block*>(b)) != 1)
+        if (pool_of_const(b).unmapped.count(const_cast<Block*>(b)) != 1)
           broken(device_, "unmapped block missing from the unmapped set");
         ++unmapped_blocks[b->small ? 0 : 1];
         continue;
@@ -159,9 +168,13 @@ void DeviceAllocator::validate_locked() const {
         count(requested, b->small, static_cast<std::int64_t>(b->requested));
       } else {
         if (!b->in_index) broken(device_, "free block missing from the free index");
-        if (!pool_for_const(b->small).index.contains(const_cast<Block*>(b)))
+        if (!pool_of_const(b).index.contains(const_cast<Block*>(b)))
           broken(device_, "free block flagged in_index but not found in the index");
-        ++free_blocks[b->small ? 0 : 1];
+        if (s->private_pool != nullptr) {
+          ++private_free;
+        } else {
+          ++free_blocks[b->small ? 0 : 1];
+        }
         if (prev != nullptr && prev->in_index)
           broken(device_, "two adjacent free blocks were not coalesced");
         if (b->is_split() && !s->expandable) {
@@ -184,12 +197,29 @@ void DeviceAllocator::validate_locked() const {
   for (phys_handle_t h : pages_.orphans())
     if (std::binary_search(handles.begin(), handles.end(), h))
       broken(device_, "an orphaned physical handle is still mapped in a page");
+  std::size_t private_indexed = 0;
+  std::size_t private_segments = 0;
+  for (const auto& [id, p] : private_pools_) {
+    private_indexed += p->small.index.size() + p->large.index.size();
+    private_segments += p->segments;
+    if (p->use_count < 0) broken(device_, "a private pool has a negative use count");
+  }
+  if (private_free != private_indexed)
+    broken(device_, "a private pool's free index holds blocks that are not free in its segments");
+  if (private_segments != segments_in_private_pools)
+    broken(device_, "a private pool's segment count is wrong");
+  for (const Block* b : deferred_)
+    if (b->allocated || b->event_count != 1 || b->in_index)
+      broken(device_, "a block whose events are deferred is not pending");
+  if (!deferred_.empty() && routes_.empty())
+    broken(device_, "events are deferred with no route to a private pool underway");
   if (free_blocks[0] != small_.index.size() || free_blocks[1] != large_.index.size())
     broken(device_, "the free index holds blocks that are not free in any segment");
   if (unmapped_blocks[0] != small_.unmapped.size() || unmapped_blocks[1] != large_.unmapped.size())
     broken(device_, "the unmapped set holds blocks that are not unmapped in any segment");
   if (live_blocks != live_.size()) broken(device_, "the live table holds unknown pointers");
-  if (pending_events != events_.outstanding()) broken(device_, "pending event count is wrong");
+  if (pending_events != events_.outstanding() + deferred_.size())
+    broken(device_, "pending event count is wrong");
 
   const DeviceStats stats = stats_locked();
   check_stat(device_, "allocation", stats.allocation, allocation);

@@ -190,12 +190,12 @@ void DeviceAllocator::split_unmapped_tail(Block* block, std::size_t keep) {
   Block* rest = link_new_back(block, keep);
   rest->mapped = false;
   block->size = keep;
-  pool_for(block->small).unmapped.insert(rest);
+  pool_of(block).unmapped.insert(rest);
 }
 
 DeviceAllocator::Block* DeviceAllocator::insert_unmapped(Block* block) {
   // Coalesces an unmapped block with unmapped neighbours and files it in the unmapped set.
-  Pool& pool = pool_for(block->small);
+  Pool& pool = pool_of(block);
   for (Block* n : {block->prev, block->next}) {
     if (n == nullptr || n->mapped) continue;
     pool.unmapped.erase(n);
@@ -260,7 +260,7 @@ DeviceAllocator::Block* DeviceAllocator::carve(Block* block, std::size_t start, 
   STITCH_ASSERT(block->in_index && start >= offset && end <= offset + block->size && start < end &&
                     start % segment->page == 0 && end % segment->page == 0,
                 "carve: whole pages inside a free block");
-  Pool& pool = pool_for(block->small);
+  Pool& pool = pool_of(block);
   pool.index.erase(block);
   if (start > offset) {  // the head stays free
     Block* head = link_new_front(block, start - offset);
@@ -287,14 +287,14 @@ void DeviceAllocator::return_lent(Block* lent) noexcept {
   lent->lent = false;
   ledger_.held(lent->small, static_cast<std::int64_t>(lent->size));
   trace(TraceAction::segment_map, lent->ptr, lent->size, lent->stream);
-  insert_free(pool_for(lent->small), lent);
+  insert_free(pool_of(lent), lent);
 }
 
 bool DeviceAllocator::release_if_unmapped(Segment* segment) {
   Block* head = segment->head;
   if (head->mapped || head->next != nullptr) return false;
   backend_.release_reservation(device_, segment->base, segment->size);  // throws: kept
-  pool_for(segment->small).unmapped.erase(head);
+  pool_of(segment).unmapped.erase(head);
   unlink_segment(segment, head);
   return true;
 }

@@ -121,7 +121,7 @@ void Stitcher::map_back(const MovedPage& m) noexcept {
   Block* u = segment->head;
   while (u != nullptr && !(u->ptr <= at && at < u->ptr + u->size)) u = u->next;
   STITCH_ASSERT(u != nullptr && !u->mapped, "map_back: the page's place is an unmapped block");
-  DeviceAllocator::Pool& pool = d_.pool_for(segment->small);
+  DeviceAllocator::Pool& pool = d_.pool_of(segment);
   pool.unmapped.erase(u);
   if (u->ptr < at) {  // unmapped front stays unmapped
     Block* front = d_.link_new_front(u, static_cast<std::size_t>(at - u->ptr));

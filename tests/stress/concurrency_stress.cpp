@@ -158,6 +158,7 @@ class Stress {
         return;
       }
     } else {
+      stitch_clear_error();  // the error text is kept until cleared
       stitch_free(b.ptr, b.size, b.device, S(s));
       if (*stitch_last_error() != '\0') {
         error(std::string("stitch_free: ") + stitch_last_error());

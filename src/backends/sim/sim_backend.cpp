@@ -77,6 +77,7 @@ struct Mapping {
 struct Event {
   int device = 0;
   bool recorded = false;
+  bool captured = false;  ///< recorded on a capturing stream: a node of the graph, not work
   stream_t stream = nullptr;
   std::uint64_t seq = 0;  ///< position of the record in its stream
 };
@@ -85,6 +86,8 @@ struct Stream {
   std::uint64_t submitted = 0;  ///< records made on the stream
   std::uint64_t completed = 0;  ///< records whose work has completed
   bool held = false;
+  int capture_device = -1;   ///< capturing a graph on this device (begin_capture), or -1
+  bool invalidated = false;  ///< the capture broke CUDA's rules: end_capture reports it
 };
 
 struct Fault {
@@ -237,6 +240,21 @@ struct SimBackend::Impl {
   std::vector<Fault> faults;
   std::uint64_t fired = 0;
   std::uint64_t forced = 0;
+  std::uint64_t invalidations = 0;  ///< captures invalidated
+
+  // CUDA's capture rules: what is not permitted on a capturing stream (or, for returning memory,
+  // while any stream of the device captures) invalidates the capture and fails.
+  [[noreturn]] void capture_violation(Stream& s, const char* call, int device, const char* what) {
+    if (!s.invalidated) ++invalidations;
+    s.invalidated = true;
+    throw backend_error(prefix(call, device) + what +
+                        " is not permitted while a stream is capturing a graph "
+                        "(cudaErrorStreamCaptureUnsupported); the capture is invalidated");
+  }
+  void forbid_while_capturing(int device, const char* call) {
+    for (auto& [handle, s] : streams)
+      if (s.capture_device == device) capture_violation(s, call, device, "returning device memory");
+  }
   phys_handle_t last_handle = 0;
 
   explicit Impl(Options o) : options(o) {
@@ -433,6 +451,7 @@ void SimBackend::deallocate(int device, void* p, std::size_t bytes) {
   (void)impl_->enter(SimCall::deallocate);
   Device& d = impl_->device(device, "deallocate");
   if (p == nullptr) return;  // like cudaFree(nullptr)
+  impl_->forbid_while_capturing(device, "deallocate");
   auto it = d.allocations.find(addr(p));
   if (it == d.allocations.end()) {
     for (std::size_t i = 0; i < impl_->devices.size(); ++i) {
@@ -576,6 +595,7 @@ void SimBackend::unmap(int device, void* va, std::size_t bytes) {
   std::lock_guard lock(impl_->mutex);
   (void)impl_->enter(SimCall::unmap, bytes);
   Device& d = impl_->device(device, "unmap");
+  impl_->forbid_while_capturing(device, "unmap");
   impl_->unmap_range(d, device, addr(va), bytes);
 }
 
@@ -608,8 +628,13 @@ void SimBackend::record_event(int device, event_t event, stream_t stream) {
   (void)impl_->device(device, "record_event");
   Event& e = impl_->event(event, device, "record_event");
   Stream& s = impl_->streams[stream];
-  e.recorded = true;
   e.stream = stream;
+  e.captured = s.capture_device >= 0;
+  if (e.captured) {  // a node of the graph being captured: no work on the stream
+    e.recorded = false;
+    return;
+  }
+  e.recorded = true;
   e.seq = ++s.submitted;
   if (!s.held) s.completed = s.submitted;
 }
@@ -619,6 +644,10 @@ bool SimBackend::query_event(int device, event_t event) {
   (void)impl_->enter(SimCall::query_event);
   (void)impl_->device(device, "query_event");
   const Event& e = impl_->event(event, device, "query_event");
+  if (e.captured) {
+    Stream& s = impl_->streams[e.stream];
+    if (s.capture_device >= 0) impl_->capture_violation(s, "query_event", device, "querying an event it captured");
+  }
   if (!e.recorded) return true;
   auto s = impl_->streams.find(e.stream);
   return s == impl_->streams.end() || s->second.completed >= e.seq;
@@ -629,6 +658,11 @@ void SimBackend::synchronize_event(int device, event_t event) {
   (void)impl_->enter(SimCall::synchronize_event);
   (void)impl_->device(device, "synchronize_event");
   const Event& e = impl_->event(event, device, "synchronize_event");
+  if (e.captured) {
+    Stream& s = impl_->streams[e.stream];
+    if (s.capture_device >= 0)
+      impl_->capture_violation(s, "synchronize_event", device, "waiting for an event it captured");
+  }
   if (!e.recorded) return;
   Stream& s = impl_->streams[e.stream];
   if (s.completed < e.seq) {
@@ -645,6 +679,8 @@ void SimBackend::synchronize_stream(int device, stream_t stream) {
   auto it = impl_->streams.find(stream);
   if (it == impl_->streams.end()) return;
   Stream& s = it->second;
+  if (s.capture_device >= 0)
+    impl_->capture_violation(s, "synchronize_stream", device, "synchronizing the stream");
   if (s.completed < s.submitted) {
     s.completed = s.submitted;  // held: complete everything submitted so far; stays held
     ++impl_->forced;
@@ -663,6 +699,34 @@ void SimBackend::release_stream(stream_t stream) {
   Stream& s = impl_->streams[stream];
   s.completed = s.submitted;
   s.held = false;
+}
+
+void SimBackend::begin_capture(int device, stream_t stream) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->device(device, "begin_capture");
+  Stream& s = impl_->streams[stream];
+  if (s.capture_device >= 0) throw invalid_argument("sim: begin_capture: the stream is already capturing");
+  s.capture_device = device;
+  s.invalidated = false;
+}
+
+bool SimBackend::end_capture(stream_t stream) {
+  std::lock_guard lock(impl_->mutex);
+  Stream& s = impl_->streams[stream];
+  if (s.capture_device < 0) throw invalid_argument("sim: end_capture: the stream is not capturing");
+  s.capture_device = -1;
+  return !s.invalidated;
+}
+
+bool SimBackend::is_capturing(stream_t stream) const {
+  std::lock_guard lock(impl_->mutex);
+  auto it = impl_->streams.find(stream);
+  return it != impl_->streams.end() && it->second.capture_device >= 0;
+}
+
+std::uint64_t SimBackend::capture_invalidations() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->invalidations;
 }
 
 std::uint64_t SimBackend::forced_completions() const {

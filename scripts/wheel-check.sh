@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# scripts/wheel-check.sh — builds the Python wheel the way a user's `pip install` does, without the
+# CUDA toolkit (STITCH_WITH_CUDA=OFF), installs it into a fresh venv and checks it:
+#   * the distribution is stitch-allocator (PyPI's "stitch" is another project), import name stitch;
+#   * its one libstitch.so links no CUDA library and no libpython, and exports the C API and the
+#     PyTorch hooks (graph pools included);
+#   * it loads and serves backend:sim, and stitch.torch.enable() refuses backend:sim.
+# Needs network access to PyPI (scikit-build-core, and cmake when the system one is older).
+# Usage: scripts/wheel-check.sh [source dir: . (default) or python]
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+src="${1:-.}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+python3 -m venv "$work/venv"
+py="$work/venv/bin/python"
+"$py" -m pip install -q --upgrade pip
+(cd "$root" && "$py" -m pip wheel -q --no-deps -w "$work/dist" -C cmake.define.STITCH_WITH_CUDA=OFF "$src")
+wheel="$(ls "$work"/dist/*.whl)"
+echo "wheel: $(basename "$wheel")"
+case "$(basename "$wheel")" in
+  stitch_allocator-*) ;;
+  *) echo "FAIL: the wheel is not the stitch-allocator distribution"; exit 1 ;;
+esac
+"$py" -m pip install -q "$wheel"
+lib="$("$py" -c 'import stitch; print(stitch.library_path())')"
+case "$lib" in
+  "$work"/venv/*) ;;
+  *) echo "FAIL: stitch loads $lib, not the installed library"; exit 1 ;;
+esac
+needed="$(readelf -d "$lib" | awk '/NEEDED/ {print $5}' | tr -d '[]' | tr '\n' ' ')"
+echo "libstitch.so needs: $needed"
+if echo "$needed" | grep -Eqi 'cuda|nvrtc|python'; then
+  echo "FAIL: libstitch.so links a CUDA library or libpython"; exit 1
+fi
+symbols="$(nm -D --defined-only "$lib")"
+for fn in stitch_malloc stitch_free stitch_last_error stitch_clear_error stitch_config \
+          stitch_device_count stitch_torch_malloc stitch_torch_begin_allocate_to_pool \
+          stitch_torch_end_allocate_to_pool stitch_torch_release_pool; do
+  echo "$symbols" | grep -q " T $fn\$" || { echo "FAIL: libstitch.so does not export $fn"; exit 1; }
+done
+(cd "$work" && STITCH_ALLOC_CONF=backend:sim,sim_capacity_mb:64 "$py" - <<'PY'
+import importlib.metadata as md
+import stitch
+assert md.distribution("stitch-allocator").version == stitch.__version__
+p = stitch.malloc(1 << 20)
+stitch.free(p, 1 << 20)
+assert stitch.memory_stats()["allocation.all.allocated"] == 1
+assert "from large pool" not in stitch.memory_summary(abbreviated=True)
+import stitch.torch
+print("stitch", stitch.__version__, "from", stitch.library_path(), "serves backend:sim")
+PY
+)
+echo "wheel-check: ok"

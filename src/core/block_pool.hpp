@@ -1,0 +1,21 @@
+// core/block_pool.hpp — BlockPool: the free blocks of one size class (small <= 1 MiB, or large)
+// of one owner, the device's default pool or a private (graph) pool, best fit by FreeIndex.
+#pragma once
+
+#include <cstdint>
+
+#include "core/block.hpp"
+#include "core/free_index.hpp"
+#include "core/object_pool.hpp"
+
+namespace stitch::detail {
+
+struct BlockPool {
+  BlockPool(PoolAllocator<Block*>::Storage* nodes, bool is_small) : index(nodes), small(is_small) {}
+  FreeIndex index;
+  UnmappedSet unmapped;  ///< expandable segments' unmapped ranges
+  bool small;
+  std::uint64_t calls = 0;  ///< get_free_block calls: the GC clock
+};
+
+}  // namespace stitch::detail

@@ -1,0 +1,174 @@
+// Private pools for CUDA graphs and MemPools (core/private_pool.hpp) on the simulated device in
+// capture mode, which enforces CUDA's capture rules: an event query or a synchronization on a
+// capturing stream, or memory returned while one captures, invalidates the capture.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "stitch/allocator.hpp"
+#include "stitch/config.hpp"
+#include "stitch/errors.hpp"
+#include "stitch/sim_backend.hpp"
+
+namespace stitch {
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+stream_t S(int n) { return reinterpret_cast<stream_t>(static_cast<std::uintptr_t>(n) * 0x10); }
+
+struct GraphPools : ::testing::TestWithParam<const char*> {
+  std::shared_ptr<SimBackend> sim;
+  std::unique_ptr<Allocator> alloc;
+  const PoolId pool{1, 0};
+  void SetUp() override {
+    SimBackend::Options o;
+    o.capacity = 256 * MiB;
+    sim = std::make_shared<SimBackend>(o);
+    alloc = std::make_unique<Allocator>(Config::parse(GetParam()), sim);
+  }
+  std::int64_t reserved() const { return alloc->stats(0).reserved_bytes[kAll].current; }
+  /// A capture of stream 1, routed to `id`, as PyTorch's CUDAGraph::capture_begin does it.
+  void begin(PoolId id, stream_t captured = S(1)) {
+    sim->begin_capture(0, captured);
+    alloc->begin_allocate_to_pool(0, id, [captured](stream_t s) { return s == captured; });
+  }
+  bool end(PoolId id, stream_t captured = S(1)) {
+    alloc->end_allocate_to_pool(0, id);
+    return sim->end_capture(captured);
+  }
+};
+
+TEST_P(GraphPools, CapturedAllocationsComeFromThePoolsOwnSegments) {
+  // A free cached block of the default pool that would fit is not used during the capture.
+  void* cached = alloc->allocate(4 * MiB, S(1));
+  alloc->deallocate(cached, S(1));
+  const std::int64_t before = reserved();
+  begin(pool);
+  void* a = alloc->allocate(4 * MiB, S(1));
+  void* other = alloc->allocate(4 * MiB, S(2));  // not the captured stream: the default pool
+  EXPECT_NE(a, cached);
+  EXPECT_GT(reserved(), before);
+  std::memset(a, 0x5A, 4 * MiB);
+  // Freed during the capture, reused by the capture's next allocation of the same stream.
+  alloc->deallocate(a, S(1));
+  void* again = alloc->allocate(4 * MiB, S(1));
+  EXPECT_EQ(again, a);
+  alloc->validate();
+  EXPECT_TRUE(end(pool));
+  alloc->deallocate(again, S(1));
+  // After the capture the pool's free block is not handed out on its stream.
+  void* after = alloc->allocate(4 * MiB, S(1));
+  EXPECT_NE(after, a);
+  EXPECT_EQ(after, cached);
+  alloc->deallocate(after, S(1));
+  alloc->deallocate(other, S(2));
+  EXPECT_EQ(sim->capture_invalidations(), 0u);
+  alloc->validate();
+}
+
+TEST_P(GraphPools, NothingIsQueriedSynchronizedOrReturnedDuringACapture) {
+  // A cross-stream block freed before the capture leaves an event outstanding.
+  sim->hold_stream(S(3));
+  void* crossed = alloc->allocate(2 * MiB, S(1));
+  alloc->record_stream(crossed, S(3));
+  alloc->deallocate(crossed, S(1));
+  begin(pool);
+  // Allocations during the capture do not poll that event; the OOM ladder neither waits nor
+  // returns memory; empty_cache does nothing.
+  void* a = alloc->allocate(8 * MiB, S(1));
+  EXPECT_THROW((void)alloc->allocate(1024 * MiB, S(1)), out_of_memory);
+  alloc->empty_cache();
+  // A block of the capture used on another stream is pending, its event deferred.
+  alloc->record_stream(a, S(3));
+  const std::uint64_t records = sim->call_count(SimCall::record_event);
+  alloc->deallocate(a, S(1));
+  EXPECT_EQ(sim->call_count(SimCall::record_event), records);
+  alloc->validate();
+  EXPECT_TRUE(end(pool));
+  EXPECT_EQ(sim->capture_invalidations(), 0u);
+  // Once the route has ended, the deferred event is recorded.
+  EXPECT_EQ(sim->call_count(SimCall::record_event), records + 1);
+  sim->release_stream(S(3));
+  alloc->validate();
+}
+
+TEST_P(GraphPools, ReleasePoolReturnsTheMemoryOnceItsBlocksAreFree) {
+  const std::int64_t before = reserved();
+  begin(pool);
+  void* out = alloc->allocate(6 * MiB, S(1));  // a graph output that outlives the capture
+  void* tmp = alloc->allocate(3 * MiB, S(1));
+  alloc->deallocate(tmp, S(1));
+  ASSERT_TRUE(end(pool));
+  alloc->release_pool(0, pool);  // the graph is destroyed; its output is still alive
+  alloc->empty_cache();
+  EXPECT_GT(reserved(), before);
+  alloc->deallocate(out, S(1));
+  alloc->empty_cache();
+  EXPECT_EQ(reserved(), before);
+  EXPECT_THROW(alloc->release_pool(0, pool), invalid_argument);  // gone
+  alloc->validate();
+}
+
+TEST_P(GraphPools, ASharedPoolLivesUntilItsLastUse) {
+  // Two graphs share one pool (torch.cuda.graph_pool_handle()).
+  begin(pool);
+  void* a = alloc->allocate(2 * MiB, S(1));
+  alloc->deallocate(a, S(1));
+  ASSERT_TRUE(end(pool));
+  begin(pool);
+  void* b = alloc->allocate(2 * MiB, S(1));
+  EXPECT_EQ(b, a);  // the second capture reuses the first one's free memory
+  alloc->deallocate(b, S(1));
+  ASSERT_TRUE(end(pool));
+  const std::int64_t held = reserved();
+  alloc->release_pool(0, pool);
+  alloc->empty_cache();
+  EXPECT_EQ(reserved(), held);  // one use is left
+  alloc->release_pool(0, pool);
+  EXPECT_LT(reserved(), held);
+  alloc->validate();
+}
+
+TEST_P(GraphPools, NestedRoutesAndBadCalls) {
+  const PoolId inner{2, 0};
+  begin(pool);
+  alloc->begin_allocate_to_pool(0, inner, [](stream_t s) { return s == S(4); });
+  void* a = alloc->allocate(1 * MiB, S(1));
+  void* b = alloc->allocate(1 * MiB, S(4));
+  alloc->end_allocate_to_pool(0, inner);
+  EXPECT_THROW(alloc->end_allocate_to_pool(0, inner), invalid_argument);
+  EXPECT_THROW(alloc->begin_allocate_to_pool(0, inner, StreamFilter{}), invalid_argument);
+  EXPECT_THROW(alloc->release_pool(0, PoolId{9, 9}), invalid_argument);
+  EXPECT_THROW(alloc->begin_allocate_to_pool(5, inner, [](stream_t) { return true; }), error);
+  EXPECT_TRUE(end(pool));
+  alloc->deallocate(a, S(1));
+  alloc->deallocate(b, S(4));
+  alloc->release_pool(0, pool);
+  alloc->release_pool(0, inner);
+  alloc->validate();
+}
+
+// Without the routes the core breaks the capture: the simulator's rules are real.
+TEST_P(GraphPools, TheSimulatorEnforcesTheCaptureRules) {
+  sim->hold_stream(S(1));
+  void* p = alloc->allocate(2 * MiB, S(1));
+  alloc->record_stream(p, S(2));
+  sim->begin_capture(0, S(2));  // a capture the allocator was not told about
+  alloc->deallocate(p, S(1));   // records an event on the capturing stream: a graph node
+  EXPECT_THROW(sim->synchronize_stream(0, S(2)), backend_error);
+  EXPECT_FALSE(sim->end_capture(S(2)));
+  EXPECT_EQ(sim->capture_invalidations(), 1u);
+  sim->release_stream(S(1));
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, GraphPools,
+                         ::testing::Values("", "expandable_segments:True",
+                                           "expandable_segments:True,stitching:True"));
+
+}  // namespace
+}  // namespace stitch
