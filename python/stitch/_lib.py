@@ -91,6 +91,9 @@ TORCH_HOOKS = (
     "stitch_torch_empty_cache",
     "stitch_torch_set_memory_fraction",
     "stitch_torch_record_stream",
+    "stitch_torch_begin_allocate_to_pool",
+    "stitch_torch_end_allocate_to_pool",
+    "stitch_torch_release_pool",
 )
 
 _lock = threading.Lock()

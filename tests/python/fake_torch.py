@@ -55,6 +55,15 @@ class _PluggableAllocatorHandle:
     def set_record_stream_fn(self, func_ptr):
         self._set("record_stream", func_ptr)
 
+    def set_begin_allocate_to_pool(self, func_ptr):
+        self._set("begin_allocate_to_pool", func_ptr)
+
+    def set_end_allocate_to_pool_fn(self, func_ptr):
+        self._set("end_allocate_to_pool", func_ptr)
+
+    def set_release_pool(self, func_ptr):
+        self._set("release_pool", func_ptr)
+
 
 class CUDAPluggableAllocator:
     def __init__(self, path_to_so_file, alloc_fn_name, free_fn_name):

@@ -26,12 +26,18 @@ DRIVER = r"""
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 using MallocFn = void*(std::size_t, int, void*);
 using FreeFn = void(void*, std::size_t, int, void*);
 using FractionFn = void(double, int);
 using RecordFn = void(void*, void*);
 using ResetFn = void();
+// c10::cuda::MempoolId_t, and cudaStream_t as PyTorch spells them.
+struct CUstream_st;
+using MempoolId = std::pair<unsigned long long, unsigned long long>;
+using BeginFn = void(int, MempoolId, std::function<bool(CUstream_st*)>);
+using EndFn = void(int, MempoolId);
 
 static std::string one_line(const char* s) {
   std::string out(s);
@@ -94,6 +100,36 @@ int main(int argc, char** argv) {
   }
   release(p, 4096, 0, nullptr);
   reset();
+
+  // CUDA graph pools, as CUDAPluggableAllocator::beginAllocateToPool etc. call them.
+  std::function<BeginFn> begin = sym<BeginFn>(h, "stitch_torch_begin_allocate_to_pool");
+  std::function<EndFn> end = sym<EndFn>(h, "stitch_torch_end_allocate_to_pool");
+  std::function<EndFn> release_pool = sym<EndFn>(h, "stitch_torch_release_pool");
+  auto* captured = reinterpret_cast<CUstream_st*>(0x70);
+  int asked = 0;
+  void* before = alloc(1 << 20, 0, captured);
+  release(before, 1 << 20, 0, captured);  // cached in the default pool
+  begin(0, MempoolId{7, 0}, [&](CUstream_st* s) { ++asked; return s == captured; });
+  void* in_pool = alloc(1 << 20, 0, captured);
+  void* outside = alloc(1 << 20, 0, reinterpret_cast<void*>(0x80));
+  std::printf("pool %s %s\n", in_pool != before ? "own-segment" : "default-block",
+              asked > 0 ? "filter-asked" : "filter-unused");
+  end(0, MempoolId{7, 0});
+  try {
+    end(0, MempoolId{7, 0});
+    std::printf("end-twice no-throw\n");
+  } catch (const std::runtime_error& e) {
+    std::printf("end-twice runtime_error: %s\n", e.what());
+  }
+  release(in_pool, 1 << 20, 0, captured);
+  release(outside, 1 << 20, 0, reinterpret_cast<void*>(0x80));
+  release_pool(0, MempoolId{7, 0});
+  try {
+    release_pool(0, MempoolId{7, 0});
+    std::printf("release-twice no-throw\n");
+  } catch (const std::runtime_error& e) {
+    std::printf("release-twice runtime_error: %s\n", e.what());
+  }
   std::printf("done\n");
   return 0;
 }
@@ -136,4 +172,7 @@ def test_hooks_throw_through_std_function_like_pytorch_calls_them(tmp_path):
     assert lines["device"] == "runtime_error: invalid device 9 (backend:sim has 1 device)"
     assert lines["fraction"].startswith("runtime_error: memory fraction must be in [0, 1]")
     assert lines["record"].startswith("runtime_error: record_stream of")
+    assert lines["pool"] == "own-segment filter-asked"
+    assert lines["end-twice"].startswith("runtime_error: end_allocate_to_pool: no allocation to pool (7, 0)")
+    assert lines["release-twice"].startswith("runtime_error: release_pool: device 0 has no pool (7, 0)")
     assert r.stdout.rstrip().endswith("done")

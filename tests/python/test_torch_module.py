@@ -66,6 +66,9 @@ def test_enable_installs_the_throwing_hooks(fake_torch):
         "reset": _lib.hook_address("stitch_torch_empty_cache"),
         "memory_fraction": _lib.hook_address("stitch_torch_set_memory_fraction"),
         "record_stream": _lib.hook_address("stitch_torch_record_stream"),
+        "begin_allocate_to_pool": _lib.hook_address("stitch_torch_begin_allocate_to_pool"),
+        "end_allocate_to_pool": _lib.hook_address("stitch_torch_end_allocate_to_pool"),
+        "release_pool": _lib.hook_address("stitch_torch_release_pool"),
     }
 
 

@@ -129,6 +129,10 @@ def enable(conf: Optional[str] = None) -> Any:
             ("set_reset_fn", "stitch_torch_empty_cache"),
             ("set_memory_fraction_fn", "stitch_torch_set_memory_fraction"),
             ("set_record_stream_fn", "stitch_torch_record_stream"),
+            # CUDA graphs, torch.compile(mode="reduce-overhead") and MemPools: private pools.
+            ("set_begin_allocate_to_pool", "stitch_torch_begin_allocate_to_pool"),
+            ("set_end_allocate_to_pool_fn", "stitch_torch_end_allocate_to_pool"),
+            ("set_release_pool", "stitch_torch_release_pool"),
         ):
             fn = getattr(raw, setter, None)
             if fn is not None:  # older PyTorch lacks some setters
