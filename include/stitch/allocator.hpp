@@ -77,6 +77,9 @@ class STITCH_EXPORT Allocator {
   [[nodiscard]] std::optional<std::int64_t> stat(int device, std::string_view key) const;
   void reset_peak_stats(int device);
   void reset_accumulated_stats(int device);
+  /// `device`'s reserved-memory cap as a fraction of its capacity (set_memory_fraction, or the
+  /// per_process_memory_fraction key); 1 without a cap.
+  [[nodiscard]] double memory_fraction(int device) const;
 
   /// Private pools, as PyTorch's CUDA graphs and MemPools use them (stitch/graph_pool.hpp).
   /// Until end_allocate_to_pool(device, id), `device`'s allocations on the streams `filter`

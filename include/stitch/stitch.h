@@ -44,6 +44,13 @@ STITCH_API int stitch_set_memory_fraction(double fraction, int device);
 STITCH_API int64_t stitch_stat(int device, const char* key);
 /** Resets every peak statistic of `device` (-1: every device) to its current value. */
 STITCH_API int stitch_reset_peak_stats(int device);
+/** Resets the running sums (".allocated", ".freed") and the event counters (num_ooms,
+ *  num_alloc_retries, ...) of `device` (-1: every device), as
+ *  torch.cuda.reset_accumulated_memory_stats(). */
+STITCH_API int stitch_reset_accumulated_stats(int device);
+/** `device`'s reserved-memory cap as a fraction of its capacity (stitch_set_memory_fraction or
+ *  per_process_memory_fraction); 1.0 without a cap, -1.0 on error. */
+STITCH_API double stitch_memory_fraction(int device);
 /** Turns the allocation history on (enabled != 0) or off on every device, keeping up to
  *  `max_entries` events per device (0: keep the current limit). Off discards the history.
  *  0 on success. */

@@ -46,6 +46,8 @@ __all__ = [
     "empty_cache",
     "set_memory_fraction",
     "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats",
+    "get_memory_fraction",
     "library_path",
 ]
 
@@ -291,6 +293,21 @@ def set_memory_fraction(fraction: float, device: Device = None) -> None:
     """Caps what ``device`` may reserve at ``fraction`` of its capacity (1.0 removes the cap)."""
     rc = _lib.lib().stitch_set_memory_fraction(float(fraction), _device_index(device))
     _lib.check(rc != 0, "set_memory_fraction")
+
+
+def get_memory_fraction(device: Device = None) -> float:
+    """``device``'s reserved-memory cap as a fraction of its capacity (1.0: no cap), as
+    ``torch.cuda.get_per_process_memory_fraction()``."""
+    value = _lib.require("stitch_memory_fraction")(_device_index(device))
+    _lib.check(value < 0, "memory_fraction")
+    return float(value)
+
+
+def reset_accumulated_memory_stats(device: Device = None) -> None:
+    """Resets the running sums (``*.allocated``, ``*.freed``) and the event counters
+    (``num_ooms``, ``num_alloc_retries``, ...) of ``device`` (-1: every device)."""
+    rc = _lib.require("stitch_reset_accumulated_stats")(_device_index(device))
+    _lib.check(rc != 0, "reset_accumulated_memory_stats")
 
 
 def reset_peak_memory_stats(device: Device = None) -> None:

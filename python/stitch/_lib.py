@@ -81,6 +81,8 @@ _OPTIONAL = {
     "stitch_dump_snapshot": (ctypes.c_int, [ctypes.c_char_p]),
     "stitch_memory_summary": (ctypes.c_size_t, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
     "stitch_config": (ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t]),
+    "stitch_reset_accumulated_stats": (ctypes.c_int, [ctypes.c_int]),
+    "stitch_memory_fraction": (ctypes.c_double, [ctypes.c_int]),
     "stitch_device_count": (ctypes.c_int, []),
 }
 # PyTorch hooks (include/stitch/torch_hooks.h). They THROW C++ exceptions, so they are never

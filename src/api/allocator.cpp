@@ -170,6 +170,10 @@ std::optional<std::int64_t> Allocator::stat(int device, std::string_view key) co
 
 void Allocator::reset_peak_stats(int device) { checked_device(device).reset_peak_stats(); }
 
+double Allocator::memory_fraction(int device) const {
+  return checked_device(device).memory_fraction();
+}
+
 void Allocator::begin_allocate_to_pool(int device, PoolId id, StreamFilter filter) {
   checked_device(device).begin_allocate_to_pool(id, std::move(filter));
 }

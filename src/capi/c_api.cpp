@@ -226,6 +226,22 @@ int stitch_reset_peak_stats(int device) {
   }, 1);
 }
 
+int stitch_reset_accumulated_stats(int device) {
+  return guarded([&] {
+    stitch::Allocator& a = allocator();
+    if (device == -1) {
+      for (int d = 0; d < a.device_count(); ++d) a.reset_accumulated_stats(d);
+    } else {
+      a.reset_accumulated_stats(device);
+    }
+    return 0;
+  }, 1);
+}
+
+double stitch_memory_fraction(int device) {
+  return guarded([&] { return allocator().memory_fraction(device); }, -1.0);
+}
+
 int stitch_record_history(int enabled, size_t max_entries) {
   return guarded([&] {
     if (stitch::Allocator* a = g_allocator.load(std::memory_order_acquire)) {

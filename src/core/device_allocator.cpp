@@ -83,6 +83,16 @@ void DeviceAllocator::set_memory_fraction(double fraction) {
   ledger_.set_cap(allowed);
 }
 
+double DeviceAllocator::memory_fraction() const {
+  std::optional<std::size_t> cap;
+  {
+    std::lock_guard lock(mutex_);
+    cap = ledger_.cap();
+  }
+  if (!cap) return 1.0;
+  return static_cast<double>(*cap) / static_cast<double>(backend_.total_memory(device_));
+}
+
 // ---- allocation ---------------------------------------------------------------------------------
 
 DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t stream) {

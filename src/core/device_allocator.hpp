@@ -82,6 +82,8 @@ class DeviceAllocator {
   void empty_cache();
   /// Caps reserved memory at `fraction` of the device's capacity (>= 1: no cap).
   void set_memory_fraction(double fraction);
+  /// The cap as a fraction of the device's capacity; 1 without a cap.
+  [[nodiscard]] double memory_fraction() const;
   /// Applies new tunables (the backend keys are ignored here). The memory fraction is applied
   /// when `apply_fraction` (the key was given) or when it differs from the current setting, so
   /// a fraction set with set_memory_fraction() survives a configure() of other keys.

@@ -10,7 +10,9 @@ Loaded in-process as module "torch" (tests put it in sys.modules) or written out
 torch/__init__.py for subprocess tests.
 """
 
+import collections
 import ctypes
+import pickle
 import types
 
 __version__ = "0.0+fake"
@@ -102,14 +104,125 @@ def current_device():
     return 0
 
 
+# torch._C's allocator entry points, as a CUDAPluggableAllocator leaves them: each raises.
+def _unsupported(what):
+    def entry(*args, **kwargs):
+        raise RuntimeError(f"CUDAPluggableAllocator does not yet support {what}. If you need it, "
+                           "please file an issue describing your use case.")
+    return entry
+
+
+_C = types.SimpleNamespace(
+    _cuda_memoryStats=_unsupported("getDeviceStats"),
+    _cuda_resetPeakMemoryStats=_unsupported("resetPeakStats"),
+    _cuda_resetAccumulatedMemoryStats=_unsupported("resetAccumulatedStats"),
+    _cuda_getMemoryFraction=_unsupported("getMemoryFraction"),
+    _cuda_memorySnapshot=_unsupported("snapshot"),
+    _cuda_record_memory_history=_unsupported("recordHistory"),
+    _cuda_record_memory_history_legacy=_unsupported("recordHistory"),
+)
+
+
+# torch/cuda/memory.py's wrappers: each looks its torch._C entry point up at call time.
+def _index(device):
+    return current_device() if device is None else int(device)
+
+
+def memory_stats_as_nested_dict(device=None):
+    return _C._cuda_memoryStats(_index(device))
+
+
+def memory_stats(device=None):
+    result = []
+
+    def _recurse_add_to_result(prefix, obj):
+        if isinstance(obj, dict):
+            if len(prefix) > 0:
+                prefix += "."
+            for k, v in obj.items():
+                _recurse_add_to_result(prefix + k, v)
+        else:
+            result.append((prefix, obj))
+
+    _recurse_add_to_result("", memory_stats_as_nested_dict(device=device))
+    result.sort()
+    return collections.OrderedDict(result)
+
+
+def memory_allocated(device=None):
+    return memory_stats(device=device).get("allocated_bytes.all.current", 0)
+
+
+def max_memory_allocated(device=None):
+    return memory_stats(device=device).get("allocated_bytes.all.peak", 0)
+
+
+def memory_reserved(device=None):
+    return memory_stats(device=device).get("reserved_bytes.all.current", 0)
+
+
+def max_memory_reserved(device=None):
+    return memory_stats(device=device).get("reserved_bytes.all.peak", 0)
+
+
+def reset_peak_memory_stats(device=None):
+    return _C._cuda_resetPeakMemoryStats(_index(device))
+
+
+def reset_accumulated_memory_stats(device=None):
+    return _C._cuda_resetAccumulatedMemoryStats(_index(device))
+
+
+def get_per_process_memory_fraction(device=None):
+    return _C._cuda_getMemoryFraction(_index(device))
+
+
+def _record_memory_history(enabled="all", context="all", stacks="all", max_entries=9223372036854775807,
+                           device=None, clear_history=False):
+    if isinstance(enabled, bool):
+        return _C._cuda_record_memory_history_legacy(enabled, True, max_entries, False,
+                                                      stacks in ("all", "cpp"), clear_history)
+    return _C._cuda_record_memory_history(enabled, context, stacks, max_entries, clear_history,
+                                          False, False)
+
+
+def _snapshot(device=None):
+    return _C._cuda_memorySnapshot(None)
+
+
+def _dump_snapshot(filename="dump_snapshot.pickle"):
+    s = _snapshot()
+    with open(filename, "wb") as f:
+        pickle.dump(s, f)
+
+
 memory = types.SimpleNamespace(
     CUDAPluggableAllocator=CUDAPluggableAllocator,
     change_current_allocator=change_current_allocator,
+    memory_stats=memory_stats,
+    memory_stats_as_nested_dict=memory_stats_as_nested_dict,
+    memory_allocated=memory_allocated,
+    max_memory_allocated=max_memory_allocated,
+    memory_reserved=memory_reserved,
+    max_memory_reserved=max_memory_reserved,
+    reset_peak_memory_stats=reset_peak_memory_stats,
+    reset_accumulated_memory_stats=reset_accumulated_memory_stats,
+    get_per_process_memory_fraction=get_per_process_memory_fraction,
+    _record_memory_history=_record_memory_history,
+    _snapshot=_snapshot,
+    _dump_snapshot=_dump_snapshot,
 )
 cuda = types.SimpleNamespace(
     is_initialized=is_initialized,
     current_device=current_device,
     memory=memory,
+    memory_stats=memory_stats,
+    memory_allocated=memory_allocated,
+    max_memory_allocated=max_memory_allocated,
+    memory_reserved=memory_reserved,
+    max_memory_reserved=max_memory_reserved,
+    reset_peak_memory_stats=reset_peak_memory_stats,
+    get_per_process_memory_fraction=get_per_process_memory_fraction,
     MemPool=MemPool,
     OutOfMemoryError=OutOfMemoryError,
 )

@@ -6,6 +6,7 @@ test runs real PyTorch on a GPU and skips without them.
 """
 
 import importlib.util
+import pickle
 import sys
 import textwrap
 from pathlib import Path
@@ -334,6 +335,31 @@ REAL = textwrap.dedent(
     except (RuntimeError, MemoryError) as e:
         print("RAISED", type(e).__name__, str(e).splitlines()[0][:40])
     print("OOMS", stitch.memory_stats()["num_ooms"])
+    # PyTorch's memory API answers from stitch.
+    assert torch.cuda.memory_allocated() == stitch.memory_allocated()
+    assert torch.cuda.memory_stats()["num_ooms"] == 2
+    torch.cuda.memory._record_memory_history(max_entries=1000)
+    w = torch.randn(256, 256, device="cuda")
+    assert "segments" in torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(None)
+    # A CUDA graph, captured and replayed through stitch's private pools.
+    static_x = torch.randn(256, 256, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            static_y = static_x @ w
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_y = static_x @ w + 1
+    static_x.copy_(torch.ones_like(static_x))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.allclose(static_y, torch.ones_like(static_x) @ w + 1)
+    del g, static_y
+    torch.cuda.empty_cache()
+    print("GRAPH ok")
     """
 )
 
@@ -355,3 +381,59 @@ def test_real_pytorch_on_a_gpu(tmp_path):
     assert "TRANSLATED" in r.stdout
     assert "RAISED RuntimeError CUDA out of memory" in r.stdout or "RAISED MemoryError" in r.stdout
     assert "OOMS 2" in r.stdout
+    assert "GRAPH ok" in r.stdout
+
+
+# ---- PyTorch's memory API, served while enabled --------------------------------------------------
+
+
+def test_pytorchs_memory_api_raises_before_enable_and_answers_after(fake_torch, no_leaks, tmp_path):
+    memory_stats = fake_torch.cuda.memory_stats  # imported by name before enable()
+    with pytest.raises(RuntimeError, match="does not yet support"):
+        memory_stats(0)
+    st.enable()
+    ptr = stitch.malloc(3 << 20, device=1)
+    try:
+        for device in (0, 1):
+            stats = memory_stats(device)
+            assert tuple(stats) == stitch.TORCH_MEMORY_STATS_KEYS  # PyTorch's keys, its order
+            assert all(type(v) is int for v in stats.values())
+            assert stats == {k: stitch.stat(k, device) for k in stitch.TORCH_MEMORY_STATS_KEYS}
+        nested = fake_torch.cuda.memory.memory_stats_as_nested_dict(1)
+        assert nested["allocated_bytes"]["all"]["current"] == stitch.memory_allocated(1)
+        assert nested["oversize_allocations"]["current"] == 0 and "num_ooms" in nested
+        assert fake_torch.cuda.memory_allocated(1) >= 3 << 20
+        assert fake_torch.cuda.memory_reserved(1) >= fake_torch.cuda.memory_allocated(1)
+        assert fake_torch.cuda.max_memory_allocated(1) >= 3 << 20
+    finally:
+        stitch.free(ptr, 3 << 20, device=1)
+    fake_torch.cuda.reset_peak_memory_stats(1)
+    assert fake_torch.cuda.max_memory_allocated(1) == fake_torch.cuda.memory_allocated(1)
+    fake_torch.cuda.memory.reset_accumulated_memory_stats(1)
+    assert memory_stats(1)["allocation.all.allocated"] == 0
+    assert fake_torch.cuda.get_per_process_memory_fraction(0) == 1.0
+    stitch.set_memory_fraction(0.5, 0)
+    try:
+        assert fake_torch.cuda.get_per_process_memory_fraction(0) == pytest.approx(0.5)
+    finally:
+        stitch.set_memory_fraction(1.0, 0)
+
+
+@pytest.mark.parametrize("enabled", ["all", True])
+def test_pytorchs_snapshot_api_answers_from_stitch(fake_torch, no_leaks, tmp_path, enabled):
+    st.enable()
+    memory = fake_torch.cuda.memory
+    memory._record_memory_history(enabled, max_entries=1000)
+    try:
+        ptr = stitch.malloc(1 << 20)
+        stitch.free(ptr, 1 << 20)
+        snap = memory._snapshot()
+        memory._dump_snapshot(str(tmp_path / "s.pickle"))
+    finally:
+        memory._record_memory_history(None if enabled == "all" else False)
+    assert {"segments", "device_traces", "allocator_settings"} <= set(snap)
+    assert len(snap["device_traces"]) == 2  # every device, as PyTorch's
+    assert "alloc" in [e["action"] for e in snap["device_traces"][0]]
+    with open(tmp_path / "s.pickle", "rb") as f:
+        assert set(pickle.load(f)) == set(snap)
+    assert all(not t for t in memory._snapshot()["device_traces"])  # stopped: history discarded

@@ -10,9 +10,11 @@ Two routes:
   made inside ``with torch.cuda.use_mem_pool(pool):`` (on that thread) use it, everything else
   keeps PyTorch's allocator. Works after CUDA is initialized.
 
-Under :func:`enable`, ``torch.cuda.memory_stats()``/``memory_summary()``/``_snapshot()`` raise
-(PyTorch's pluggable allocator does not implement them): use ``stitch.memory_stats()``,
-``stitch.memory_summary()``, ``stitch.dump_snapshot()`` instead. See docs/python.md.
+Under :func:`enable`, PyTorch's memory API answers from stitch: ``torch.cuda.memory_stats()``,
+``memory_allocated()``, ``memory_summary()``, ``reset_peak_memory_stats()``,
+``get_per_process_memory_fraction()``, ``torch.cuda.memory._record_memory_history()``,
+``_snapshot()`` and ``_dump_snapshot()`` (stitch serves the ``torch._C`` entry points they call;
+see _memory_api.py and docs/python.md).
 
 This module imports torch only when a function is called.
 """
@@ -28,6 +30,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 from .. import _lib
 from .._lib import StitchError
+from . import _memory_api
 
 __all__ = [
     "enable",
@@ -146,6 +149,8 @@ def enable(conf: Optional[str] = None) -> Any:
                 "`python -m stitch.torch script.py`."
             ) from e
         _allocator = alloc
+        # PyTorch's memory API (memory_stats, _snapshot, ...) answers from stitch from now on.
+        _memory_api.install(torch)
         return alloc
 
 
