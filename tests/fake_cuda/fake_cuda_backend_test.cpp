@@ -329,6 +329,63 @@ void workload(Allocator& a, void* stream, int& backend_errors) {
   step([&] { a.empty_cache(); });
 }
 
+// A CUDA graph captured in global mode, as PyTorch's CUDAGraph does it, with the allocator told
+// through the private-pool route: its memory comes in relaxed mode, nothing is queried, waited
+// for or freed during the capture, and the capture stays valid. The fake invalidates a capture
+// on any of those (rule 12). In every mode, with a cross-stream free during the capture.
+TEST_F(FakeCuda, AGraphCaptureThroughAPrivatePoolStaysValid) {
+  const TestDriver& t = test::test_driver();
+  ASSERT_NE(t.stream_begin_capture, nullptr);
+  for (const char* conf : kConfigs) {
+    SCOPED_TRACE(std::string("backend:cuda") + conf);
+    {
+      auto a = make(conf);
+      void* capturing = f_->make_stream(0);
+      void* side = f_->make_stream(0);
+      ASSERT_NE(capturing, nullptr);
+      CUcontext previous = current();
+      t.ctx_set_current(f_->context(0));
+      // An event outstanding from before the capture (a block used on a held stream).
+      f_->hold_stream(static_cast<CUstream_st*>(side));
+      void* before = a->allocate(2 * MiB, capturing);
+      a->record_stream(before, side);
+      a->deallocate(before, capturing);
+      const unsigned long long queries = f_->calls("cuEventQuery");
+      ASSERT_EQ(t.stream_begin_capture(static_cast<CUstream>(capturing), CU_STREAM_CAPTURE_MODE_GLOBAL),
+                CUDA_SUCCESS);
+      const PoolId pool{1, 1};
+      a->begin_allocate_to_pool(0, pool, [capturing](stream_t s) { return s == capturing; });
+      std::vector<void*> blocks;
+      for (std::size_t n : {1 * MiB, 5 * MiB, 30 * MiB, 700 * std::size_t{1} << 10})
+        blocks.push_back(a->allocate(n, capturing));  // new segments of the pool: cuMemAlloc
+      a->record_stream(blocks[1], side);
+      a->deallocate(blocks[1], capturing);  // cross-stream: its event waits for the route's end
+      a->deallocate(blocks[0], capturing);
+      blocks[0] = a->allocate(1 * MiB, capturing);  // reused within the capture
+      a->empty_cache();                             // frees nothing during the capture
+      EXPECT_THROW((void)a->allocate(std::size_t{64} << 30, capturing), out_of_memory);
+      a->end_allocate_to_pool(0, pool);
+      CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+      ASSERT_EQ(t.stream_is_capturing(static_cast<CUstream>(capturing), &status), CUDA_SUCCESS);
+      EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_ACTIVE) << "the allocator invalidated the capture";
+      EXPECT_EQ(f_->calls("cuEventQuery"), queries) << "an event was queried during the capture";
+      void* graph = nullptr;
+      EXPECT_EQ(t.stream_end_capture(static_cast<CUstream>(capturing), &graph), CUDA_SUCCESS);
+      t.ctx_set_current(previous);
+      f_->release_stream(static_cast<CUstream_st*>(side));
+      a->validate();
+      for (void* p : {blocks[0], blocks[2], blocks[3]}) a->deallocate(p, capturing);
+      a->release_pool(0, pool);
+      a->empty_cache();
+      a->validate();
+      EXPECT_EQ(a->stats(0).reserved_bytes[kAll].current, 0);
+      f_->destroy_stream(0, capturing);
+      f_->destroy_stream(0, side);
+    }
+  }
+  expect_nothing_held();
+}
+
 TEST_F(FakeCuda, EveryEntryPointFailsCleanlyAtEveryPosition) {
   const char* const entry_points[] = {
       "cuMemAlloc",  "cuMemFree",   "cuMemGetInfo",   "cuMemAddressReserve", "cuMemAddressFree",

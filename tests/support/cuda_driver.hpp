@@ -42,6 +42,10 @@ struct TestDriver {
   CUresult (*stream_create)(CUstream*, unsigned) = nullptr;
   CUresult (*stream_destroy)(CUstream) = nullptr;
   CUresult (*memcpy)(CUdeviceptr, CUdeviceptr, std::size_t) = nullptr;  // real driver only
+  // graph capture (the CUgraph out-parameter as void*: a pointer either way)
+  CUresult (*stream_begin_capture)(CUstream, CUstreamCaptureMode) = nullptr;
+  CUresult (*stream_end_capture)(CUstream, void**) = nullptr;
+  CUresult (*stream_is_capturing)(CUstream, CUstreamCaptureStatus*) = nullptr;
 
   // The fake's controls (tests/fake_cuda/fake_cuda_control.h).
   int (*fail)(const char*, unsigned long long, int) = nullptr;
@@ -114,6 +118,9 @@ inline const TestDriver& test_driver() {
     resolve(lib, "cuStreamCreate", t.stream_create);
     resolve(lib, "cuStreamDestroy_v2", t.stream_destroy);
     resolve(lib, "cuMemcpy", t.memcpy);
+    resolve(lib, "cuStreamBeginCapture_v2", t.stream_begin_capture);
+    resolve(lib, "cuStreamEndCapture", t.stream_end_capture);
+    resolve(lib, "cuStreamIsCapturing", t.stream_is_capturing);
     resolve(lib, "stitch_fake_cuda_fail", t.fail);
     resolve(lib, "stitch_fake_cuda_clear_faults", t.clear_faults);
     resolve(lib, "stitch_fake_cuda_hold_stream", t.hold_stream);

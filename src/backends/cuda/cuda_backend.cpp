@@ -114,6 +114,28 @@ class ContextScope {
   bool restore_ = false;
 };
 
+// cuMemAlloc is a "potentially unsafe API call" (cuThreadExchangeStreamCaptureMode): while a stream
+// captures a graph in global mode, it fails and invalidates the capture unless the calling thread
+// is in relaxed mode. PyTorch allocates graph memory during capture this way; so does stitch,
+// for its private pools (core/private_pool.hpp). The thread's mode is restored afterwards.
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(const Driver& d) : d_(d) {
+    mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+    swapped_ = d_.thread_exchange_stream_capture_mode(&mode_) == CUDA_SUCCESS;
+  }
+  ~RelaxedCapture() {
+    if (swapped_) (void)d_.thread_exchange_stream_capture_mode(&mode_);
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  const Driver& d_;
+  CUstreamCaptureMode mode_;
+  bool swapped_ = false;
+};
+
 // ---- the back end -------------------------------------------------------------------------------
 
 class CudaBackend final : public Backend {
@@ -160,7 +182,11 @@ class CudaBackend final : public Backend {
     if (bytes == 0) throw backend_error(call_text(call) + on_device(device) + ": zero-byte request");
     ContextScope scope = enter(device, call);
     CUdeviceptr p = 0;
-    const CUresult r = d_.mem_alloc(&p, bytes);
+    CUresult r;
+    {
+      const RelaxedCapture relaxed(d_);
+      r = d_.mem_alloc(&p, bytes);
+    }
     if (r == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;
     if (r != CUDA_SUCCESS) fail(call, device, r);
     if (p % kAllocateAlignment != 0) {

@@ -58,6 +58,7 @@ STITCH_SAME_ABI(event_query, PFN_cuEventQuery_v2000);
 STITCH_SAME_ABI(event_synchronize, PFN_cuEventSynchronize_v2000);
 STITCH_SAME_ABI(stream_synchronize, PFN_cuStreamSynchronize_v2000);
 STITCH_SAME_ABI(stream_is_capturing, PFN_cuStreamIsCapturing_v10000);
+STITCH_SAME_ABI(thread_exchange_stream_capture_mode, PFN_cuThreadExchangeStreamCaptureMode_v10010);
 #undef STITCH_SAME_ABI
 #endif
 
@@ -117,6 +118,7 @@ class Loader {
     get("cuEventSynchronize", 2000, d_.event_synchronize);
     get("cuStreamSynchronize", 2000, d_.stream_synchronize);
     get("cuStreamIsCapturing", 10000, d_.stream_is_capturing);
+    get("cuThreadExchangeStreamCaptureMode", 10010, d_.thread_exchange_stream_capture_mode);
     if (!missing_.empty()) {
       return "the CUDA driver " + d_.path + " lacks entry points the back end needs (" + missing_ +
              ")";

@@ -58,6 +58,7 @@ struct Driver {
   CUresult (*event_synchronize)(CUevent event) = nullptr;
   CUresult (*stream_synchronize)(CUstream stream) = nullptr;
   CUresult (*stream_is_capturing)(CUstream stream, CUstreamCaptureStatus* status) = nullptr;
+  CUresult (*thread_exchange_stream_capture_mode)(CUstreamCaptureMode* mode) = nullptr;
 
   std::string path;        ///< the file opened ("libcuda.so.1" or $STITCH_CUDA_DRIVER)
   int version = 0;         ///< cuDriverGetVersion (e.g. 13000)
