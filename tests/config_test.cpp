@@ -50,6 +50,7 @@ void expect_same_settings(const Config& a, const Config& b) {
   EXPECT_EQ(a.record_history, b.record_history);
   EXPECT_EQ(a.max_entries, b.max_entries);
   EXPECT_EQ(a.record_stacks, b.record_stacks);
+  EXPECT_EQ(a.record_python_stacks, b.record_python_stacks);
   EXPECT_EQ(a.oom_snapshot, b.oom_snapshot);
   EXPECT_EQ(a.oom_what_if, b.oom_what_if);
 }
@@ -89,6 +90,20 @@ TEST(ConfigParse, RemembersTheSourceString) {
   EXPECT_EQ(Config::parse("backend:sim,sim_devices:2").source, "backend:sim,sim_devices:2");
   EXPECT_EQ(Config::parse(" backend : sim , roundup_power2_divisions:[256:1, >:4]").source,
             "backend:sim,roundup_power2_divisions:[256:1,>:4]");
+}
+
+TEST(ConfigKeys, RecordStacksNamesTheKindsOfFrames) {
+  struct Case { const char* value; bool native, python; };
+  for (const Case& k : {Case{"True", true, false}, Case{"cpp", true, false},
+                        Case{"python", false, true}, Case{"all", true, true},
+                        Case{"False", false, false}}) {
+    const Config c = Config::parse(std::string("record_stacks:") + k.value);
+    EXPECT_EQ(c.record_stacks, k.native) << k.value;
+    EXPECT_EQ(c.record_python_stacks, k.python) << k.value;
+    const Config again = Config::parse(c.to_string());  // prints what parses back
+    EXPECT_EQ(again.record_stacks, k.native) << k.value;
+    EXPECT_EQ(again.record_python_stacks, k.python) << k.value;
+  }
 }
 
 TEST(ConfigParse, TheSourceIsEveryItemGivenSoFarWithoutTheRecordersSwitches) {
@@ -308,7 +323,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"per_process_memory_fraction:inf", "per_process_memory_fraction", "[0, 1]"},
         BadValue{"on_invalid_free:ignore", "on_invalid_free", "error or abort"},
         BadValue{"record_history:yes", "record_history", "True or False"},
-        BadValue{"record_stacks:1", "record_stacks", "True or False"},
+        BadValue{"record_stacks:1", "record_stacks", "True, False, cpp, python or all"},
         BadValue{"oom_what_if:on", "oom_what_if", "True or False"},
         BadValue{"max_entries:0", "max_entries", "1 to 2^32"},
         BadValue{"max_entries:many", "max_entries", "1 to 2^32"}));

@@ -70,7 +70,11 @@ struct STITCH_EXPORT Config {
   // ---- diagnostics (may change at run time) ----
   bool record_history = false;                      ///< record_history:True|False
   std::size_t max_entries = 100000;                 ///< max_entries: trace ring-buffer size
-  bool record_stacks = false;                       ///< record_stacks: native stack per entry
+  /// record_stacks: the stack stored with each history entry, as PyTorch's
+  /// _record_memory_history(stacks=...): native frames (True or cpp), Python frames (python,
+  /// taken when the allocating thread holds the GIL), both (all), or none (False).
+  bool record_stacks = false;                       ///< native frames
+  bool record_python_stacks = false;                ///< Python frames
   std::string oom_snapshot;                         ///< oom_snapshot:PATH — dump on OOM
   /// oom_what_if:True|False — on an out-of-memory failure, replay the device's workload on a
   /// fresh simulated device under other configurations (expandable segments, stitching) and

@@ -271,13 +271,24 @@ def dump_snapshot(path: Union[str, "_os.PathLike[str]"]) -> None:
     _lib.check(rc != 0, "dump_snapshot")
 
 
-def record_history(enabled: Union[bool, str, None] = True, max_entries: int = 0) -> None:
+def record_history(enabled: Union[bool, str, None] = True, max_entries: int = 0,
+                   stacks: Optional[str] = None) -> None:
     """Starts (or stops, with False/None) recording allocation events on every device, keeping
     up to ``max_entries`` per device (0: the current limit, 100000 by default). Stopping
-    discards the history. Like ``torch.cuda.memory._record_memory_history(enabled, max_entries=)``
-    (``enabled`` may be PyTorch's "all"/"state" strings, meaning on)."""
+    discards the history. Like ``torch.cuda.memory._record_memory_history(enabled, stacks=,
+    max_entries=)`` (``enabled`` may be PyTorch's "all"/"state" strings, meaning on).
+
+    ``stacks`` sets what each entry keeps (None: as configured): ``"python"`` the Python frames
+    of the allocating thread (file, function, line, as memory_viz shows them), ``"cpp"`` native
+    frames, ``"all"`` both, ``"none"`` nothing.
+    """
     if max_entries < 0:
         raise ValueError("stitch.record_history: max_entries must be >= 0")
+    if stacks is not None:
+        kinds = {"python": "python", "cpp": "cpp", "all": "all", "none": "False"}
+        if stacks not in kinds:
+            raise ValueError(f"stitch.record_history: stacks must be one of {sorted(kinds)}")
+        configure("record_stacks:" + kinds[stacks])
     fn = _lib.require("stitch_record_history")
     rc = fn(1 if enabled else 0, max_entries)
     _lib.check(rc != 0, "record_history")

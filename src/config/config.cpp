@@ -244,9 +244,25 @@ constexpr KeySpec kKeys[] = {
     {"max_entries", false, "an integer from 1 to 2^32",
      [](ConfigParser& p, Config& c, const KeySpec& k) { c.max_entries = uint_in(p, k, 1, std::uint64_t{1} << 32); },
      [](const Config& c) { return std::to_string(c.max_entries); }},
-    {"record_stacks", false, "True or False",
-     [](ConfigParser& p, Config& c, const KeySpec& k) { c.record_stacks = parse_bool(p, k); },
-     [](const Config& c) { return std::string(py_bool(c.record_stacks)); }},
+    {"record_stacks", false, "True, False, cpp, python or all",
+     [](ConfigParser& p, Config& c, const KeySpec& k) {
+       const std::string v = p.value(k);
+       if (v == "True" || v == "cpp") {
+         c.record_stacks = true, c.record_python_stacks = false;
+       } else if (v == "False") {
+         c.record_stacks = false, c.record_python_stacks = false;
+       } else if (v == "python") {
+         c.record_stacks = false, c.record_python_stacks = true;
+       } else if (v == "all") {
+         c.record_stacks = true, c.record_python_stacks = true;
+       } else {
+         bad_value(k.name, v, k.accepted);
+       }
+     },
+     [](const Config& c) {
+       if (c.record_python_stacks) return std::string(c.record_stacks ? "all" : "python");
+       return std::string(py_bool(c.record_stacks));
+     }},
     {"oom_snapshot", false, "a file path (no ',', ':' or spaces)",
      [](ConfigParser& p, Config& c, const KeySpec& k) { c.oom_snapshot = p.value(k); },
      [](const Config& c) { return c.oom_snapshot; }},

@@ -61,7 +61,9 @@ void DeviceAllocator::set_config(const Config& config, bool apply_fraction) {
     configured_ = true;
     config_ = config;
     recorder_.configure(config.record_history, config.max_entries, config.record_stacks,
+                        config.record_python_stacks,
                         /*device_empty=*/segments_ == nullptr);
+    python_frames_.store(recorder_.python_stacks(), std::memory_order_relaxed);
     note_fast_ok();
     settle_slots();  // a pair that began before the change has ended
     stats_.max_split_size =
@@ -101,6 +103,8 @@ DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t s
   if (mine != nullptr) {
     if (void* again = take_parked(*mine, size, stream)) return {again, nullptr};  // no lock
   }
+  // Python frames for the history are gathered before the lock (they take the GIL).
+  const detail::GatheredPythonFrames frames(python_frames_.load(std::memory_order_relaxed));
   detail::UnsettledGuard guard(mutex_);  // malloc and free alone may find the slots unsettled
   if (mine != nullptr) flush_pairs(*mine);  // its pairs came before this request
   if (size >= detail::kMaxRequest) {

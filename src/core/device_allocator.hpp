@@ -426,6 +426,7 @@ class DeviceAllocator {
   detail::ThreadSlots slots_;                  ///< immediate reuse, per thread
   std::atomic<bool> fast_ok_{true};            ///< see note_fast_ok
   std::atomic<bool> events_pending_{false};    ///< see note_events
+  std::atomic<bool> python_frames_{false};     ///< the history takes Python frames
   Segment* segments_ = nullptr;  ///< intrusive list of every segment
   DeviceStats stats_;      ///< every statistic except the fast path's (hot_)
   detail::Ledger ledger_{stats_};  ///< what is held from the device, and the memory-fraction cap

@@ -30,9 +30,11 @@ const char* to_string(TraceAction action) noexcept {
 
 namespace detail {
 
-void Recorder::configure(bool enabled, std::size_t max_entries, bool stacks, bool device_empty) {
+void Recorder::configure(bool enabled, std::size_t max_entries, bool stacks, bool python_stacks,
+                         bool device_empty) {
   const std::size_t capacity = enabled ? (max_entries == 0 ? 1 : max_entries) : 0;
   stacks_ = stacks;
+  python_stacks_ = python_stacks;
   if (capacity_ == 0 && capacity != 0) {  // a new history starts
     from_empty_ = device_empty;
     dropped_ = 0;
@@ -72,7 +74,12 @@ void Recorder::record(TraceAction action, const void* addr, std::size_t size, st
   r.time_us = std::chrono::duration_cast<std::chrono::microseconds>(
                   std::chrono::system_clock::now().time_since_epoch())
                   .count();
-  r.frames = stacks_ ? backtrace(r.stack, kMaxFrames) : 0;
+  // With both kinds, native frames take at most half: the Python ones say where in the program.
+  const int native_max = python_stacks_ ? kMaxFrames / 2 : kMaxFrames;
+  r.frames = stacks_ ? backtrace(r.stack, native_max) : 0;
+  if (python_stacks_)
+    r.frames += PythonFrames::copy(reinterpret_cast<std::uintptr_t*>(r.stack + r.frames),
+                                   kMaxFrames - r.frames);
   next_ = (next_ + 1) % capacity_;
   if (count_ < capacity_) {
     ++count_;
@@ -94,12 +101,17 @@ std::string symbolize(void* pc) {
 }
 }  // namespace
 
+std::string Recorder::describe(const Raw& r, int f) const {
+  const auto word = reinterpret_cast<std::uintptr_t>(r.stack[f]);
+  return PythonFrames::is_python(word) ? PythonFrames::describe(word) : symbolize(r.stack[f]);
+}
+
 std::vector<std::string> Recorder::alloc_frames(std::uintptr_t addr) const {
   std::vector<std::string> frames;
   for (std::size_t i = count_; i > 0; --i) {
     const Raw& r = ring_[(next_ + capacity_ - count_ + i - 1) % capacity_];
     if (r.action == TraceAction::alloc && r.addr == addr) {
-      for (int f = 0; f < r.frames; ++f) frames.push_back(symbolize(r.stack[f]));
+      for (int f = 0; f < r.frames; ++f) frames.push_back(describe(r, f));
       break;
     }
   }
@@ -118,7 +130,7 @@ std::vector<TraceEntry> Recorder::entries(bool with_frames) const {
     e.stream = r.stream;
     e.time_us = r.time_us;
     if (with_frames)
-      for (int f = 0; f < r.frames; ++f) e.frames.push_back(symbolize(r.stack[f]));
+      for (int f = 0; f < r.frames; ++f) e.frames.push_back(describe(r, f));
     out.push_back(std::move(e));
   }
   return out;

@@ -1,6 +1,7 @@
 // diagnostics/recorder.hpp — the allocation history: a bounded ring buffer of trace entries
 // (PyTorch's action names), off by default. When off, the allocator pays one predictable branch
-// per operation; when on, an entry costs a clock read and, with stacks, one backtrace() call.
+// per operation; when on, an entry costs a clock read and, with stacks, one backtrace() call
+// and/or a walk of the Python frames (docs/diagnostics.md has the measured costs).
 // Not thread-safe: each device's recorder lives under its device lock.
 #pragma once
 
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "diagnostics/python_frames.hpp"
 #include "stitch/backend.hpp"
 #include "stitch/snapshot.hpp"
 
@@ -19,10 +21,15 @@ class Recorder {
   static constexpr int kMaxFrames = 24;
 
   [[nodiscard]] bool enabled() const noexcept { return capacity_ != 0; }
+  /// Entries take Python frames: allocations gather them first (GatheredPythonFrames).
+  [[nodiscard]] bool python_stacks() const noexcept { return enabled() && python_stacks_; }
   /// Turns recording on with room for `max_entries` (0 turns it off and clears the history).
   /// `device_empty`: the device holds no memory now, so a history started here is complete
   /// (see complete()).
-  void configure(bool enabled, std::size_t max_entries, bool stacks, bool device_empty = false);
+  /// `stacks`: native frames per entry; `python_stacks`: the Python frames the allocating thread
+  /// gathered before the device lock (diagnostics/python_frames.hpp).
+  void configure(bool enabled, std::size_t max_entries, bool stacks, bool python_stacks = false,
+                 bool device_empty = false);
   /// Appends one entry, overwriting the oldest when full.
   void record(TraceAction action, const void* addr, std::size_t size, stream_t stream);
   /// The history, oldest first, with stacks symbolized (`with_frames`) or without stacks.
@@ -46,8 +53,11 @@ class Recorder {
     std::uintptr_t stream;
     std::int64_t time_us;
     int frames;
+    /// Native return addresses, then Python frames (PythonFrames words), innermost first.
     void* stack[kMaxFrames];
   };
+  /// `r`'s frame `f` as "function (file)" or "function (file:line)".
+  [[nodiscard]] std::string describe(const Raw& r, int f) const;
   std::vector<Raw> ring_;
   std::size_t capacity_ = 0;
   std::size_t next_ = 0;
@@ -55,6 +65,7 @@ class Recorder {
   std::uint64_t dropped_ = 0;
   bool from_empty_ = false;
   bool stacks_ = false;
+  bool python_stacks_ = false;
 };
 
 }  // namespace stitch::detail

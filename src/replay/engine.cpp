@@ -27,6 +27,7 @@ Replay::Replay(const DeviceWorkload& workload, const Setup& setup) : workload_(w
   Config config = setup.config;
   config.backend = BackendKind::sim;
   config.record_stacks = false;
+  config.record_python_stacks = false;
   config.oom_snapshot.clear();
   config.oom_what_if = false;
   device_ = std::make_unique<DeviceAllocator>(0, *sim_, config);

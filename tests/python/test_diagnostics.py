@@ -127,3 +127,38 @@ print(pickle.load(open({str(tmp_path / "s.pickle")!r}, "rb"))["allocator_setting
     assert proc.stdout.strip() == (
         "backend:sim,sim_capacity_mb:256,max_split_size_mb:128,garbage_collection_threshold:0.7"
     )
+
+
+def _allocate_here(n):
+    return stitch.malloc(n)  # the line the snapshot must name
+
+
+@pytest.mark.parametrize("stacks", ["python", "all"])
+def test_recorded_stacks_have_the_python_frames(tmp_path, no_leaks, stacks):
+    stitch.record_history(True, max_entries=100, stacks=stacks)
+    try:
+        ptr = _allocate_here(1 << 20)
+        stitch.free(ptr, 1 << 20)
+        stitch.dump_snapshot(tmp_path / "s.pickle")
+    finally:
+        stitch.record_history(False, stacks="none")
+    with open(tmp_path / "s.pickle", "rb") as f:
+        snap = pickle.load(f)
+    allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc" and e["addr"] == ptr]
+    assert allocs, "the allocation was not recorded"
+    frames = allocs[-1]["frames"]
+    here = [fr for fr in frames if fr["name"] == "_allocate_here"]
+    assert here, frames
+    assert here[0]["filename"] == __file__
+    assert here[0]["line"] == _allocate_here.__code__.co_firstlineno + 1
+    # Innermost first: the caller (this test) comes after.
+    names = [fr["name"] for fr in frames]
+    assert names.index("_allocate_here") < names.index(
+        "test_recorded_stacks_have_the_python_frames")
+    native = [fr for fr in frames if not fr["filename"].endswith(".py")]
+    assert bool(native) == (stacks == "all")
+
+
+def test_record_history_rejects_an_unknown_stack_kind():
+    with pytest.raises(ValueError, match="stacks must be one of"):
+        stitch.record_history(True, stacks="java")

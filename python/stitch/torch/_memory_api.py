@@ -72,9 +72,8 @@ def _record(enabled: bool, stacks: Optional[str], max_entries: Any, clear: bool)
         return
     if clear:
         stitch.record_history(False)
-    # Native stacks for "all" and "cpp"; stitch records no Python frames (docs/python.md).
-    stitch.configure("record_stacks:" + ("True" if stacks in ("all", "cpp") else "False"))
-    stitch.record_history(True, max_entries=int(max_entries or 0))
+    stitch.record_history(True, max_entries=int(max_entries or 0),
+                          stacks=stacks if stacks in ("python", "cpp", "all") else "none")
 
 
 def record_memory_history(enabled: Optional[str] = "all", context: Optional[str] = "all",
@@ -90,8 +89,8 @@ def record_memory_history_legacy(enabled: bool, record_context: bool = True,
                                  record_context_cpp: bool = False, clear_history: bool = False,
                                  *_rest: Any, **_kwargs: Any) -> None:
     """torch._C._cuda_record_memory_history_legacy (the bool form of _record_memory_history)."""
-    _record(bool(enabled), "cpp" if record_context_cpp else None, trace_alloc_max_entries,
-            bool(clear_history))
+    stacks = ("all" if record_context_cpp else "python") if record_context else None
+    _record(bool(enabled), stacks, trace_alloc_max_entries, bool(clear_history))
 
 
 #: torch._C entry point -> stitch's implementation.
