@@ -365,6 +365,27 @@ PY
   rc=$?
   { echo; echo "=== deliberate out of memory inside PyTorch (rc=$rc)"; cat "$WORK/oom.log"; } >>"$TRAIN_LOG"
   record oom-in-pytorch "$(status_of_rc $rc)" $((SECONDS - t0)) "$(head -1 "$WORK/oom.log") (see bench.log)"
+
+  # CUDA graphs (captured, replayed; torch.compile reduce-overhead) and PyTorch's memory API
+  # through stitch's private pools: the results must equal the native allocator's.
+  t0=$SECONDS
+  : >"$WORK/graphs.log"
+  graphs_rc=0
+  for mode in native stitch; do
+    STITCH_LIBRARY="$BUILD/libstitch.so" PYTHONPATH="$ROOT/python" timeout --kill-after=10 "$(limit 120 30)" \
+      "$PYTHON" "$ROOT/scripts/gpu_torch_graphs.py" "$mode" >>"$WORK/graphs.log" 2>&1 || graphs_rc=1
+  done
+  graph_results=$(grep '^RESULT ' "$WORK/graphs.log" | sed 's/^RESULT //' | "$PYTHON" -c '
+import json, sys
+rows = [json.loads(l) for l in sys.stdin]
+keys = ("graph_sums", "compiled_sum")
+same = len(rows) == 2 and all(rows[0][k] == rows[1][k] for k in keys)
+api = all(r["allocated_ok"] and r["snapshot_segments"] for r in rows)
+print(("same" if same else "DIFFERENT") + " results; memory API " + ("ok" if api else "WRONG") + ": " + json.dumps(rows))
+' 2>&1)
+  case "$graph_results" in "same results; memory API ok"*) ;; *) graphs_rc=1 ;; esac
+  { echo; echo "=== CUDA graphs and the memory API (rc=$graphs_rc)"; cat "$WORK/graphs.log"; } >>"$TRAIN_LOG"
+  record graphs-in-pytorch "$(status_of_rc $graphs_rc)" $((SECONDS - t0)) "$(echo "$graph_results" | head -c 300)"
 else
   record train-example skipped 0 "needs a GPU and python3 with CUDA torch"
 fi
