@@ -104,6 +104,11 @@ TEST_P(GraphPools, ReleasePoolReturnsTheMemoryOnceItsBlocksAreFree) {
   void* tmp = alloc->allocate(3 * MiB, S(1));
   alloc->deallocate(tmp, S(1));
   ASSERT_TRUE(end(pool));
+  // The snapshot names the pool of each segment, as PyTorch's segment_pool_id does.
+  int in_pool = 0;
+  for (const SegmentSnapshot& s : alloc->snapshot().segments)
+    if (s.pool_id == pool) ++in_pool;
+  EXPECT_EQ(in_pool, 1);  // one 20 MiB segment serves the 6 MiB and the 3 MiB request
   alloc->release_pool(0, pool);  // the graph is destroyed; its output is still alive
   alloc->empty_cache();
   EXPECT_GT(reserved(), before);

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "stitch/export.hpp"
@@ -33,6 +34,8 @@ struct SegmentSnapshot {
   std::uintptr_t stream = 0;
   std::string segment_type;  ///< "small" or "large"
   bool is_expandable = false;
+  /// The private pool (CUDA graph or MemPool) it belongs to; (0, 0) for the device's own pools.
+  std::pair<unsigned long long, unsigned long long> pool_id{0, 0};
   std::vector<BlockSnapshot> blocks;
 };
 

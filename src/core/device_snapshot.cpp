@@ -38,6 +38,7 @@ void DeviceAllocator::segments_locked(std::vector<SegmentSnapshot>& out, bool ol
         seg.stream = reinterpret_cast<std::uintptr_t>(s->stream);
         seg.segment_type = s->small ? "small" : "large";
         seg.is_expandable = s->expandable;
+        if (s->private_pool != nullptr) seg.pool_id = s->private_pool->id;
         out.push_back(std::move(seg));
         cur = &out.back();
       }

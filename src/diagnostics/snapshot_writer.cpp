@@ -228,7 +228,8 @@ void emit(Sink& w, const Snapshot& snap, const SnapshotMeta& meta) {
     w.key("segment_type");
     w.string(s.segment_type.empty() ? "large" : s.segment_type);
     w.key("segment_pool_id");
-    w.value(PyValue::tuple({PyValue::integer(0), PyValue::integer(0)}));
+    w.value(PyValue::tuple({PyValue::integer(static_cast<std::int64_t>(s.pool_id.first)),
+                            PyValue::integer(static_cast<std::int64_t>(s.pool_id.second))}));
     w.key("is_expandable");
     w.boolean(s.is_expandable);
     w.key("frames");
