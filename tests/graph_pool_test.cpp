@@ -89,10 +89,15 @@ TEST_P(GraphPools, NothingIsQueriedSynchronizedOrReturnedDuringACapture) {
   alloc->deallocate(a, S(1));
   EXPECT_EQ(sim->call_count(SimCall::record_event), records);
   alloc->validate();
-  EXPECT_TRUE(end(pool));
+  // PyTorch ends the route, then the capture: nothing may be recorded in between.
+  alloc->end_allocate_to_pool(0, pool);
+  EXPECT_EQ(sim->call_count(SimCall::record_event), records);
+  EXPECT_TRUE(sim->end_capture(S(1)));
   EXPECT_EQ(sim->capture_invalidations(), 0u);
-  // Once the route has ended, the deferred event is recorded.
+  // The first allocation after the routes records the deferred event.
+  void* next = alloc->allocate(512, S(2));
   EXPECT_EQ(sim->call_count(SimCall::record_event), records + 1);
+  alloc->deallocate(next, S(2));
   sim->release_stream(S(3));
   alloc->validate();
 }
@@ -158,6 +163,24 @@ TEST_P(GraphPools, NestedRoutesAndBadCalls) {
   alloc->validate();
 }
 
+TEST_P(GraphPools, OtherStreamsGrowWithoutMovingPagesDuringACapture) {
+  // Short of memory, with free pages scattered on stream 2: stitching would move them (unmapping
+  // them) for a large request, which a capture forbids.
+  std::vector<void*> live;
+  for (int i = 0; i < 24; ++i) live.push_back(alloc->allocate(10 * MiB, S(2)));
+  for (int i = 0; i < 24; i += 2) alloc->deallocate(live[i], S(2));
+  begin(pool);
+  try {
+    void* big = alloc->allocate(40 * MiB, S(2));  // not the captured stream: the default pool
+    alloc->deallocate(big, S(2));
+  } catch (const out_of_memory&) {  // fine: only moving pages could have served it
+  }
+  EXPECT_TRUE(end(pool));
+  EXPECT_EQ(sim->capture_invalidations(), 0u);
+  for (int i = 1; i < 24; i += 2) alloc->deallocate(live[i], S(2));
+  alloc->validate();
+}
+
 // Without the routes the core breaks the capture: the simulator's rules are real.
 TEST_P(GraphPools, TheSimulatorEnforcesTheCaptureRules) {
   sim->hold_stream(S(1));
@@ -173,7 +196,9 @@ TEST_P(GraphPools, TheSimulatorEnforcesTheCaptureRules) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, GraphPools,
                          ::testing::Values("", "expandable_segments:True",
-                                           "expandable_segments:True,stitching:True"));
+                                           "expandable_segments:True,stitching:True",
+                                           "expandable_segments:True,stitching:True,"
+                                           "stitch_reuse_pages:True"));
 
 }  // namespace
 }  // namespace stitch

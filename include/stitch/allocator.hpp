@@ -88,7 +88,7 @@ class STITCH_EXPORT Allocator {
   /// capturing a CUDA graph. Routes nest; the newest that accepts a stream takes it.
   void begin_allocate_to_pool(int device, PoolId id, StreamFilter filter);
   /// Ends the newest route to `id`; events of blocks freed meanwhile on other streams are
-  /// recorded once no route is left.
+  /// recorded at the first allocation (or empty_cache) once no route is left.
   void end_allocate_to_pool(int device, PoolId id);
   /// Drops one use of pool `id`. Once it has none, its memory goes back to the device whenever
   /// all of its blocks are free and no route is underway (at once, or at a later empty_cache or

@@ -112,9 +112,12 @@ DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t s
     capture_oom(size, size, size, false, stream);
     return {nullptr, failed_.release()};
   }
-  // No event is queried while a route to a private pool is underway: a stream may be capturing.
-  if (events_.outstanding() != 0 && routes_.empty()) {
+  // No event is recorded or queried while a route to a private pool is underway: a stream may
+  // be capturing. The events deferred meanwhile are recorded here, at the first allocation after
+  // the last route (PyTorch ends the route before the capture itself ends).
+  if ((events_.outstanding() != 0 || !deferred_.empty()) && routes_.empty()) {
     if (mine != nullptr) settle_slot(*mine);
+    record_deferred_events();
     events_.poll([this](Block* b) { complete_pending(b); });
     note_events();
   }

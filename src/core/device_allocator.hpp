@@ -105,8 +105,9 @@ class DeviceAllocator {
   /// Routes the allocations on the streams `filter` accepts to private pool `id` (created at the
   /// first call; each call is one use) until end_allocate_to_pool(id).
   void begin_allocate_to_pool(PoolId id, StreamFilter filter);
-  /// Ends the route to `id` begun last; when no route is left, the events of the blocks freed
-  /// meanwhile are recorded. Throws invalid_argument if no route to `id` is underway.
+  /// Ends the route to `id` begun last; once no route is left, the events of the blocks freed
+  /// meanwhile are recorded at the next allocation (or empty_cache), after the capture itself
+  /// has ended. Throws invalid_argument if no route to `id` is underway.
   void end_allocate_to_pool(PoolId id);
   /// Drops one use of pool `id`; at none, its memory goes back to the device as soon as (and
   /// whenever) its blocks are all free and no route is underway. Throws invalid_argument for an
@@ -401,7 +402,8 @@ class DeviceAllocator {
   /// A freed block used on other streams while a route is underway: pending, its events
   /// recorded when the last route ends.
   void defer_events(Block* block);
-  /// Records the deferred blocks' events (no route underway any more).
+  /// Records the deferred blocks' events (no route underway any more; malloc and
+  /// release_cached_blocks call it).
   void record_deferred_events();
   /// Returns the entirely free segments of released private pools, and forgets such a pool once
   /// it holds none (no route underway).

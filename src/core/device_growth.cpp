@@ -110,6 +110,7 @@ void DeviceAllocator::unlink_segment(Segment* segment, Block* head) noexcept {
 }
 
 bool DeviceAllocator::release_cached_blocks() {
+  record_deferred_events();
   if (events_.outstanding() != 0) {
     ++stats_.num_sync_all_streams;
     events_.wait_all([this](Block* b) { complete_pending(b); });

@@ -211,8 +211,6 @@ void DeviceAllocator::validate_locked() const {
   for (const Block* b : deferred_)
     if (b->allocated || b->event_count != 1 || b->in_index)
       broken(device_, "a block whose events are deferred is not pending");
-  if (!deferred_.empty() && routes_.empty())
-    broken(device_, "events are deferred with no route to a private pool underway");
   if (free_blocks[0] != small_.index.size() || free_blocks[1] != large_.index.size())
     broken(device_, "the free index holds blocks that are not free in any segment");
   if (unmapped_blocks[0] != small_.unmapped.size() || unmapped_blocks[1] != large_.unmapped.size())

@@ -7,7 +7,8 @@
 // memory goes back to the device once release_pool() has dropped its last use and its blocks are
 // free. While any route is underway a stream may be capturing, so the device queries no event,
 // waits for nothing and returns no memory (CUDA forbids those on a capturing stream); the events
-// of blocks freed then are recorded when the last route ends, as PyTorch does.
+// of blocks freed then are recorded at the first allocation after the last route has ended, as
+// PyTorch does (its route ends before the capture does).
 #pragma once
 
 #include <cstddef>

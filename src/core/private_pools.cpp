@@ -40,10 +40,8 @@ void DeviceAllocator::end_allocate_to_pool(PoolId id) {
         "end_allocate_to_pool: no allocation to pool {} is underway on device {}", pool_name(id),
         device_));
   routes_.erase(std::next(it).base());
-  if (routes_.empty()) {
-    record_deferred_events();
-    note_fast_ok();
-  }
+  // The deferred events wait for the next allocation: the capture has not ended yet.
+  if (routes_.empty()) note_fast_ok();
 }
 
 void DeviceAllocator::release_pool(PoolId id) {
@@ -76,10 +74,18 @@ DeviceAllocator::Block* DeviceAllocator::allocate_quiet(Pool& pool, stream_t str
     if (&p->small == &pool || &p->large == &pool) owner = p.get();
   const std::size_t alloc_size = owner != nullptr ? detail::segment_size(rounded)
                                                   : growth_size(pool.small, rounded);
-  // A private pool grows by plain segments of its own; the device's pools as usual. Nothing is
-  // released, synchronized, unmapped or moved: a stream may be capturing.
-  Block* block = owner != nullptr ? alloc_segment(pool, stream, alloc_size)
-                                  : grow(pool, stream, rounded, alloc_size);
+  // A private pool grows by plain segments of its own; the device's pools as usual, except that
+  // no free page is moved (stitch_reuse_pages unmaps the pages it moves). Nothing is released,
+  // synchronized, unmapped or moved: a stream may be capturing.
+  Block* block = nullptr;
+  if (owner != nullptr) {
+    block = alloc_segment(pool, stream, alloc_size);
+  } else if (config_.expandable_segments && config_.stitching && config_.stitch_reuse_pages) {
+    block = grow_expandable_chain(pool, stream, rounded, page_size(pool.small, true),
+                                  page_size(pool.small, false));
+  } else {
+    block = grow(pool, stream, rounded, alloc_size);
+  }
   if (block == nullptr) {
     capture_oom(requested, rounded, alloc_size, pool.small, stream);
     return nullptr;
@@ -99,6 +105,7 @@ void DeviceAllocator::defer_events(Block* block) {
 }
 
 void DeviceAllocator::record_deferred_events() {
+  STITCH_ASSERT(routes_.empty(), "record_deferred_events: a route is underway");
   while (!deferred_.empty()) {
     Block* block = deferred_.back();
     block->event_count = 0;
