@@ -9,14 +9,14 @@
 # Usage: scripts/wheel-check.sh [source dir: . (default) or python]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-src="${1:-.}"
+src="$root/${1:-.}"  # a path for pip (a bare "python" would be a requirement name)
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 python3 -m venv "$work/venv"
 py="$work/venv/bin/python"
 "$py" -m pip install -q --upgrade pip
-(cd "$root" && "$py" -m pip wheel -q --no-deps -w "$work/dist" -C cmake.define.STITCH_WITH_CUDA=OFF "$src")
+"$py" -m pip wheel -q --no-deps -w "$work/dist" -C cmake.define.STITCH_WITH_CUDA=OFF "$src"
 wheel="$(ls "$work"/dist/*.whl)"
 echo "wheel: $(basename "$wheel")"
 case "$(basename "$wheel")" in
@@ -48,8 +48,20 @@ p = stitch.malloc(1 << 20)
 stitch.free(p, 1 << 20)
 assert stitch.memory_stats()["allocation.all.allocated"] == 1
 assert "from large pool" not in stitch.memory_summary(abbreviated=True)
-import stitch.torch
 print("stitch", stitch.__version__, "from", stitch.library_path(), "serves backend:sim")
+PY
+)
+# enable() refuses backend:sim (PyTorch stood in for by the tests' stand-in, tests/python/fake_torch.py).
+mkdir -p "$work/fake/torch"
+cp "$root/tests/python/fake_torch.py" "$work/fake/torch/__init__.py"
+(cd "$work" && PYTHONPATH="$work/fake" STITCH_ALLOC_CONF=backend:sim "$py" - <<'PY'
+import stitch, stitch.torch
+try:
+    stitch.torch.enable()
+    raise SystemExit("FAIL: enable() accepted backend:sim")
+except stitch.StitchError as e:
+    assert "backend:sim" in str(e), e
+    print("enable() refuses backend:sim:", str(e)[:80], "...")
 PY
 )
 echo "wheel-check: ok"

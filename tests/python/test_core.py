@@ -191,3 +191,32 @@ def test_missing_library_is_a_clear_error(tmp_path):
     )
     assert r.returncode != 0
     assert "LibraryNotFoundError" in r.stderr and "nope.so" in r.stderr
+
+
+def test_config_and_device_count_describe_the_session_allocator():
+    conf = stitch.config()
+    assert conf.startswith("backend:sim,sim_capacity_mb:1024") and "sim_devices:2" in conf
+    assert stitch.device_count() == 2
+    stitch.configure(conf)  # what config() prints is accepted back
+
+
+def test_device_count_without_a_driver_fails_with_stitchs_message():
+    env = {"STITCH_ALLOC_CONF": "", "STITCH_CUDA_DRIVER": "/nonexistent/libcuda.so.1"}
+    r = run_python(["-c", "import stitch\ntry:\n    stitch.device_count()\nexcept stitch.StitchError as e:\n    print('ERR', e)"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ERR backend:cuda: no CUDA device (cannot open the CUDA driver /nonexistent/libcuda.so.1")
+
+
+def test_memory_fraction_and_accumulated_stats(no_leaks):
+    assert stitch.get_memory_fraction(0) == 1.0
+    stitch.set_memory_fraction(0.25, 1)
+    try:
+        assert stitch.get_memory_fraction(1) == pytest.approx(0.25)
+    finally:
+        stitch.set_memory_fraction(1.0, 1)
+    ptr = stitch.malloc(4096, device=1)
+    stitch.free(ptr, 4096, device=1)
+    assert stitch.stat("allocation.all.allocated", 1) >= 1
+    stitch.reset_accumulated_memory_stats(1)
+    assert stitch.stat("allocation.all.allocated", 1) == 0
+    assert stitch.stat("allocation.all.freed", 1) == 0
