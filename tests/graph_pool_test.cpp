@@ -181,17 +181,51 @@ TEST_P(GraphPools, OtherStreamsGrowWithoutMovingPagesDuringACapture) {
   alloc->validate();
 }
 
-// Without the routes the core breaks the capture: the simulator's rules are real.
-TEST_P(GraphPools, TheSimulatorEnforcesTheCaptureRules) {
-  sim->hold_stream(S(1));
+// A capture the allocator was not told about (no route): it asks the back end whether a stream
+// captures before recording a cross-stream free's events, polling events, or the slow path.
+TEST_P(GraphPools, WithoutARouteACapturingStreamIsAskedAbout) {
+  sim->hold_stream(S(3));
+  void* held = alloc->allocate(2 * MiB, S(1));
+  alloc->record_stream(held, S(3));
+  alloc->deallocate(held, S(1));  // an event outstanding on the held stream
+  sim->begin_capture(0, S(2));
   void* p = alloc->allocate(2 * MiB, S(1));
   alloc->record_stream(p, S(2));
-  sim->begin_capture(0, S(2));  // a capture the allocator was not told about
-  alloc->deallocate(p, S(1));   // records an event on the capturing stream: a graph node
+  const std::uint64_t records = sim->call_count(SimCall::record_event);
+  const std::uint64_t queries = sim->call_count(SimCall::query_event);
+  alloc->deallocate(p, S(1));  // its event would be a node of the graph: deferred
+  EXPECT_EQ(sim->call_count(SimCall::record_event), records);
+  void* q = alloc->allocate(64 * MiB, S(2));  // on the capturing stream: no poll, new memory only
+  EXPECT_EQ(sim->call_count(SimCall::query_event), queries);
+  EXPECT_THROW((void)alloc->allocate(1024 * MiB, S(2)), out_of_memory);  // nothing returned
+  alloc->deallocate(q, S(2));
+  alloc->validate();
+  EXPECT_TRUE(sim->end_capture(S(2)));
+  EXPECT_EQ(sim->capture_invalidations(), 0u);
+  void* r = alloc->allocate(512, S(3));  // after the capture: the deferred event is recorded
+  EXPECT_EQ(sim->call_count(SimCall::record_event), records + 1);
+  alloc->deallocate(r, S(3));
+  sim->release_stream(S(3));
+  alloc->validate();
+}
+
+// The simulator's capture rules are real: what CUDA forbids on a capturing stream fails.
+TEST_P(GraphPools, TheSimulatorEnforcesTheCaptureRules) {
+  const event_t e = sim->create_event(0);
+  sim->begin_capture(0, S(2));
+  sim->record_event(0, e, S(2));  // a node of the graph, not work
+  EXPECT_THROW((void)sim->query_event(0, e), backend_error);
+  EXPECT_FALSE(sim->end_capture(S(2)));
+  sim->begin_capture(0, S(2));
   EXPECT_THROW(sim->synchronize_stream(0, S(2)), backend_error);
   EXPECT_FALSE(sim->end_capture(S(2)));
-  EXPECT_EQ(sim->capture_invalidations(), 1u);
-  sim->release_stream(S(1));
+  void* p = sim->allocate(0, 2 * MiB);  // relaxed: allocating is allowed, returning is not
+  sim->begin_capture(0, S(2));
+  EXPECT_THROW(sim->deallocate(0, p, 2 * MiB), backend_error);
+  EXPECT_FALSE(sim->end_capture(S(2)));
+  sim->deallocate(0, p, 2 * MiB);
+  EXPECT_EQ(sim->capture_invalidations(), 3u);
+  sim->destroy_event(0, e);
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, GraphPools,

@@ -102,6 +102,16 @@ class STITCH_EXPORT Backend {
   virtual void synchronize_event(int device, event_t event) = 0;
   /// Blocks until all work queued on `stream` has completed.
   virtual void synchronize_stream(int device, stream_t stream) = 0;
+  /// Whether `stream` is capturing a CUDA graph (cuStreamIsCapturing); true also when the back
+  /// end cannot tell. The core asks before recording the events of a cross-stream free, before
+  /// polling events and before the slow path, so that a capture it was not told about (no
+  /// private-pool route) is not broken by an event query, a sync or returned memory on that
+  /// stream. By default false (a back end without graphs).
+  [[nodiscard]] virtual bool is_capturing(int device, stream_t stream) {
+    (void)device;
+    (void)stream;
+    return false;
+  }
 };
 
 struct Config;

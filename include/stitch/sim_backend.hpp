@@ -98,6 +98,7 @@ class STITCH_EXPORT SimBackend : public Backend {
   [[nodiscard]] bool query_event(int device, event_t event) override;
   void synchronize_event(int device, event_t event) override;
   void synchronize_stream(int device, stream_t stream) override;
+  [[nodiscard]] bool is_capturing(int device, stream_t stream) override;
 
   // ---- test controls --------------------------------------------------------------------------
   /// From now on, events recorded on `stream` stay incomplete until release_stream(stream).
@@ -112,7 +113,6 @@ class STITCH_EXPORT SimBackend : public Backend {
   void begin_capture(int device, stream_t stream);
   /// Ends the capture; false when it was invalidated.
   [[nodiscard]] bool end_capture(stream_t stream);
-  [[nodiscard]] bool is_capturing(stream_t stream) const;
   /// Captures invalidated so far.
   [[nodiscard]] std::uint64_t capture_invalidations() const;
   /// Number of times a synchronize call had to complete work on a held stream.

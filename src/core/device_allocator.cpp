@@ -115,7 +115,8 @@ DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t s
   // No event is recorded or queried while a route to a private pool is underway: a stream may
   // be capturing. The events deferred meanwhile are recorded here, at the first allocation after
   // the last route (PyTorch ends the route before the capture itself ends).
-  if ((events_.outstanding() != 0 || !deferred_.empty()) && routes_.empty()) {
+  if ((events_.outstanding() != 0 || !deferred_.empty()) && routes_.empty() &&
+      !backend_.is_capturing(device_, stream)) {
     if (mine != nullptr) settle_slot(*mine);
     record_deferred_events();
     events_.poll([this](Block* b) { complete_pending(b); });
@@ -154,8 +155,9 @@ DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t s
   if (slots_.shared()) settle_parked_on(stream, mine);
   Block* block = get_free_block(pool, stream, rounded);
   if (block == nullptr) {
-    block = routes_.empty() ? allocate_slow(pool, stream, rounded, size)
-                            : allocate_quiet(pool, stream, rounded, size);
+    block = routes_.empty() && !backend_.is_capturing(device_, stream)
+                ? allocate_slow(pool, stream, rounded, size)
+                : allocate_quiet(pool, stream, rounded, size);
     if (block == nullptr) return {nullptr, failed_.release()};
   }
   block = take_found_block(pool, block, rounded);
@@ -248,7 +250,7 @@ FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
     block->stream_uses.push_back(*stream);  // freed on another stream: that was its last use
   }
   if (!block->stream_uses.empty()) {
-    if (routes_.empty()) {
+    if (routes_.empty() && !uses_capturing_stream(block)) {
       events_.record(block);  // may throw; nothing changed then
       note_events();
     } else {

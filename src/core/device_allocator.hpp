@@ -399,9 +399,11 @@ class DeviceAllocator {
   /// allocate_slow for a private pool, or while a route is underway: new memory only (a plain
   /// segment for a private pool), nothing released, synchronized or moved.
   Block* allocate_quiet(Pool& pool, stream_t stream, std::size_t rounded, std::size_t requested);
-  /// A freed block used on other streams while a route is underway: pending, its events
-  /// recorded when the last route ends.
+  /// A freed block used on other streams while a route is underway or one of its streams
+  /// captures: pending, its events recorded at an allocation once neither holds.
   void defer_events(Block* block);
+  /// Whether the block's stream or one it was used on is capturing a graph (the back end says).
+  bool uses_capturing_stream(const Block* block);
   /// Records the deferred blocks' events (no route underway any more; malloc and
   /// release_cached_blocks call it).
   void record_deferred_events();

@@ -99,24 +99,40 @@ DeviceAllocator::Block* DeviceAllocator::allocate_quiet(Pool& pool, stream_t str
 
 void DeviceAllocator::defer_events(Block* block) {
   // Pending without events: one placeholder count keeps it out of the free index, as an
-  // outstanding event would.
+  // outstanding event would. (A route is underway, or one of its streams captures.)
   deferred_.push_back(block);  // may throw: nothing changed
   block->event_count = 1;
 }
 
+bool DeviceAllocator::uses_capturing_stream(const Block* block) {
+  if (backend_.is_capturing(device_, block->stream)) return true;
+  for (stream_t s : block->stream_uses)
+    if (backend_.is_capturing(device_, s)) return true;
+  return false;
+}
+
 void DeviceAllocator::record_deferred_events() {
   STITCH_ASSERT(routes_.empty(), "record_deferred_events: a route is underway");
-  while (!deferred_.empty()) {
-    Block* block = deferred_.back();
+  // A block whose streams still capture (a capture without a route) stays deferred.
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < deferred_.size(); ++i) {
+    Block* block = deferred_[i];
+    if (uses_capturing_stream(block)) {
+      deferred_[kept++] = block;
+      continue;
+    }
     block->event_count = 0;
     try {
       events_.record(block);
     } catch (...) {
-      block->event_count = 1;  // still deferred: recorded at the next route's end
+      block->event_count = 1;  // still deferred, with the rest: recorded at a later allocation
+      for (std::size_t j = i; j < deferred_.size(); ++j) deferred_[kept++] = deferred_[j];
+      deferred_.resize(kept);
+      note_events();
       throw;
     }
-    deferred_.pop_back();
   }
+  deferred_.resize(kept);
   note_events();
 }
 

@@ -367,6 +367,17 @@ class CudaBackend final : public Backend {
     if (r != CUDA_SUCCESS) fail(call, device, r);
   }
 
+  [[nodiscard]] bool is_capturing(int device, stream_t stream) override {
+    auto call = [&] { return "cuStreamIsCapturing(stream " + hex(stream) + ")"; };
+    ContextScope scope = enter(device, call);
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    const CUresult r = d_.stream_is_capturing(static_cast<CUstream>(stream), &status);
+    // The legacy stream while a blocking stream captures answers with an error
+    // (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT): as good as capturing, for what the core avoids.
+    if (r != CUDA_SUCCESS) return true;
+    return status != CU_STREAM_CAPTURE_STATUS_NONE;
+  }
+
  private:
   template <class Call>
   void check_device(int device, const Call& call) const {

@@ -718,8 +718,9 @@ bool SimBackend::end_capture(stream_t stream) {
   return !s.invalidated;
 }
 
-bool SimBackend::is_capturing(stream_t stream) const {
+bool SimBackend::is_capturing(int device, stream_t stream) {
   std::lock_guard lock(impl_->mutex);
+  (void)impl_->device(device, "is_capturing");
   auto it = impl_->streams.find(stream);
   return it != impl_->streams.end() && it->second.capture_device >= 0;
 }
