@@ -93,7 +93,7 @@ def enable(conf: Optional[str] = None) -> Any:
     validated here: a bad key raises StitchError now rather than at the first allocation).
     Calling it again is a no-op apart from applying ``conf`` (then only tunables may change).
 
-    Raises StitchError, changing nothing:
+    Raises StitchError, installing nothing in PyTorch:
 
     * if CUDA is already initialized in this process: PyTorch cannot swap an initialized allocator
       ("Can't swap an already initialized allocator"). Call it first thing, use
