@@ -123,6 +123,17 @@ stitch::Allocator& allocator() {
   return create_allocator();
 }
 
+// Calls the allocator's `reset` on `device`, or on every device for -1; 0.
+int on_devices(int device, void (stitch::Allocator::*reset)(int)) {
+  stitch::Allocator& a = allocator();
+  if (device != -1) {
+    (a.*reset)(device);
+    return 0;
+  }
+  for (int d = 0; d < a.device_count(); ++d) (a.*reset)(d);
+  return 0;
+}
+
 // Runs `fn`, turning any exception into t_error and `fail`. Success leaves t_error as it was.
 template <typename Fn, typename R>
 R guarded(Fn&& fn, R fail) noexcept {
@@ -215,27 +226,12 @@ int64_t stitch_stat(int device, const char* key) {
 }
 
 int stitch_reset_peak_stats(int device) {
-  return guarded([&] {
-    stitch::Allocator& a = allocator();
-    if (device == -1) {
-      for (int d = 0; d < a.device_count(); ++d) a.reset_peak_stats(d);
-    } else {
-      a.reset_peak_stats(device);
-    }
-    return 0;
-  }, 1);
+  return guarded([&] { return on_devices(device, &stitch::Allocator::reset_peak_stats); }, 1);
 }
 
 int stitch_reset_accumulated_stats(int device) {
-  return guarded([&] {
-    stitch::Allocator& a = allocator();
-    if (device == -1) {
-      for (int d = 0; d < a.device_count(); ++d) a.reset_accumulated_stats(d);
-    } else {
-      a.reset_accumulated_stats(device);
-    }
-    return 0;
-  }, 1);
+  return guarded([&] { return on_devices(device, &stitch::Allocator::reset_accumulated_stats); },
+                 1);
 }
 
 double stitch_memory_fraction(int device) {

@@ -10,11 +10,16 @@
 
 namespace stitch::detail {
 
+struct PrivatePool;
+
 struct BlockPool {
-  BlockPool(PoolAllocator<Block*>::Storage* nodes, bool is_small) : index(nodes), small(is_small) {}
+  BlockPool(PoolAllocator<Block*>::Storage* nodes, bool is_small, PrivatePool* of = nullptr)
+      : index(nodes), small(is_small), owner(of) {}
   FreeIndex index;
   UnmappedSet unmapped;  ///< expandable segments' unmapped ranges
   bool small;
+  /// The private pool it is part of (its new segments belong to it); nullptr for the device's.
+  PrivatePool* owner;
   std::uint64_t calls = 0;  ///< get_free_block calls: the GC clock
 };
 

@@ -113,8 +113,6 @@ class DeviceAllocator {
   /// whenever) its blocks are all free and no route is underway. Throws invalid_argument for an
   /// unknown pool.
   void release_pool(PoolId id);
-  /// Private pools that exist (released ones included while they still hold memory).
-  [[nodiscard]] std::size_t private_pool_count() const;
 
   // ---- for replays: a recorded start state, and releases as the recording made them
   //      (device_seed.cpp) -------------------------------------------------------------------
@@ -381,7 +379,6 @@ class DeviceAllocator {
   }
 
   Pool& pool_for(bool small) noexcept { return small ? small_ : large_; }
-  const Pool& pool_for_const(bool small) const noexcept { return small ? small_ : large_; }
   /// The pool a block of `segment` is filed in: its private pool's, or the device's.
   Pool& pool_of(const Segment* segment) noexcept {
     return segment->private_pool != nullptr ? segment->private_pool->pool(segment->small)

@@ -67,6 +67,8 @@ DeviceAllocator::Block* DeviceAllocator::link_new_segment(Pool& pool, stream_t s
   segment->stream = stream;
   segment->epoch = slots_.epoch(stream);
   segment->small = pool.small;
+  segment->private_pool = pool.owner;
+  if (pool.owner != nullptr) ++pool.owner->segments;
   segment->next = segments_;
   if (segments_ != nullptr) segments_->prev = segment;
   segments_ = segment;

@@ -23,7 +23,7 @@ namespace stitch::detail {
 
 struct PrivatePool {
   PrivatePool(PoolId pool_id, PoolAllocator<Block*>::Storage* nodes)
-      : id(pool_id), small(nodes, true), large(nodes, false) {}
+      : id(pool_id), small(nodes, true, this), large(nodes, false, this) {}
   PoolId id;
   BlockPool small;
   BlockPool large;

@@ -54,11 +54,6 @@ void DeviceAllocator::release_pool(PoolId id) {
   if (it->second->use_count == 0 && routes_.empty()) release_private_pools();
 }
 
-std::size_t DeviceAllocator::private_pool_count() const {
-  std::lock_guard lock(mutex_);
-  return private_pools_.size();
-}
-
 DeviceAllocator::Pool& DeviceAllocator::routed_pool(stream_t stream, bool small) {
   for (auto it = routes_.rbegin(); it != routes_.rend(); ++it)
     if (it->filter(stream)) return it->pool->pool(small);
@@ -69,31 +64,22 @@ DeviceAllocator::Block* DeviceAllocator::allocate_quiet(Pool& pool, stream_t str
                                                         std::size_t rounded,
                                                         std::size_t requested) {
   settle_slots();
-  detail::PrivatePool* owner = nullptr;
-  for (auto& [id, p] : private_pools_)
-    if (&p->small == &pool || &p->large == &pool) owner = p.get();
-  const std::size_t alloc_size = owner != nullptr ? detail::segment_size(rounded)
-                                                  : growth_size(pool.small, rounded);
+  const bool private_pool = pool.owner != nullptr;
+  const std::size_t alloc_size = private_pool ? detail::segment_size(rounded)
+                                              : growth_size(pool.small, rounded);
   // A private pool grows by plain segments of its own; the device's pools as usual, except that
   // no free page is moved (stitch_reuse_pages unmaps the pages it moves). Nothing is released,
   // synchronized, unmapped or moved: a stream may be capturing.
   Block* block = nullptr;
-  if (owner != nullptr) {
-    block = alloc_segment(pool, stream, alloc_size);
+  if (private_pool) {
+    block = alloc_segment(pool, stream, alloc_size);  // the segment is the pool's (link_new_segment)
   } else if (config_.expandable_segments && config_.stitching && config_.stitch_reuse_pages) {
     block = grow_expandable_chain(pool, stream, rounded, page_size(pool.small, true),
                                   page_size(pool.small, false));
   } else {
     block = grow(pool, stream, rounded, alloc_size);
   }
-  if (block == nullptr) {
-    capture_oom(requested, rounded, alloc_size, pool.small, stream);
-    return nullptr;
-  }
-  if (owner != nullptr) {
-    block->segment->private_pool = owner;
-    ++owner->segments;
-  }
+  if (block == nullptr) capture_oom(requested, rounded, alloc_size, pool.small, stream);
   return block;
 }
 

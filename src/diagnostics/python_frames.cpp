@@ -109,8 +109,6 @@ thread_local Gathered t_gathered;
 
 }  // namespace
 
-bool PythonFrames::available() noexcept { return api().ok; }
-
 void PythonFrames::gather() noexcept {
   Gathered& g = t_gathered;
   g.count = 0;

@@ -24,8 +24,6 @@ class PythonFrames {
 
   /// Whether `word` is a Python frame (else a native return address).
   static bool is_python(std::uintptr_t word) noexcept { return (word >> 63) != 0; }
-  /// Whether the running process has CPython's API (resolved once per process).
-  static bool available() noexcept;
   /// Gathers the calling thread's Python stack (innermost first) and keeps it for this thread
   /// until release(); nothing without Python. Holds the GIL meanwhile: call it with no lock of
   /// the allocator held.

@@ -36,9 +36,8 @@ def _nested(flat: "Dict[str, int]") -> Dict[str, Any]:
 
 def memory_stats(device: Any = None) -> Dict[str, Any]:
     """torch._C._cuda_memoryStats: PyTorch's keys only, nested as PyTorch nests them."""
-    index = _device(device)
-    flat = {k: stitch.stat(k, index) for k in stitch.TORCH_MEMORY_STATS_KEYS}
-    return _nested(flat)
+    stats = stitch.memory_stats(_device(device))
+    return _nested({k: stats[k] for k in stitch.TORCH_MEMORY_STATS_KEYS})
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
