@@ -569,9 +569,19 @@ bool DeviceAllocator::record_stream(void* ptr, stream_t stream) {
 
 // ---- queries ------------------------------------------------------------------------------------
 
-DeviceStats DeviceAllocator::stats() const {
+DeviceStats DeviceAllocator::stats() {
   std::lock_guard lock(mutex_);
+  retire_completed_events();
   return stats_locked();
+}
+
+void DeviceAllocator::retire_completed_events() {
+  // An allocation polls the events too, but a run may end with cross-stream frees and read its
+  // statistics long after their streams finished: those blocks are free, not active.
+  if (events_.outstanding() == 0 || !routes_.empty()) return;
+  if (events_.any_stream([this](stream_t s) { return backend_.is_capturing(device_, s); })) return;
+  events_.poll([this](Block* b) { complete_pending(b); });
+  note_events();
 }
 
 DeviceStats DeviceAllocator::stats_locked() const noexcept {

@@ -89,7 +89,9 @@ class DeviceAllocator {
   /// a fraction set with set_memory_fraction() survives a configure() of other keys.
   void set_config(const Config& config, bool apply_fraction);
 
-  [[nodiscard]] DeviceStats stats() const;
+  /// The statistics, after retiring the cross-stream events that have completed (so a block
+  /// whose streams are done counts as free, not active, whether or not an allocation came since).
+  [[nodiscard]] DeviceStats stats();
   /// Appends this device's segments to `out` and returns its trace (records a `snapshot`).
   std::vector<TraceEntry> snapshot(std::vector<SegmentSnapshot>& out);
   void reset_peak_stats();
@@ -288,6 +290,9 @@ class DeviceAllocator {
   [[nodiscard]] DeviceStats stats_locked() const noexcept;
   /// A pending block's last event completed: it becomes free.
   void complete_pending(Block* block);
+  /// For the readers: retires the completed events, unless a route is underway or a stream with
+  /// events outstanding is capturing (querying its events would break the capture).
+  void retire_completed_events();
 
   // slow path (device_growth.cpp)
   /// New memory for a request the cache cannot serve, through the out-of-memory ladder; nullptr

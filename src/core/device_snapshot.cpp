@@ -13,6 +13,7 @@ const char* state_of(const detail::Block* b) {
 
 std::vector<TraceEntry> DeviceAllocator::snapshot(std::vector<SegmentSnapshot>& out) {
   std::lock_guard lock(mutex_);
+  retire_completed_events();  // blocks whose streams are done are shown free
   trace(TraceAction::snapshot, nullptr, 0, nullptr);
   segments_locked(out, /*oldest_first=*/false);
   return recorder_.entries();

@@ -26,6 +26,13 @@ class StreamEvents {
 
   /// Events recorded and not yet seen completed.
   [[nodiscard]] std::size_t outstanding() const noexcept { return outstanding_; }
+  /// Whether `pred(stream)` holds for a stream with events outstanding.
+  template <typename Pred>
+  [[nodiscard]] bool any_stream(Pred&& pred) const {
+    for (const auto& [stream, queue] : pending_)
+      if (!queue.empty() && pred(stream)) return true;
+    return false;
+  }
   /// Records one event on each of `block`'s stream_uses and counts them in its event_count.
   /// All or nothing: when the backend fails, the events go back to the pool and it rethrows.
   void record(Block* block);
