@@ -35,7 +35,7 @@ if echo "$needed" | grep -Eqi 'cuda|nvrtc|python'; then
   echo "FAIL: libstitch.so links a CUDA library or libpython"; exit 1
 fi
 symbols="$(nm -D --defined-only "$lib")"
-for fn in stitch_malloc stitch_free stitch_last_error stitch_clear_error stitch_config \
+for fn in stitch_malloc stitch_free stitch_last_error stitch_clear_error stitch_config stitch_stats \
           stitch_device_count stitch_torch_malloc stitch_torch_begin_allocate_to_pool \
           stitch_torch_end_allocate_to_pool stitch_torch_release_pool; do
   echo "$symbols" | grep -q " T $fn\$" || { echo "FAIL: libstitch.so does not export $fn"; exit 1; }

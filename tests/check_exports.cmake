@@ -6,7 +6,8 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "nm failed on ${LIB}")
 endif()
 foreach(fn stitch_malloc stitch_free stitch_configure stitch_record_stream stitch_empty_cache
-           stitch_set_memory_fraction stitch_stat stitch_reset_peak_stats stitch_last_error
+           stitch_set_memory_fraction stitch_stat stitch_stat_count stitch_stat_key stitch_stats
+           stitch_reset_peak_stats stitch_last_error
            stitch_clear_error stitch_record_history stitch_dump_snapshot stitch_memory_summary
            stitch_config stitch_device_count stitch_reset_accumulated_stats stitch_memory_fraction stitch_torch_malloc
            stitch_torch_begin_allocate_to_pool stitch_torch_end_allocate_to_pool

@@ -21,6 +21,7 @@
 #include "core/free_index.hpp"
 #include "core/hot_stats.hpp"
 #include "core/ledger.hpp"
+#include "diagnostics/recorder.hpp"
 #include "core/object_pool.hpp"
 #include "core/page_mapper.hpp"
 #include "core/page_table.hpp"
@@ -44,7 +45,8 @@ struct IndexFixture {
   FreeIndex index{&nodes};
   std::vector<std::unique_ptr<Block>> blocks;
   Block* make(std::uintptr_t addr, std::size_t size, std::uintptr_t stream = 0) {
-    blocks.push_back(std::make_unique<Block>(reinterpret_cast<char*>(addr), size, S(stream), nullptr, false));
+    blocks.push_back(std::make_unique<Block>(reinterpret_cast<char*>(addr), size, S(stream), nullptr, false,
+                                                    BlockState::free));
     return blocks.back().get();
   }
 };
@@ -61,9 +63,9 @@ TEST(FreeIndex, BestFitIsTheSmallestBlockOfTheStreamLowestAddressFirst) {
   EXPECT_EQ(*f.index.best_fit(S(7), 1 * MiB), other);
   EXPECT_EQ(f.index.best_fit(S(0), 5 * MiB), f.index.end());
   EXPECT_EQ(f.index.best_fit(S(7), 4 * MiB), f.index.end());  // never another stream's block
-  EXPECT_TRUE(c->in_index);
+  EXPECT_TRUE(f.index.contains(c));
   f.index.erase(c);
-  EXPECT_FALSE(c->in_index);
+  EXPECT_FALSE(f.index.contains(c));
   EXPECT_EQ(*f.index.best_fit(S(0), 2 * MiB), b);
   EXPECT_EQ(f.index.size(), 3u);
 }
@@ -282,12 +284,23 @@ TEST(HotStats, ExpandsToWhatANaiveCountGives) {
 
 TEST(Ledger, BooksSegmentsAndPagesAndHoldsTheCap) {
   DeviceStats stats;
-  Ledger ledger(stats);
+  Recorder history;
+  history.configure(true, 64, false);
+  Ledger ledger(stats, history);
   EXPECT_TRUE(ledger.fits(SIZE_MAX / 2));
   EXPECT_EQ(ledger.room(), SIZE_MAX);
-  ledger.segment_allocated(true, 2 * MiB, false);
-  ledger.segment_allocated(false, 100 * MiB, true);
-  ledger.mapped(false, 40 * MiB);
+  char base[1] = {};
+  Segment small_seg, big_seg, range;
+  small_seg.base = base;
+  small_seg.size = 2 * MiB;
+  small_seg.small = true;
+  big_seg.base = base;
+  big_seg.size = 100 * MiB;
+  big_seg.oversize = true;
+  range.base = base;
+  ledger.segment_allocated(small_seg);
+  ledger.segment_allocated(big_seg);
+  ledger.mapped(range, base, 40 * MiB);
   EXPECT_EQ(ledger.reserved(), 142 * MiB);
   EXPECT_EQ(stats.segment[kAll].current, 2);
   EXPECT_EQ(stats.reserved_bytes[kSmallPool].current, static_cast<std::int64_t>(2 * MiB));
@@ -297,8 +310,8 @@ TEST(Ledger, BooksSegmentsAndPagesAndHoldsTheCap) {
   EXPECT_TRUE(ledger.fits(8 * MiB));
   EXPECT_FALSE(ledger.fits(8 * MiB + 1));
   EXPECT_EQ(ledger.room(), 8 * MiB);
-  ledger.unmapped(false, 40 * MiB);
-  ledger.segment_freed(false, 100 * MiB, true);
+  ledger.unmapped(range, base, 40 * MiB);
+  ledger.segment_freed(big_seg);
   EXPECT_EQ(ledger.reserved(), 2 * MiB);
   EXPECT_EQ(stats.oversize_segments.current, 0);
   EXPECT_EQ(stats.num_device_free, 2);
@@ -306,6 +319,14 @@ TEST(Ledger, BooksSegmentsAndPagesAndHoldsTheCap) {
   ledger.set_cap(MiB);  // below what is held: no room, nothing fits
   EXPECT_EQ(ledger.room(), 0u);
   EXPECT_FALSE(ledger.fits(1));
+  // Every change of what is held is in the history too, in order.
+  const std::vector<TraceEntry> h = history.entries(false);
+  const std::vector<TraceAction> want = {TraceAction::segment_alloc, TraceAction::segment_alloc,
+                                         TraceAction::segment_map, TraceAction::segment_unmap,
+                                         TraceAction::segment_free};
+  ASSERT_EQ(h.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(h[i].action, want[i]) << i;
+  EXPECT_EQ(h[2].size, 40 * MiB);
 }
 
 // ---- the device lock ------------------------------------------------------------------------
@@ -313,7 +334,7 @@ TEST(Ledger, BooksSegmentsAndPagesAndHoldsTheCap) {
 struct Owner {
   int settled = 0;
   bool fail = false;
-  void settle_slots() {
+  void settle_all() {
     if (fail) throw std::runtime_error("settle failed");
     ++settled;
   }
@@ -345,7 +366,7 @@ TEST(DeviceLock, EveryLockButMallocsAndFreesSettlesTheSlots) {
 TEST(StreamEvents, ABlockBecomesFreeWhenItsLastStreamIsDone) {
   SimBackend sim;
   StreamEvents events(sim, 0);
-  Block b(nullptr, 512, S(1), nullptr, true);
+  Block b(nullptr, 512, S(1), nullptr, true, BlockState::allocated);
   b.stream_uses = {S(2), S(3)};
   sim.hold_stream(S(2));
   events.record(&b);
@@ -361,7 +382,7 @@ TEST(StreamEvents, ABlockBecomesFreeWhenItsLastStreamIsDone) {
   EXPECT_EQ(events.outstanding(), 0u);
   EXPECT_FALSE(events.wait_all([&](Block*) { ADD_FAILURE(); }));
   // A failing record puts its events back: nothing is counted.
-  Block c(nullptr, 512, S(1), nullptr, true);
+  Block c(nullptr, 512, S(1), nullptr, true, BlockState::allocated);
   c.stream_uses = {S(2), S(4)};
   sim.inject_fault(SimCall::record_event, 2, SimFault::error);
   EXPECT_THROW(events.record(&c), stitch::backend_error);

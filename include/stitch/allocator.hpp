@@ -18,7 +18,7 @@
 #include "stitch/block_info.hpp"
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
-#include "stitch/graph_pool.hpp"
+#include "stitch/private_pool.hpp"
 #include "stitch/snapshot.hpp"
 #include "stitch/stats.hpp"
 
@@ -81,7 +81,7 @@ class STITCH_EXPORT Allocator {
   /// per_process_memory_fraction key); 1 without a cap.
   [[nodiscard]] double memory_fraction(int device) const;
 
-  /// Private pools, as PyTorch's CUDA graphs and MemPools use them (stitch/graph_pool.hpp).
+  /// Private pools, as PyTorch's CUDA graphs and MemPools use them (stitch/private_pool.hpp).
   /// Until end_allocate_to_pool(device, id), `device`'s allocations on the streams `filter`
   /// accepts come from private pool `id` (created at the first call, each call one use of it),
   /// and nothing on the device queries an event, synchronizes or returns memory: a stream may be

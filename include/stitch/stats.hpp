@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace stitch {
 
@@ -73,6 +74,18 @@ struct STITCH_EXPORT DeviceStats {
   [[nodiscard]] std::optional<std::int64_t> get(std::string_view key) const;
   /// Calls `fn(key, value)` for every key, in a stable order.
   void for_each(const std::function<void(const std::string&, std::int64_t)>& fn) const;
+  /// One statistic's key: its name, whether torch.cuda.memory_stats() has it, and whether
+  /// stitch's memory_stats() (Python) returns it (PyTorch's keys and num_invalid_frees; stitch's
+  /// other counters are read by name).
+  struct Key {
+    const char* name;
+    bool torch;
+    bool memory_stats;
+  };
+  /// Every key, in for_each's order (the one list of statistics).
+  [[nodiscard]] static const std::vector<Key>& keys();
+  /// Every value, in keys() order, into out[0, keys().size()).
+  void values(std::int64_t* out) const;
   /// Sets every peak to its current value.
   void reset_peak() noexcept;
   /// Zeroes the running sums and the event counters (num_*).

@@ -42,6 +42,21 @@ STITCH_API int stitch_set_memory_fraction(double fraction, int device);
 /** A statistic by PyTorch name, e.g. "reserved_bytes.all.peak"; -1 if the key or device is
  *  unknown (stitch_last_error() then says which). */
 STITCH_API int64_t stitch_stat(int device, const char* key);
+/** The number of statistics: stitch_stats() fills this many values. */
+STITCH_API size_t stitch_stat_count(void);
+/** Flags of stitch_stat_key(). */
+#define STITCH_STAT_TORCH 1        /* one of torch.cuda.memory_stats()'s keys */
+#define STITCH_STAT_MEMORY_STATS 2 /* returned by stitch.memory_stats() (PyTorch's keys and
+                                      num_invalid_frees; stitch's other counters are read by name) */
+/** The key of statistic `index` (0 .. stitch_stat_count()-1), e.g. "allocated_bytes.all.peak", a
+ *  string that lives as long as the process; its STITCH_STAT_* flags in `*flags` when not NULL.
+ *  NULL for an index past the end. */
+STITCH_API const char* stitch_stat_key(size_t index, int* flags);
+/** Every statistic of `device`, read at once under the device's lock (one consistent snapshot),
+ *  into values[0 .. cap) in stitch_stat_key() order. Returns the number of statistics (filling at
+ *  most `cap` of them, like snprintf), or -1 for an unknown device (stitch_last_error() says
+ *  why). */
+STITCH_API int64_t stitch_stats(int device, int64_t* values, size_t cap);
 /** Resets every peak statistic of `device` (-1: every device) to its current value. */
 STITCH_API int stitch_reset_peak_stats(int device);
 /** Resets the running sums (".allocated", ".freed") and the event counters (num_ooms,

@@ -55,28 +55,38 @@ Device = Union[int, str, Any, None]
 Stream = Union[int, Any, None]
 
 
-def _torch_keys() -> tuple:
-    arrays = (
-        "allocation", "segment", "active", "inactive_split", "allocated_bytes",
-        "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes",
-    )
-    pools = ("all", "small_pool", "large_pool")
-    parts = ("current", "peak", "allocated", "freed")
-    keys = [f"{a}.{p}.{s}" for a in arrays for p in pools for s in parts]
-    keys += [f"{n}.{s}" for n in ("oversize_allocations", "oversize_segments") for s in parts]
-    keys += [
-        "num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
-        "num_device_free", "max_split_size",
-    ]
-    return tuple(sorted(keys))
+# Flags of stitch_stat_key() (include/stitch/stitch.h).
+_STAT_TORCH = 1          # one of torch.cuda.memory_stats()'s keys
+_STAT_MEMORY_STATS = 2   # returned by memory_stats()
+_key_table: Optional[tuple] = None
 
 
-#: The keys of ``torch.cuda.memory_stats()`` (PyTorch 2.x native allocator), sorted as it sorts
-#: them. (The newest PyTorch main also has ``num_oom_rejections`` and per-private-pool
-#: ``reserved_bytes_by_private_pools.*``, which stitch does not have.)
-TORCH_MEMORY_STATS_KEYS = _torch_keys()
-#: What :func:`memory_stats` returns: PyTorch's keys plus stitch's ``num_invalid_frees``, sorted.
-MEMORY_STATS_KEYS = tuple(sorted(TORCH_MEMORY_STATS_KEYS + ("num_invalid_frees",)))
+def _keys() -> tuple:
+    """Every statistic's key and flags, in the order stitch_stats() fills them (from the library:
+    core/stats.cpp is the one list)."""
+    global _key_table
+    if _key_table is None:
+        L = _lib.lib()
+        flags = _ctypes.c_int()
+        table = []
+        for i in range(L.stitch_stat_count()):
+            key = L.stitch_stat_key(i, _ctypes.byref(flags))
+            table.append((key.decode(), flags.value))
+        _key_table = tuple(table)
+    return _key_table
+
+
+def __getattr__(name: str) -> Any:
+    # The key lists come from the library, loaded at first use (not at import).
+    if name == "TORCH_MEMORY_STATS_KEYS":
+        #: The keys of ``torch.cuda.memory_stats()`` (PyTorch 2.x native allocator), sorted as it
+        #: sorts them. (The newest PyTorch main also has ``num_oom_rejections`` and
+        #: per-private-pool ``reserved_bytes_by_private_pools.*``, which stitch does not have.)
+        return tuple(sorted(k for k, f in _keys() if f & _STAT_TORCH))
+    if name == "MEMORY_STATS_KEYS":
+        #: What :func:`memory_stats` returns: PyTorch's keys plus stitch's ``num_invalid_frees``.
+        return tuple(sorted(k for k, f in _keys() if f & _STAT_MEMORY_STATS))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _device_index(device: Device, default_all: bool = False) -> int:
@@ -186,11 +196,16 @@ def memory_stats(device: Device = None) -> "_collections.OrderedDict[str, int]":
     """``torch.cuda.memory_stats()`` for stitch: an OrderedDict with exactly PyTorch's keys (sorted
     like PyTorch sorts them) plus ``num_invalid_frees``.
 
-    Each value is read with its own call, so under concurrent allocation the values are not one
-    atomic snapshot (neither are PyTorch's across devices).
+    One call reads every value at once, under the device's lock: the values are one consistent
+    snapshot of the device.
     """
-    index = _device_index(device)
-    return _collections.OrderedDict((k, stat(k, index)) for k in MEMORY_STATS_KEYS)
+    table = _keys()
+    values = (_ctypes.c_int64 * len(table))()
+    L = _lib.lib()
+    n = L.stitch_stats(_device_index(device), values, len(table))
+    _lib.check(n < 0, "stats")
+    got = {k: int(values[i]) for i, (k, f) in enumerate(table) if f & _STAT_MEMORY_STATS}
+    return _collections.OrderedDict((k, got[k]) for k in sorted(got))
 
 
 def memory_allocated(device: Device = None) -> int:

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "capi/c_api_testing.hpp"
 #include "stitch/allocator.hpp"
@@ -222,6 +224,33 @@ int64_t stitch_stat(int device, const char* key) {
     auto v = allocator().stat(device, key);
     if (!v) throw stitch::invalid_argument(fmt::format("stitch_stat: unknown key '{}'", key));
     return *v;
+  }, int64_t{-1});
+}
+
+size_t stitch_stat_count(void) { return stitch::DeviceStats::keys().size(); }
+
+const char* stitch_stat_key(size_t index, int* flags) {
+  const auto& keys = stitch::DeviceStats::keys();
+  if (index >= keys.size()) return nullptr;
+  if (flags != nullptr)
+    *flags = (keys[index].torch ? STITCH_STAT_TORCH : 0) |
+             (keys[index].memory_stats ? STITCH_STAT_MEMORY_STATS : 0);
+  return keys[index].name;
+}
+
+int64_t stitch_stats(int device, int64_t* values, size_t cap) {
+  return guarded([&]() -> int64_t {
+    const std::size_t n = stitch::DeviceStats::keys().size();
+    if (values == nullptr && cap != 0) throw stitch::invalid_argument("stitch_stats: values is NULL");
+    const stitch::DeviceStats stats = allocator().stats(device);
+    if (cap >= n) {
+      stats.values(values);
+    } else if (cap > 0) {
+      std::vector<std::int64_t> all(n);
+      stats.values(all.data());
+      std::copy(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(cap), values);
+    }
+    return static_cast<int64_t>(n);
   }, int64_t{-1});
 }
 

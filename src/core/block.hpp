@@ -1,11 +1,8 @@
-// core/block.hpp — Segment (memory obtained from the device) and Block (a piece of a segment).
+// core/block.hpp — Segment (memory obtained from the device) and Block (a piece of a segment),
+// and the one state a block is in (BlockState), with the transitions allowed between states.
 //
-// A segment's blocks tile it exactly, linked in address order through prev/next. A block is in
-// one of five states: allocated (handed to a caller), pending (freed by the caller but waiting
-// for events on other streams), free (in its pool's FreeIndex, available for reuse) or, in an
-// expandable segment only, unmapped (address space with no physical memory behind it, in its
-// pool's unmapped set) or lent (free memory of a partly used coarse page, mapped a second time
-// into a stitched range that uses it: in no set, unusable here until the range gives it back).
+// A segment's blocks tile it exactly, linked in address order through prev/next. The block
+// store (core/block_store.hpp) changes states and asserts every transition.
 #pragma once
 
 #include <atomic>
@@ -14,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "core/assert.hpp"
 #include "core/object_pool.hpp"
 #include "core/page_table.hpp"
 #include "stitch/backend.hpp"
@@ -51,6 +49,59 @@ struct AddressOrder {
 };
 using UnmappedSet = std::set<Block*, AddressOrder>;
 
+/// Where a block is in its life. Exactly one holds at a time, and each says which set holds the
+/// block: the live table, a thread slot, the event queues, a pool's free index or unmapped set.
+enum class BlockState : std::uint8_t {
+  allocated,  ///< handed to a caller (in the live table)
+  /// In a thread's slot of immediate reuse (core/immediate_reuse.hpp): freed by its owner and
+  /// waiting there, or handed out again from there. The slot says which (its owner switches
+  /// between the two without the device lock); to everyone else the block is in use.
+  parked,
+  pending,    ///< freed, waiting for `event_count` events on other streams (StreamEvents)
+  /// Freed while a stream it was used on may be capturing a graph: its events are recorded
+  /// once none is (StreamEvents::record_deferred); then it is pending.
+  deferred,
+  free,       ///< in its pool's free index, available for reuse
+  unmapped,   ///< expandable: address space with no physical memory behind it (unmapped set)
+  /// Free memory of a partly used coarse page, mapped a second time into a stitched range that
+  /// uses it (Segment::borrows): in no set, unusable here until the range gives it back.
+  lent,
+};
+
+/// The name of a state, for messages.
+constexpr const char* to_string(BlockState s) noexcept {
+  switch (s) {
+    case BlockState::allocated: return "allocated";
+    case BlockState::parked: return "parked";
+    case BlockState::pending: return "pending";
+    case BlockState::deferred: return "deferred";
+    case BlockState::free: return "free";
+    case BlockState::unmapped: return "unmapped";
+    case BlockState::lent: return "lent";
+  }
+  return "?";
+}
+
+/// The transitions a block may make (a block is created in any state; it leaves its segment
+/// only free or unmapped, when the segment goes).
+constexpr bool may_become(BlockState from, BlockState to) noexcept {
+  using S = BlockState;
+  switch (from) {
+    case S::allocated: return to == S::parked || to == S::pending || to == S::deferred || to == S::free;
+    case S::parked: return to == S::allocated || to == S::free;
+    case S::pending: return to == S::free;
+    case S::deferred: return to == S::pending;
+    case S::free: return to == S::allocated || to == S::unmapped || to == S::lent;
+    case S::unmapped: return to == S::free;
+    case S::lent: return to == S::free;
+  }
+  return false;
+}
+
+struct Block;
+/// Moves `block` to the state `to`, along a transition may_become() allows (asserted).
+inline void set_state(Block& block, BlockState to) noexcept;
+
 struct Block {
   char* ptr = nullptr;
   std::size_t size = 0;        ///< bytes of the block
@@ -59,28 +110,33 @@ struct Block {
   Segment* segment = nullptr;
   Block* prev = nullptr;       ///< address neighbour in the same segment
   Block* next = nullptr;
-  bool allocated = false;
+  BlockState state;
   bool small = false;          ///< small pool (<= 1 MiB) or large pool
-  bool in_index = false;       ///< currently in its pool's FreeIndex
   bool oversize = false;       ///< counted in oversize_allocations while allocated
-  bool mapped = true;          ///< false: unmapped range of an expandable segment
-  bool lent = false;           ///< mapped, and lent to a stitched range (Segment::borrows)
-  int event_count = 0;         ///< outstanding events before a pending block becomes free
+  int event_count = 0;         ///< pending: the events still outstanding
   std::uint64_t gc_stamp = 0;  ///< pool call counter when it was last freed (GC age)
   std::vector<stream_t> stream_uses;  ///< other streams that used it (record_stream)
-  /// The thread slot that holds it (core/thread_slots.hpp): parked there after a free, or
-  /// handed out from there; set and cleared under the device lock.
+  /// Parked: the thread slot that holds it (set and cleared under the device lock).
   ThreadSlot* slot = nullptr;
-  FreeSet::iterator pos{};     ///< position in the FreeIndex while in_index
+  FreeSet::iterator pos{};     ///< free: its position in the pool's FreeIndex
 
-  Block(char* p, std::size_t s, stream_t st, Segment* seg, bool is_small) noexcept
-      : ptr(p), size(s), stream(st), segment(seg), small(is_small) {}
+  Block(char* p, std::size_t s, stream_t st, Segment* seg, bool is_small, BlockState initial) noexcept
+      : ptr(p), size(s), stream(st), segment(seg), state(initial), small(is_small) {}
 
   [[nodiscard]] bool is_split() const noexcept { return prev != nullptr || next != nullptr; }
-  [[nodiscard]] bool is_free() const noexcept {
-    return !allocated && event_count == 0 && mapped && !lent;
+  [[nodiscard]] bool is_free() const noexcept { return state == BlockState::free; }
+  [[nodiscard]] bool is_mapped() const noexcept { return state != BlockState::unmapped; }
+  /// Allocated or pending: counted in the active statistics, with its requested bytes.
+  [[nodiscard]] bool is_active() const noexcept {
+    return state == BlockState::allocated || state == BlockState::parked ||
+           state == BlockState::pending || state == BlockState::deferred;
   }
 };
+
+void set_state(Block& block, BlockState to) noexcept {
+  STITCH_ASSERT(may_become(block.state, to), "a block state transition block.hpp allows");
+  block.state = to;
+}
 
 bool FreeOrder::operator()(const Block* a, const Block* b) const noexcept {
   return less(a->stream, a->size, a->ptr, b->stream, b->size, b->ptr);
@@ -107,7 +163,8 @@ struct Segment {
   char* base = nullptr;
   std::size_t size = 0;
   stream_t stream = nullptr;
-  /// Its stream's epoch (core/thread_slots.hpp): bumped when the stream's free blocks change.
+  /// Its stream's epoch (core/thread_slots.hpp): bumped whenever the stream's free blocks
+  /// change (BlockStore::free_changed).
   std::atomic<std::uint64_t>* epoch = nullptr;
   bool small = false;
   bool oversize = false;       ///< counted in oversize_segments
@@ -125,6 +182,11 @@ struct Segment {
   Block* head = nullptr;       ///< lowest-address block
   Segment* prev = nullptr;     ///< device-wide list of segments
   Segment* next = nullptr;
+
+  /// An expandable range with nothing mapped: one unmapped block over all of it.
+  [[nodiscard]] bool wholly_unmapped() const noexcept {
+    return head->state == BlockState::unmapped && head->next == nullptr;
+  }
 };
 
 }  // namespace stitch::detail

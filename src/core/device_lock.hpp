@@ -1,6 +1,6 @@
 // core/device_lock.hpp — the device lock, which settles the threads' parked frees.
 //
-// Immediate reuse parks a thread's last free in its slot (core/thread_slots.hpp): the block
+// Immediate reuse parks a thread's last free in its slot (core/immediate_reuse.hpp): the block
 // stays in the live table, counted as allocated. Nothing but malloc and free may see it that
 // way, so the lock settles them: lock() — what std::lock_guard and every other entry point take
 // — settles every slot before returning, and only malloc and free take the lock without that
@@ -12,7 +12,7 @@
 
 namespace stitch::detail {
 
-/// `Owner::settle_slots()` settles every thread's slot (under the lock).
+/// `Owner::settle_all()` settles every thread's slot (under the lock): ImmediateReuse.
 template <typename Owner>
 class DeviceLock {
  public:
@@ -25,7 +25,7 @@ class DeviceLock {
   void lock() {
     spin_.lock();
     try {
-      owner_->settle_slots();
+      owner_->settle_all();
     } catch (...) {
       spin_.unlock();
       throw;

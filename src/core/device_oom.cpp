@@ -14,53 +14,57 @@
 
 namespace stitch {
 
-std::string DeviceAllocator::history_gap() const {
-  if (!recorder_.enabled()) return "recording is off (record_history:True keeps the history)";
-  if (recorder_.started_late()) return "recording started while the device already held memory";
-  if (recorder_.dropped() != 0)
+namespace {
+
+/// Why `history` cannot be replayed as the whole workload ("" when it can).
+std::string history_gap(const detail::Recorder& history) {
+  if (!history.enabled()) return "recording is off (record_history:True keeps the history)";
+  if (history.started_late()) return "recording started while the device already held memory";
+  if (history.dropped() != 0)
     return fmt::format("the history's ring buffer wrapped ({} entries dropped; a larger "
-                       "max_entries keeps them)", recorder_.dropped());
-  if (recorder_.size() > detail::kWhatIfMaxEvents)
+                       "max_entries keeps them)", history.dropped());
+  if (history.size() > detail::kWhatIfMaxEvents)
     return fmt::format("the history has {} entries, more than the {} the check replays",
-                       recorder_.size(), detail::kWhatIfMaxEvents);
+                       history.size(), detail::kWhatIfMaxEvents);
   return "";
 }
 
-std::shared_ptr<const detail::WhatIfInput> DeviceAllocator::what_if_input(stream_t stream) const {
+/// The workload's raw material and the device's shape, for a request on `stream` that failed:
+/// the recorded history, or, when it is incomplete, every mapped run of every segment.
+std::shared_ptr<const detail::WhatIfInput> what_if_input(const Config& config,
+                                                         detail::PageMapper& pages,
+                                                         const detail::Recorder& history,
+                                                         const detail::BlockStore& store,
+                                                         int device, stream_t stream) {
   auto in = std::make_shared<detail::WhatIfInput>();
-  in->config = config_;
+  in->config = config;
   in->stream = reinterpret_cast<std::uintptr_t>(stream);
   try {
-    in->virtual_memory = backend_.supports_virtual_memory(device_);
-    if (in->virtual_memory) in->granularity = backend_.granularity(device_);
+    in->virtual_memory = pages.supported();
+    if (in->virtual_memory) in->granularity = pages.granularity();
   } catch (const backend_error&) {
     in->virtual_memory = false;
   }
-  in->fallback_reason = history_gap();
+  in->fallback_reason = history_gap(history);
   if (in->fallback_reason.empty()) {
     in->source = detail::WhatIfSource::history;
-    in->history = recorder_.entries(false);
+    in->history = history.entries(false);
     return in;
   }
   in->source = detail::WhatIfSource::live_blocks;
   std::size_t blocks = 0;
-  for (const Segment* s = segments_; s != nullptr; s = s->next)
-    for (const Block* b = s->head; b != nullptr; b = b->next) ++blocks;
+  for (const detail::Segment* s = store.segments(); s != nullptr; s = s->next)
+    for (const detail::Block* b = s->head; b != nullptr; b = b->next) ++blocks;
   if (blocks > detail::kWhatIfMaxEvents) {
     in->not_run = fmt::format("{}, and the device holds {} blocks, more than the {} the check "
                               "replays", in->fallback_reason, blocks, detail::kWhatIfMaxEvents);
     return in;
   }
-  segments_locked(in->layout, /*oldest_first=*/true);
+  store.snapshot(device, in->layout, /*oldest_first=*/true);
   return in;
 }
 
-std::size_t DeviceAllocator::largest_free_block() const {
-  std::size_t largest = 0;
-  for (const Pool* pool : {&small_, &large_})
-    for (const Block* b : pool->index) largest = std::max(largest, b->size);
-  return largest;
-}
+}  // namespace
 
 void DeviceAllocator::capture_oom(std::size_t requested, std::size_t rounded,
                                   std::size_t alloc_size, bool small, stream_t stream) {
@@ -82,11 +86,11 @@ void DeviceAllocator::capture_oom(std::size_t requested, std::size_t rounded,
   f.allowed = ledger_.cap();
   f.reserved = ledger_.reserved();
   f.allocated = static_cast<std::size_t>(hot_.allocated_bytes.current());
-  f.largest_free_block = largest_free_block();
+  f.largest_free_block = store_.largest_free_block();
   f.expandable = config_.expandable_segments;
-  for (const Pool* pool : {&small_, &large_}) {
-    for (const Block* b : pool->index) {
-      if (pool->small != small) {
+  for (const bool pool_small : {true, false}) {
+    for (const Block* b : store_.pool(pool_small).index) {
+      if (pool_small != small) {
         f.free_other_pool += b->size;
       } else if (b->stream != stream) {
         f.free_other_streams += b->size;
@@ -116,12 +120,13 @@ void DeviceAllocator::capture_oom(std::size_t requested, std::size_t rounded,
   oom->what_if_enabled = config_.oom_what_if;
   if (detail::what_if_wanted(f, config_.oom_what_if)) {
     try {
-      oom->what_if = what_if_input(stream);
+      oom->what_if = what_if_input(config_, pages_, recorder_, store_, device_, stream);
     } catch (...) {
       oom->capture_failed = true;
     }
   }
-  trace(TraceAction::oom, reinterpret_cast<const void*>(f.device_free), alloc_size, stream);
+  recorder_.trace(TraceAction::oom, reinterpret_cast<const void*>(f.device_free), alloc_size,
+                  stream);
 }
 
 }  // namespace stitch

@@ -23,14 +23,9 @@ class FreeIndex {
   explicit FreeIndex(PoolAllocator<Block*>::Storage* nodes)
       : set_(FreeOrder{}, PoolAllocator<Block*>(nodes)) {}
 
-  void insert(Block* b) {
-    b->pos = set_.insert(b).first;
-    b->in_index = true;
-  }
-  void erase(Block* b) noexcept {
-    set_.erase(b->pos);
-    b->in_index = false;
-  }
+  /// Files `b` (the block store marks it free).
+  void insert(Block* b) { b->pos = set_.insert(b).first; }
+  void erase(Block* b) noexcept { set_.erase(b->pos); }
   /// Gives an indexed block a new address and a smaller size (a split took its front).
   void shrink(Block* b, char* ptr, std::size_t size) {
     // The new key is smaller than the old one: only the predecessor can be out of order.

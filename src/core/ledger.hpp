@@ -1,22 +1,26 @@
 // core/ledger.hpp — what a device holds from its backend, booked in one place: the segments and
 // mapped pages it obtains and gives back (the segment, reserved_bytes, oversize_segments and
-// device-call statistics), memory lent between the pools, and the memory-fraction cap they must
-// stay under.
+// device-call statistics, and their segment_* entries in the history), memory lent between the
+// pools, and the memory-fraction cap they must stay under. Every change of what the device holds
+// is counted and traced by the same call, so neither can be forgotten.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 
+#include "core/block.hpp"
 #include "core/stat_update.hpp"
+#include "diagnostics/recorder.hpp"
 #include "stitch/stats.hpp"
 
 namespace stitch::detail {
 
 class Ledger {
  public:
-  /// Books into `stats` (the device's slow-path statistics), which must outlive the ledger.
-  explicit Ledger(DeviceStats& stats) noexcept : stats_(stats) {}
+  /// Books into `stats` (the device's slow-path statistics) and `history`, which must outlive the
+  /// ledger.
+  Ledger(DeviceStats& stats, Recorder& history) noexcept : stats_(stats), history_(history) {}
 
   /// Bytes held from the device now.
   [[nodiscard]] std::size_t reserved() const noexcept {
@@ -35,30 +39,53 @@ class Ledger {
     return reserved() < *cap_ ? *cap_ - reserved() : 0;
   }
 
-  /// A plain segment of `bytes` was allocated (oversize: at least max_split_size).
-  void segment_allocated(bool small, std::size_t bytes, bool oversize) noexcept {
+  /// A plain segment was allocated (oversize: at least max_split_size).
+  void segment_allocated(const Segment& s) noexcept {
     ++stats_.num_device_alloc;
-    add(stats_.segment, small, 1);
-    add(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
-    if (oversize) stats_.oversize_segments.increase(1);
+    add(stats_.segment, s.small, 1);
+    add(stats_.reserved_bytes, s.small, static_cast<std::int64_t>(s.size));
+    if (s.oversize) stats_.oversize_segments.increase(1);
+    history_.trace(TraceAction::segment_alloc, s.base, s.size, s.stream);
   }
-  void segment_freed(bool small, std::size_t bytes, bool oversize) noexcept {
+  void segment_freed(const Segment& s) noexcept {
+    history_.trace(TraceAction::segment_free, s.base, s.size, s.stream);
     ++stats_.num_device_free;
-    sub(stats_.segment, small, 1);
-    sub(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
-    if (oversize) stats_.oversize_segments.decrease(1);
+    sub(stats_.segment, s.small, 1);
+    sub(stats_.reserved_bytes, s.small, static_cast<std::int64_t>(s.size));
+    if (s.oversize) stats_.oversize_segments.decrease(1);
   }
-  /// `bytes` of pages were mapped into (or unmapped from) an expandable range, in one call.
-  void mapped(bool small, std::size_t bytes) noexcept {
+  /// `bytes` at `at` of `s` were mapped, in one call; `held` of them are new to the device (the
+  /// rest is borrowed memory, held already).
+  void mapped(const Segment& s, const char* at, std::size_t bytes, std::size_t held) noexcept {
+    history_.trace(TraceAction::segment_map, at, bytes, s.stream);
     ++stats_.num_device_alloc;
-    add(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
+    add(stats_.reserved_bytes, s.small, static_cast<std::int64_t>(held));
   }
-  void unmapped(bool small, std::size_t bytes) noexcept {
+  void mapped(const Segment& s, const char* at, std::size_t bytes) noexcept {
+    mapped(s, at, bytes, bytes);
+  }
+  /// `bytes` at `at` of `s` were unmapped, in one call (borrowed memory among them is booked back
+  /// where it lies with returned()).
+  void unmapped(const Segment& s, const char* at, std::size_t bytes) noexcept {
+    history_.trace(TraceAction::segment_unmap, at, bytes, s.stream);
     ++stats_.num_device_free;
-    sub(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
+    sub(stats_.reserved_bytes, s.small, static_cast<std::int64_t>(bytes));
   }
-  /// `bytes` of memory mapped all along now count in (or no longer count in) a pool: memory lent
-  /// to a stitched range, or given back. No device call.
+  /// A free block's memory is lent to a stitched range of the pool `to_small` (mapped there a
+  /// second time): it counts there from now on, and where it lies it looks unmapped. No call.
+  void lent(const Block& b, bool to_small) noexcept {
+    history_.trace(TraceAction::segment_unmap, b.ptr, b.size, b.stream);
+    held(b.small, -static_cast<std::int64_t>(b.size));
+    held(to_small, static_cast<std::int64_t>(b.size));
+  }
+  /// A lent block's second mapping was unmapped (booked there by unmapped()): its memory counts
+  /// where it lies again. No call.
+  void returned(const Block& b) noexcept {
+    held(b.small, static_cast<std::int64_t>(b.size));
+    history_.trace(TraceAction::segment_map, b.ptr, b.size, b.stream);
+  }
+
+ private:
   void held(bool small, std::int64_t bytes) noexcept {
     if (bytes >= 0) {
       add(stats_.reserved_bytes, small, bytes);
@@ -66,13 +93,9 @@ class Ledger {
       sub(stats_.reserved_bytes, small, -bytes);
     }
   }
-  void lent(bool from_small, bool to_small, std::size_t bytes) noexcept {
-    held(from_small, -static_cast<std::int64_t>(bytes));
-    held(to_small, static_cast<std::int64_t>(bytes));
-  }
 
- private:
   DeviceStats& stats_;
+  Recorder& history_;
   std::optional<std::size_t> cap_;
 };
 

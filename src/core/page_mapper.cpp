@@ -1,11 +1,13 @@
-// core/page_mapper.cpp — PageMapper: mapping pages all or nothing, and the retries of what an
-// undo left behind.
+// core/page_mapper.cpp — PageMapper: mapping pages all or nothing, the remap under live
+// addresses, and the retries of what an undo left behind.
 #include "core/page_mapper.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "core/assert.hpp"
 #include "core/undo.hpp"
-
-#include <algorithm>
 
 namespace stitch::detail {
 
@@ -23,6 +25,30 @@ PageMapper::~PageMapper() {
     }
   }
 }
+
+bool PageMapper::supported() { return backend_.supports_virtual_memory(device_); }
+
+std::size_t PageMapper::granularity() { return backend_.granularity(device_); }
+
+std::size_t PageMapper::device_total() { return backend_.total_memory(device_); }
+
+std::size_t PageMapper::device_free() { return backend_.memory_info(device_).free; }
+
+void PageMapper::synchronize(stream_t stream) { backend_.synchronize_stream(device_, stream); }
+
+char* PageMapper::reserve(std::size_t bytes, std::size_t alignment) {
+  return static_cast<char*>(backend_.reserve(device_, bytes, alignment));
+}
+
+void PageMapper::release_reservation(char* va, std::size_t bytes) {
+  backend_.release_reservation(device_, va, bytes);
+}
+
+phys_handle_t PageMapper::create(std::size_t bytes) {
+  return backend_.create_physical(device_, bytes);
+}
+
+void PageMapper::unmap(char* at, std::size_t bytes) { backend_.unmap(device_, at, bytes); }
 
 bool PageMapper::map(Segment& segment, std::size_t first, std::size_t count, std::size_t per) {
   STITCH_ASSERT(first + count <= segment.pages.slots() && per > 0,
@@ -54,6 +80,22 @@ bool PageMapper::map(Segment& segment, std::size_t first, std::size_t count, std
     i += slots;
   }
   return true;
+}
+
+bool PageMapper::map_pieces(char* at, const std::vector<MapPiece>& pieces) {
+  std::size_t bytes = 0;
+  for (const MapPiece& p : pieces) bytes += p.bytes;
+  unmap_strays_in(at, bytes);  // a stray range may lie where these pages go
+  // One run: a map per piece, one access grant over them all (all or nothing).
+  return pieces.empty() || backend_.map_run(device_, at, pieces.data(), pieces.size());
+}
+
+bool PageMapper::map_back(char* at, std::size_t bytes, phys_handle_t handle) noexcept {
+  try {
+    return backend_.map(device_, at, bytes, handle);
+  } catch (...) {
+    return false;
+  }
 }
 
 std::exception_ptr PageMapper::release(Segment& segment, std::size_t first, std::size_t last) noexcept {
@@ -133,6 +175,85 @@ void PageMapper::retry() noexcept {
       ++it;
     }
   }
+}
+
+}  // namespace stitch::detail
+
+namespace stitch::detail {
+
+bool PageMapper::remap(const Mapping& m, const std::vector<SlotRun>& keep, const DeviceCopy& copy) {
+  Segment& s = *m.segment;
+  const std::size_t page = s.page;
+  STITCH_ASSERT(m.count > 0 && s.pages.extent(m.first) == m.count,
+                "PageMapper::remap: a whole mapping");
+  std::size_t kept = 0;
+  for (const SlotRun& r : keep) {
+    STITCH_ASSERT(r.count > 0 && r.first >= m.first && r.first + r.count <= m.first + m.count,
+                  "PageMapper::remap: kept runs inside the mapping");
+    kept += r.count;
+  }
+  const phys_handle_t old = s.pages.handle(m.first);
+  // Borrowed memory (mapped here a second time) is its lender's: its handle stays.
+  const bool borrowed = std::any_of(s.borrows.begin(), s.borrows.end(),
+                                    [&](const Borrow& b) { return b.slot == m.first; });
+  // 1-3: fresh pages, mapped at a scratch range, with the kept data copied there. Every step is
+  // undone on a failure (the undos run in reverse order of their declaration).
+  std::vector<MapPiece> fresh;
+  fresh.reserve(kept);
+  Undo release_fresh([&] {
+    for (const MapPiece& p : fresh) release_or_orphan(p.handle);
+  });
+  for (std::size_t i = 0; i < kept; ++i) {
+    const phys_handle_t h = create(page);
+    if (h == 0) return false;
+    fresh.push_back(MapPiece{h, page});
+  }
+  char* scratch = kept == 0 ? nullptr : reserve(kept * page, page);
+  if (kept != 0 && scratch == nullptr) return false;  // no address space left
+  Undo release_scratch([&] {
+    if (scratch == nullptr) return;
+    try {
+      release_reservation(scratch, kept * page);
+    } catch (...) {  // the reservation stays: it blocks only its own addresses
+    }
+  });
+  if (!map_pieces(scratch, fresh)) return false;
+  Undo unmap_scratch([&] {
+    if (kept != 0) unmap_or_stray(scratch, kept * page);
+  });
+  std::size_t offset = 0;
+  for (const SlotRun& r : keep) {
+    copy(scratch + offset, s.base + r.first * page, r.count * page);
+    offset += r.count * page;
+  }
+  // 4: the whole mapping goes (throws: nothing changed, the undos run).
+  unmap(s.base + m.first * page, m.count * page);
+  release_fresh.done();
+  s.pages.set(m.first, m.count, 0);
+  // 5: the fresh pages over the kept runs. The data has no address until this succeeds.
+  std::size_t next = 0;
+  for (const SlotRun& r : keep) {
+    char* at = s.base + r.first * page;
+    bool mapped = false;
+    try {
+      mapped = backend_.map_run(device_, at, fresh.data() + next, r.count);
+    } catch (...) {
+    }
+    if (!mapped) {
+      std::fprintf(stderr,
+                   "stitch: fatal: remapping %zu bytes at %p under live blocks failed after their "
+                   "old pages were unmapped; their data cannot be reached\n",
+                   r.count * page, static_cast<void*>(at));
+      std::abort();
+    }
+    for (std::size_t k = 0; k < r.count; ++k) s.pages.set(r.first + k, 1, fresh[next + k].handle);
+    next += r.count;
+  }
+  // 6-7: the scratch range and the old handle go (undos that cannot fail the remap).
+  unmap_scratch.done();
+  if (kept != 0) unmap_or_stray(scratch, kept * page);
+  if (!borrowed) release_or_orphan(old);
+  return true;  // release_scratch runs: the scratch reservation goes back
 }
 
 }  // namespace stitch::detail

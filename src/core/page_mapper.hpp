@@ -1,12 +1,16 @@
-// core/page_mapper.hpp — the physical pages of expandable ranges: created, mapped, unmapped and
-// released through the backend, all or nothing, and what an undo could not undo: stray mappings
-// (an unmap that failed while undoing a failed map: the bookkeeping already calls the range
+// core/page_mapper.hpp — the one layer of the core that talks to the device's virtual-memory API:
+// address ranges reserved and released, physical pages created, mapped, unmapped and released,
+// the streams synchronized before pages under their addresses move, and the remap that replaces
+// the memory under a mapping at the same addresses. Multi-step changes are all or nothing (an
+// undo on every failure); what an undo could not undo is kept and retried: stray mappings (an
+// unmap that failed while undoing a failed map: the bookkeeping already calls the range
 // unmapped) and orphaned handles (a release that failed after an unmap). Both are retried before
 // the next map and before memory goes back to the device.
 #pragma once
 
 #include <cstddef>
 #include <exception>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -14,6 +18,25 @@
 #include "stitch/backend.hpp"
 
 namespace stitch::detail {
+
+/// A whole mapping of an expandable range: slots [first, first + count) of `segment`, which one
+/// map call covered (PageTable::extent at `first`): a coarse page, a granule, or memory borrowed
+/// from another range. cuMemUnmap cannot cut a sub-range of a mapping, so the memory under live
+/// blocks is replaced mapping by mapping.
+struct Mapping {
+  Segment* segment;
+  std::size_t first;
+  std::size_t count;
+};
+
+/// Slots [first, first + count) of a range.
+struct SlotRun {
+  std::size_t first;
+  std::size_t count;
+};
+
+/// Copies `bytes` from `from` to `to` on the device and waits until the copy is done.
+using DeviceCopy = std::function<void(char* to, const char* from, std::size_t bytes)>;
 
 class PageMapper {
  public:
@@ -23,15 +46,43 @@ class PageMapper {
   PageMapper(const PageMapper&) = delete;
   PageMapper& operator=(const PageMapper&) = delete;
 
+  // ---- the device ---------------------------------------------------------------------------------
+  /// Whether the device has the virtual-memory API.
+  [[nodiscard]] bool supported();
+  /// The page size of physical memory and mappings (a power of two).
+  [[nodiscard]] std::size_t granularity();
+  /// The device's capacity, and what it could still hand out.
+  [[nodiscard]] std::size_t device_total();
+  [[nodiscard]] std::size_t device_free();
+  /// Waits for the work queued on `stream`: before pages its kernels may use are unmapped.
+  void synchronize(stream_t stream);
+
+  // ---- address ranges -----------------------------------------------------------------------------
+  /// Reserves `bytes` of addresses, `alignment` aligned (granularity multiples); nullptr when no
+  /// address space is left. Throws backend_error.
+  [[nodiscard]] char* reserve(std::size_t bytes, std::size_t alignment);
+  /// Releases a reservation with nothing mapped in it. Throws (keeping it).
+  void release_reservation(char* va, std::size_t bytes);
+
+  // ---- pages --------------------------------------------------------------------------------------
   /// Creates and maps page slots [first, first + count) of `segment`, `per` slots to a handle
   /// (the count % per slots at the end one to a handle): one create and one map per handle.
-  /// All or nothing: false when
-  /// the device is out of memory, and on a backend error it rethrows; either way every handle
-  /// mapped here was unmapped and released again (or filed as stray / orphan).
+  /// All or nothing: false when the device is out of memory, and on a backend error it rethrows;
+  /// either way every handle mapped here was unmapped and released again (or filed as stray /
+  /// orphan).
   bool map(Segment& segment, std::size_t first, std::size_t count, std::size_t per = 1);
+  /// A fresh handle of `bytes`; 0 when the device is out of memory. Throws backend_error.
+  [[nodiscard]] phys_handle_t create(std::size_t bytes);
+  /// Maps `pieces` side by side from `at` (stray ranges there are unmapped first), all or
+  /// nothing: false when the device ran out of memory (nothing mapped); throws backend_error.
+  [[nodiscard]] bool map_pieces(char* at, const std::vector<MapPiece>& pieces);
+  /// Maps `handle` (`bytes` of it) at `at` again, as an undo does; false when that failed too.
+  [[nodiscard]] bool map_back(char* at, std::size_t bytes, phys_handle_t handle) noexcept;
+  /// Unmaps `bytes` at `at` (whole mappings). Throws, changing nothing.
+  void unmap(char* at, std::size_t bytes);
   /// Releases the handles of slots [first, last) of `segment` (just unmapped; whole handles;
-  /// slots already cleared are skipped) and zeroes them; a handle whose release fails is kept as an orphan. Returns the first
-  /// failure (or null).
+  /// slots already cleared are skipped) and zeroes them; a handle whose release fails is kept as
+  /// an orphan. Returns the first failure (or null).
   std::exception_ptr release(Segment& segment, std::size_t first, std::size_t last) noexcept;
   /// Releases `handle`, or keeps it as an orphan when that fails.
   void release_or_orphan(phys_handle_t handle) noexcept;
@@ -44,6 +95,21 @@ class PageMapper {
   /// One more try for every stray range and orphaned handle; what fails again is kept for later.
   void retry() noexcept;
   [[nodiscard]] const std::vector<phys_handle_t>& orphans() const noexcept { return orphans_; }
+
+  // ---- moving memory under live addresses ----------------------------------------------------------
+  /// Replaces the physical memory under the whole mapping `m` with fresh one-slot handles for the
+  /// slots in `keep` (runs inside it, in address order), at the same addresses, so that the data
+  /// there keeps its address while the mapping's handle is released:
+  ///  1. creates the fresh handles; 2. maps them side by side at a scratch range;
+  ///  3. `copy`s each kept run there; 4. unmaps the whole mapping; 5. maps the fresh handles over
+  ///  the kept runs; 6. unmaps and releases the scratch range; 7. releases the old handle (its
+  ///  memory goes back once no other mapping of it is left).
+  /// The caller has synchronized every stream that could touch the mapping, and no graph is being
+  /// captured. All or nothing up to step 4: false when the device is out of memory, a rethrow on
+  /// a backend error, nothing changed either way. Between steps 4 and 5 the kept data has no
+  /// address: if mapping it back fails it cannot be reached, and the process aborts with a
+  /// message. Afterwards the page table maps the kept slots one to a handle, and the others not.
+  bool remap(const Mapping& m, const std::vector<SlotRun>& keep, const DeviceCopy& copy);
 
  private:
   Backend& backend_;

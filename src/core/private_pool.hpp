@@ -1,14 +1,6 @@
-// core/private_pool.hpp — private pools (PyTorch's graph pools, MempoolId_t): memory set apart for
-// one CUDA graph or MemPool, and the routes that send allocations to them.
-//
-// While a route is underway (begin_allocate_to_pool .. end_allocate_to_pool), allocations on the
-// streams its filter accepts come from its pool, in segments of their own; no other allocation
-// ever gets a block of a private pool, and the device's release paths never touch one. A pool's
-// memory goes back to the device once release_pool() has dropped its last use and its blocks are
-// free. While any route is underway a stream may be capturing, so the device queries no event,
-// waits for nothing and returns no memory (CUDA forbids those on a capturing stream); the events
-// of blocks freed then are recorded at the first allocation after the last route has ended, as
-// PyTorch does (its route ends before the capture does).
+// core/private_pool.hpp — one private pool (PyTorch's graph pool or MemPool, keyed by its
+// MempoolId_t): its two block pools, the segments it holds and its uses, and one route to it
+// (core/private_pools.hpp has the pools of a device and their routes).
 #pragma once
 
 #include <cstddef>
@@ -17,7 +9,7 @@
 
 #include "core/block_pool.hpp"
 #include "stitch/backend.hpp"
-#include "stitch/graph_pool.hpp"
+#include "stitch/private_pool.hpp"
 
 namespace stitch::detail {
 

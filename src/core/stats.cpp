@@ -2,7 +2,9 @@
 #include "stitch/stats.hpp"
 
 #include <array>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace stitch {
 
@@ -10,6 +12,14 @@ namespace {
 
 using ArrayField = StatArray DeviceStats::*;
 using ScalarField = std::int64_t DeviceStats::*;
+
+/// A counter of its own: PyTorch's, stitch's reported by memory_stats() too, or stitch's alone.
+enum class Origin { torch, memory_stats, stitch };
+struct ScalarKey {
+  const char* name;
+  ScalarField field;
+  Origin origin;
+};
 
 constexpr std::array<std::pair<const char*, ArrayField>, 9> kArrays{{
     {"allocation", &DeviceStats::allocation},
@@ -26,19 +36,19 @@ constexpr std::array<std::pair<const char*, Stat DeviceStats::*>, 2> kSingles{{
     {"oversize_allocations", &DeviceStats::oversize_allocations},
     {"oversize_segments", &DeviceStats::oversize_segments},
 }};
-constexpr std::array<std::pair<const char*, ScalarField>, 12> kScalars{{
-    {"num_alloc_retries", &DeviceStats::num_alloc_retries},
-    {"num_ooms", &DeviceStats::num_ooms},
-    {"num_sync_all_streams", &DeviceStats::num_sync_all_streams},
-    {"num_device_alloc", &DeviceStats::num_device_alloc},
-    {"num_device_free", &DeviceStats::num_device_free},
-    {"num_invalid_frees", &DeviceStats::num_invalid_frees},
-    {"num_stitches", &DeviceStats::num_stitches},
-    {"stitched_bytes", &DeviceStats::stitched_bytes},
-    {"num_page_reuses", &DeviceStats::num_page_reuses},
-    {"num_page_borrows", &DeviceStats::num_page_borrows},
-    {"num_immediate_reuses", &DeviceStats::num_immediate_reuses},
-    {"max_split_size", &DeviceStats::max_split_size},
+constexpr std::array<ScalarKey, 12> kScalars{{
+    {"num_alloc_retries", &DeviceStats::num_alloc_retries, Origin::torch},
+    {"num_ooms", &DeviceStats::num_ooms, Origin::torch},
+    {"num_sync_all_streams", &DeviceStats::num_sync_all_streams, Origin::torch},
+    {"num_device_alloc", &DeviceStats::num_device_alloc, Origin::torch},
+    {"num_device_free", &DeviceStats::num_device_free, Origin::torch},
+    {"num_invalid_frees", &DeviceStats::num_invalid_frees, Origin::memory_stats},
+    {"num_stitches", &DeviceStats::num_stitches, Origin::stitch},
+    {"stitched_bytes", &DeviceStats::stitched_bytes, Origin::stitch},
+    {"num_page_reuses", &DeviceStats::num_page_reuses, Origin::stitch},
+    {"num_page_borrows", &DeviceStats::num_page_borrows, Origin::stitch},
+    {"num_immediate_reuses", &DeviceStats::num_immediate_reuses, Origin::stitch},
+    {"max_split_size", &DeviceStats::max_split_size, Origin::torch},
 }};
 constexpr std::array<const char*, 3> kPools{"all", "small_pool", "large_pool"};
 constexpr std::array<const char*, 4> kParts{"current", "peak", "allocated", "freed"};
@@ -69,8 +79,8 @@ std::optional<std::int64_t> stat_part(const Stat& s, std::string_view name) {
 
 std::optional<std::int64_t> DeviceStats::get(std::string_view key) const {
   auto [name, rest] = head(key);
-  for (const auto& [n, field] : kScalars)
-    if (name == n && rest.empty()) return this->*field;
+  for (const ScalarKey& k : kScalars)
+    if (name == k.name && rest.empty()) return this->*k.field;
   for (const auto& [n, field] : kSingles)
     if (name == n) return stat_part(this->*field, rest);
   for (const auto& [n, field] : kArrays) {
@@ -91,7 +101,38 @@ void DeviceStats::for_each(const std::function<void(const std::string&, std::int
   for (const auto& [n, field] : kSingles)
     for (std::size_t i = 0; i < kParts.size(); ++i)
       fn(std::string(n) + "." + kParts[i], part(this->*field, i));
-  for (const auto& [n, field] : kScalars) fn(n, this->*field);
+  for (const ScalarKey& k : kScalars) fn(k.name, this->*k.field);
+}
+
+const std::vector<DeviceStats::Key>& DeviceStats::keys() {
+  // Built once, from for_each: the names stay in `names` for the life of the process.
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    DeviceStats{}.for_each([&](const std::string& name, std::int64_t) { out.push_back(name); });
+    return out;
+  }();
+  static const std::vector<Key> table = [] {
+    std::vector<Key> out;
+    for (const std::string& name : names) {
+      Origin origin = Origin::torch;
+      for (const ScalarKey& k : kScalars)
+        if (name == k.name) origin = k.origin;
+      out.push_back(Key{name.c_str(), origin == Origin::torch, origin != Origin::stitch});
+    }
+    return out;
+  }();
+  return table;
+}
+
+void DeviceStats::values(std::int64_t* out) const {
+  // for_each's order, without building the names.
+  std::size_t i = 0;
+  for (const auto& [n, field] : kArrays)
+    for (std::size_t p = 0; p < kPools.size(); ++p)
+      for (std::size_t k = 0; k < kParts.size(); ++k) out[i++] = part((this->*field)[p], k);
+  for (const auto& [n, field] : kSingles)
+    for (std::size_t k = 0; k < kParts.size(); ++k) out[i++] = part(this->*field, k);
+  for (const ScalarKey& k : kScalars) out[i++] = this->*k.field;
 }
 
 void DeviceStats::reset_peak() noexcept {
@@ -104,8 +145,8 @@ void DeviceStats::reset_accumulated() noexcept {
   for (const auto& [n, field] : kArrays)
     for (Stat& s : this->*field) s.reset_accumulated();
   for (const auto& [n, field] : kSingles) (this->*field).reset_accumulated();
-  for (const auto& [n, field] : kScalars)
-    if (field != &DeviceStats::max_split_size) this->*field = 0;
+  for (const ScalarKey& k : kScalars)
+    if (k.field != &DeviceStats::max_split_size) this->*k.field = 0;
 }
 
 }  // namespace stitch

@@ -36,13 +36,10 @@
 #include <map>
 #include <vector>
 
-#include "core/constants.hpp"
 #include "core/stitcher.hpp"
 
 #include "core/assert.hpp"
-#include "core/device_allocator.hpp"
-#include "core/page_mapper.hpp"
-#include "core/stat_update.hpp"
+#include "core/constants.hpp"
 
 namespace stitch::detail {
 
@@ -103,53 +100,38 @@ void Stitcher::map_back(const MovedPage& m) noexcept {
   const std::size_t page = segment->page * m.slots;
   char* at = segment->base + m.index * segment->page;
   STITCH_ASSERT(m.piece == 0, "map_back: mappings start at their handle's start");
-  bool mapped = false;
-  try {
-    mapped = d_.backend_.map(d_.device_, at, page, m.handle);
-  } catch (...) {
-  }
-  if (!mapped) {
+  if (!pages_.map_back(at, page, m.handle)) {
     // The source keeps a hole there: consistent, just smaller.
     if (m.lent != nullptr) {
-      d_.return_lent(m.lent);
+      ledger_.returned(*m.lent);
+      store_.return_lent(m.lent);
     } else {
-      d_.pages_.release_or_orphan(m.handle);
+      pages_.release_or_orphan(m.handle);
     }
     return;
   }
   // Bookkeeping only from here (an allocation failure in it terminates: noexcept).
   Block* u = segment->head;
   while (u != nullptr && !(u->ptr <= at && at < u->ptr + u->size)) u = u->next;
-  STITCH_ASSERT(u != nullptr && !u->mapped, "map_back: the page's place is an unmapped block");
-  DeviceAllocator::Pool& pool = d_.pool_of(segment);
-  pool.unmapped.erase(u);
-  if (u->ptr < at) {  // unmapped front stays unmapped
-    Block* front = d_.link_new_front(u, static_cast<std::size_t>(at - u->ptr));
-    front->mapped = false;
-    u->size -= front->size;
-    u->ptr = at;
-    pool.unmapped.insert(front);
-  }
-  d_.split_unmapped_tail(u, page);  // the unmapped rest stays unmapped
-  u->mapped = true;
+  STITCH_ASSERT(u != nullptr && !u->is_mapped(), "map_back: the page's place is an unmapped block");
   segment->pages.set(m.index, m.slots, m.handle, m.piece);
   if (m.lent != nullptr) segment->borrows.push_back(Borrow{m.lent, m.index, m.slots});
-  d_.trace(TraceAction::segment_map, at, page, segment->stream);
-  d_.ledger_.mapped(segment->small, page);
-  d_.insert_free(pool, u);
+  ledger_.mapped(*segment, at, page);
+  store_.mapped(u, at, page, /*merge=*/true);
 }
 
 void Stitcher::release_or_keep(bool small, stream_t stream, void* va, std::size_t bytes,
-                                      std::size_t page) noexcept {
+                               std::size_t page) noexcept {
   // Gives back an unused, wholly unmapped stitching range. If that fails, the range is kept as
-  // an empty stitched segment (one unmapped block), which release_expandable_pages releases
-  // later, like any wholly unmapped range.
+  // an empty stitched segment (one unmapped block), which release_free_pages releases later,
+  // like any wholly unmapped range.
   try {
-    d_.backend_.release_reservation(d_.device_, va, bytes);
+    pages_.release_reservation(static_cast<char*>(va), bytes);
     return;
   } catch (...) {
   }
-  d_.adopt_unmapped_range(d_.pool_for(small), stream, static_cast<char*>(va), bytes, page, true);
+  store_.add_range(store_.pool(small), stream, static_cast<char*>(va), bytes, page, true,
+                   BlockState::unmapped);
 }
 
 
@@ -157,9 +139,10 @@ std::size_t Stitcher::free_page_runs(stream_t stream, std::vector<Run>& own,
                                      std::map<stream_t, std::vector<Run>>* others,
                                      bool with_borrowed, const Block* skip_a,
                                      const Block* skip_b) {
-  const std::size_t page = d_.backend_.granularity(d_.device_);
+  const std::size_t page = pages_.granularity();
   std::size_t total = 0;
-  for (const DeviceAllocator::Pool* p : {&d_.small_, &d_.large_}) {
+  for (bool small : {true, false}) {
+    const BlockPool* p = &store_.pool(small);
     for (Block* b : p->index) {
       const Segment* s = b->segment;
       if (!s->expandable || s->page != page || b == skip_a || b == skip_b) continue;
@@ -181,9 +164,10 @@ std::vector<Stitcher::Lendable> Stitcher::lendable_runs(stream_t stream, bool ow
   // The whole free granules of free blocks that lie on a coarse page reaching out of the block
   // (the part whole_handles leaves behind): at the block's two ends, or the whole block when it
   // lies inside one page. Each run is in one mapping, so it is mapped again with one call.
-  const std::size_t page = d_.backend_.granularity(d_.device_);
+  const std::size_t page = pages_.granularity();
   std::vector<Lendable> out;
-  for (const DeviceAllocator::Pool* p : {&d_.small_, &d_.large_}) {
+  for (bool small : {true, false}) {
+    const BlockPool* p = &store_.pool(small);
     for (Block* b : p->index) {
       Segment* s = b->segment;
       if (!s->expandable || s->page != page) continue;
@@ -217,7 +201,7 @@ void Stitcher::move_out(const std::vector<Run>& plan, std::vector<MovedPage>& mo
     char* at = s->base + run.first * page;
     const std::size_t bytes = run.count * page;
     try {
-      d_.backend_.unmap(d_.device_, at, bytes);
+      pages_.unmap(at, bytes);
     } catch (...) {
       for (std::size_t i = moved.size(); i > first_moved; --i)
         map_back(moved[i - 1]);
@@ -238,9 +222,8 @@ void Stitcher::move_out(const std::vector<Run>& plan, std::vector<MovedPage>& mo
       s->pages.set(i, slots, 0);
       i += slots;
     }
-    d_.trace(TraceAction::segment_unmap, at, bytes, s->stream);
-    d_.ledger_.unmapped(s->small, bytes);
-    d_.mark_unmapped(run.block, run.first * page, run.first * page + bytes);
+    ledger_.unmapped(*s, at, bytes);
+    store_.take_pages(run.block, run.first * page, run.first * page + bytes, BlockState::unmapped);
     if (s->stitched && std::find(sources.begin(), sources.end(), s) == sources.end())
       sources.push_back(s);
   }
@@ -253,15 +236,13 @@ bool Stitcher::map_side_by_side(Segment& dest, std::size_t first,
   char* at = dest.base + first * page;
   auto undo = [&] {
     for (auto it = moved.rbegin(); it != moved.rend(); ++it) map_back(*it);
-    for (phys_handle_t h : fresh) d_.pages_.release_or_orphan(h);
+    for (phys_handle_t h : fresh) pages_.release_or_orphan(h);
   };
   bool mapped = false;
   try {
     std::size_t slots = fresh.size();
     for (const MovedPage& m : moved) slots += m.slots;
     dest.pages.make_room(first + slots);
-    d_.pages_.unmap_strays_in(at, slots * page);  // a stray range may lie where these pages go
-    // One run: a map per page, one access grant over them all (all or nothing).
     std::vector<MapPiece> pieces;
     pieces.reserve(moved.size() + fresh.size());
     for (const MovedPage& m : moved) {
@@ -269,7 +250,7 @@ bool Stitcher::map_side_by_side(Segment& dest, std::size_t first,
       pieces.push_back(MapPiece{m.handle, m.slots * page});
     }
     for (phys_handle_t h : fresh) pieces.push_back(MapPiece{h, page});
-    mapped = pieces.empty() || d_.backend_.map_run(d_.device_, at, pieces.data(), pieces.size());
+    mapped = pages_.map_pieces(at, pieces);  // (stray ranges where they go are unmapped first)
   } catch (...) {
     undo();
     throw;
@@ -290,9 +271,11 @@ bool Stitcher::map_side_by_side(Segment& dest, std::size_t first,
 
 void Stitcher::dissolve_emptied(const std::vector<Segment*>& sources) noexcept {
   for (Segment* s : sources) {
+    if (!s->wholly_unmapped()) continue;
     try {
-      d_.release_if_unmapped(s);
-    } catch (...) {  // kept, wholly unmapped: release_expandable_pages retries
+      pages_.release_reservation(s->base, s->size);
+      store_.remove_segment(s);
+    } catch (...) {  // kept, wholly unmapped: release_free_pages retries
     }
   }
 }
@@ -311,22 +294,22 @@ bool Stitcher::map_reused_pages(Block* target, std::size_t count) {
   // every grow steal from blocks about to be reused, and slivers of pages piled up between the
   // holes (ftcourse-finetune: 93 MiB of them at its peak, against 7 MiB; docs/stitching.md).
   const std::size_t have = free_page_runs(dest->stream, own, nullptr, false, target->prev, target->next);
-  const std::size_t reserved_now = d_.ledger_.reserved();
+  const std::size_t reserved_now = ledger_.reserved();
   if (have * page > reserved_now / kReuseSlack) take(std::move(own), count, plan);
   std::size_t reused = 0;
   for (const Run& r : plan) reused += r.count;
   const std::size_t fresh_pages = count - reused;
-  if (!d_.ledger_.fits(fresh_pages * page)) return false;
+  if (!ledger_.fits(fresh_pages * page)) return false;
   const std::size_t first = static_cast<std::size_t>(target->ptr - dest->base) / page;
-  if (reused == 0) return d_.pages_.map(*dest, first, count);
+  if (reused == 0) return pages_.map(*dest, first, count);
 
   std::vector<phys_handle_t> fresh;
   auto release_fresh = [&] {
-    for (phys_handle_t h : fresh) d_.pages_.release_or_orphan(h);
+    for (phys_handle_t h : fresh) pages_.release_or_orphan(h);
   };
   try {
     while (fresh.size() < fresh_pages) {
-      const phys_handle_t h = d_.backend_.create_physical(d_.device_, page);
+      const phys_handle_t h = pages_.create(page);
       if (h == 0) {
         release_fresh();
         return false;
@@ -334,7 +317,7 @@ bool Stitcher::map_reused_pages(Block* target, std::size_t count) {
       fresh.push_back(h);
     }
     // Kernels queued on the stream may still use the pages' old addresses.
-    d_.backend_.synchronize_stream(d_.device_, dest->stream);
+    pages_.synchronize(dest->stream);
   } catch (...) {
     release_fresh();
     throw;
@@ -353,16 +336,14 @@ bool Stitcher::map_reused_pages(Block* target, std::size_t count) {
     dissolve_emptied(sources);
     return false;  // out of memory while mapping: every page back where it was
   }
-  ++d_.stats_.num_page_reuses;
+  ++stats_.num_page_reuses;
   dissolve_emptied(sources);
   return true;
 }
 
-Block* Stitcher::stitch(bool small, stream_t stream,
-                                                      std::size_t rounded, bool own_only) {
-  using Pool = DeviceAllocator::Pool;
-  Pool& pool = d_.pool_for(small);
-  const std::size_t page = d_.backend_.granularity(d_.device_);
+Block* Stitcher::stitch(bool small, stream_t stream, std::size_t rounded, bool own_only) {
+  BlockPool& pool = store_.pool(small);
+  const std::size_t page = pages_.granularity();
   const std::size_t pages = round_up(rounded, page) / page;
 
   // 1. Candidates: whole pages inside free blocks of one-granule-page ranges, by stream.
@@ -378,8 +359,8 @@ Block* Stitcher::stitch(bool small, stream_t stream,
       other_total += r.count;
     }
   // 2. Fresh pages the device (and the memory fraction) may still give.
-  std::size_t fresh_limit = own_only ? 0 : d_.backend_.memory_info(d_.device_).free / page;
-  fresh_limit = std::min(fresh_limit, d_.ledger_.room() / page);
+  std::size_t fresh_limit = own_only ? 0 : pages_.device_free() / page;
+  fresh_limit = std::min(fresh_limit, ledger_.room() / page);
 
   // 3. Too few: the free parts of partly used coarse pages are mapped here a second time
   // (borrowed; they cannot move, a live block shares their page). The requesting stream's
@@ -410,29 +391,29 @@ Block* Stitcher::stitch(bool small, stream_t stream,
   std::vector<Run> plan;
   std::size_t planned = take(own, target, plan);
   const bool sync_own = planned > 0;
-  void* va = d_.backend_.reserve(d_.device_, pages * page, page);  // throws: nothing changed
+  char* va = pages_.reserve(pages * page, page);  // throws: nothing changed
   if (va == nullptr) return nullptr;
-  char* const tail = static_cast<char*>(va) + target * page;  // where the borrowed slots go
+  char* const tail = va + target * page;  // where the borrowed slots go
   std::size_t aliased = 0;                                    // borrowed slots mapped so far
   std::vector<phys_handle_t> fresh;
   auto unmap_aliases = [&] {
-    if (aliased > 0) d_.pages_.unmap_or_stray(tail, aliased * page);
+    if (aliased > 0) pages_.unmap_or_stray(tail, aliased * page);
     aliased = 0;
   };
   auto give_up = [&] {  // nothing of the plan has moved
     unmap_aliases();
-    for (phys_handle_t h : fresh) d_.pages_.release_or_orphan(h);
+    for (phys_handle_t h : fresh) pages_.release_or_orphan(h);
     release_or_keep(small, stream, va, pages * page, page);
   };
   Segment table;  // the new range's page table, filled below and moved into its segment
-  table.base = static_cast<char*>(va);
+  table.base = va;
   table.page = page;
   table.pages.reset(pages);
   try {
     table.pages.make_room(pages);
     const std::size_t want_fresh = std::min(target - planned, fresh_limit);
     while (fresh.size() < want_fresh) {
-      const phys_handle_t h = d_.backend_.create_physical(d_.device_, page);
+      const phys_handle_t h = pages_.create(page);
       if (h == 0) break;  // the device gave less than it reported: other streams make it up
       fresh.push_back(h);
     }
@@ -464,18 +445,17 @@ Block* Stitcher::stitch(bool small, stream_t stream,
           std::find(to_sync.begin(), to_sync.end(), b.segment->stream) == to_sync.end())
         to_sync.push_back(b.segment->stream);
     // Kernels queued on these streams may still use the pages' old addresses.
-    for (stream_t s : to_sync) d_.backend_.synchronize_stream(d_.device_, s);
+    for (stream_t s : to_sync) pages_.synchronize(s);
     // The borrowed memory, mapped a second time at the end of the new range (one map a run:
     // a run lies in one page); its first mapping stays.
     if (!borrow.empty()) {
-      d_.pages_.unmap_strays_in(tail, borrowed * page);  // a stray range may lie where these go
       std::vector<MapPiece> pieces;
       for (const Lendable& b : borrow) {
         const PageTable& t = b.segment->pages;
         STITCH_ASSERT(t.piece(b.first) == 0, "borrow: a run from its handle's start");
         pieces.push_back(MapPiece{t.handle(b.first), b.count * page});
       }
-      if (!d_.backend_.map_run(d_.device_, tail, pieces.data(), pieces.size())) {
+      if (!pages_.map_pieces(tail, pieces)) {  // (stray ranges there are unmapped first)
         give_up();  // out of memory while mapping: nothing mapped
         return nullptr;
       }
@@ -521,11 +501,8 @@ Block* Stitcher::stitch(bool small, stream_t stream,
 
   // 7. The stitched segment: one free block over the whole range. The borrowed memory becomes
   // lent blocks where it lies (bookkeeping only: an allocation failure here terminates).
-  Block* block = d_.link_new_segment(pool, stream, static_cast<char*>(va), pages * page);
-  Segment* segment = block->segment;
-  segment->expandable = true;
-  segment->stitched = true;
-  segment->page = page;
+  Segment* segment = store_.add_range(pool, stream, va, pages * page, page, true, BlockState::free);
+  Block* block = segment->head;
   segment->pages = std::move(table.pages);
   segment->borrows = std::move(table.borrows);  // borrowed memory moved here from elsewhere
   std::size_t slot = target;
@@ -535,24 +512,22 @@ Block* Stitcher::stitch(bool small, stream_t stream,
     Block* free_block = s->head;
     while (!(free_block->ptr <= at && at < free_block->ptr + free_block->size))
       free_block = free_block->next;
-    STITCH_ASSERT(free_block->in_index, "stitch: borrowed memory lies in a free block");
+    STITCH_ASSERT(free_block->is_free(), "stitch: borrowed memory lies in a free block");
     const auto base = static_cast<std::size_t>(at - s->base);
-    Block* lent = d_.carve(free_block, base, base + b.count * page);
-    lent->lent = true;
+    Block* lent = store_.take_pages(free_block, base, base + b.count * page, BlockState::lent);
     segment->borrows.push_back(Borrow{lent, slot, b.count});
     slot += b.count;
-    d_.trace(TraceAction::segment_unmap, lent->ptr, lent->size, s->stream);
-    d_.ledger_.lent(s->small, pool.small, lent->size);
+    ledger_.lent(*lent, pool.small);
   }
-  d_.trace(TraceAction::segment_map, va, segment->size, stream);
-  d_.ledger_.mapped(pool.small, segment->size - borrowed * page);
-  ++d_.stats_.num_stitches;
-  d_.stats_.stitched_bytes += static_cast<std::int64_t>(segment->size);
-  d_.stats_.num_page_borrows += static_cast<std::int64_t>(borrow.size());
+  ledger_.mapped(*segment, va, segment->size, segment->size - borrowed * page);
+  ++stats_.num_stitches;
+  stats_.stitched_bytes += static_cast<std::int64_t>(segment->size);
+  stats_.num_page_borrows += static_cast<std::int64_t>(borrow.size());
 
   // Stitched ranges emptied by this move are dissolved: their reservations go back.
   dissolve_emptied(sources);
-  return d_.insert_free(pool, block);
+  block->gc_stamp = pool.calls;  // (as filing it stamps it)
+  return block;
 }
 
 }  // namespace stitch::detail

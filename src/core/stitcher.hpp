@@ -2,8 +2,8 @@
 // expandable ranges to take (the requesting stream's own, fresh ones, other streams', and the
 // free part of partly used coarse pages, borrowed) and moves them, all or nothing, into a new
 // range for one request (stitch) or into a range that grows (map_reused_pages,
-// stitch_reuse_pages). It works on its device's blocks through the device
-// allocator's block operations; see stitcher.cpp for the policy.
+// stitch_reuse_pages). It changes the blocks through the block store, the pages through the page
+// mapper, and books both in the ledger; see stitcher.cpp for the policy.
 #pragma once
 
 #include <cstddef>
@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "core/block.hpp"
+#include "core/block_store.hpp"
+#include "core/ledger.hpp"
+#include "core/page_mapper.hpp"
 #include "stitch/backend.hpp"
-
-namespace stitch {
-class DeviceAllocator;
-}  // namespace stitch
+#include "stitch/stats.hpp"
 
 namespace stitch::detail {
 
@@ -28,7 +28,10 @@ struct PageRun {
 
 class Stitcher {
  public:
-  explicit Stitcher(DeviceAllocator& device) noexcept : d_(device) {}
+  /// Works on `store`'s blocks, maps with `pages`, books in `ledger` and counts its stitches,
+  /// page reuses and borrows in `stats`; all must outlive it.
+  Stitcher(BlockStore& store, PageMapper& pages, Ledger& ledger, DeviceStats& stats) noexcept
+      : store_(store), pages_(pages), ledger_(ledger), stats_(stats) {}
   Stitcher(const Stitcher&) = delete;
   Stitcher& operator=(const Stitcher&) = delete;
 
@@ -91,7 +94,10 @@ class Stitcher {
   void release_or_keep(bool small, stream_t stream, void* va, std::size_t bytes,
                        std::size_t page) noexcept;
 
-  DeviceAllocator& d_;
+  BlockStore& store_;
+  PageMapper& pages_;
+  Ledger& ledger_;
+  DeviceStats& stats_;
 };
 
 }  // namespace stitch::detail

@@ -1,7 +1,10 @@
 // core/stream_events.cpp — StreamEvents: recording a freed block's events, and the event pool.
 #include "core/stream_events.hpp"
 
+#include <fmt/format.h>
+
 #include "core/undo.hpp"
+#include "stitch/errors.hpp"
 
 namespace stitch::detail {
 
@@ -39,6 +42,23 @@ void StreamEvents::record(Block* block) {
     ++block->event_count;
     ++outstanding_;
   }
+  set_state(*block, BlockState::pending);
+}
+
+void StreamEvents::defer(Block* block) {
+  deferred_.push_back(block);  // may throw: nothing changed
+  set_state(*block, BlockState::deferred);
+}
+
+void StreamEvents::validate(int device, std::size_t pending_events,
+                            std::size_t deferred_blocks) const {
+  auto broken = [device](const char* what) {
+    throw error(fmt::format("stitch invariant broken on device {}: {}", device, what));
+  };
+  if (pending_events != outstanding_) broken("pending event count is wrong");
+  if (deferred_blocks != deferred_.size()) broken("a deferred block is not in the deferred list");
+  for (const Block* b : deferred_)
+    if (b->state != BlockState::deferred) broken("a block whose events are deferred is not deferred");
 }
 
 }  // namespace stitch::detail

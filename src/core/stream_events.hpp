@@ -1,8 +1,11 @@
 // core/stream_events.hpp — cross-stream safety. A block that was used on other streams than its
 // own (record_stream, or a free on another stream) gets one event per extra stream when it is
-// freed, and becomes free only once all of them have completed. Events come from a pool and are
-// queued per stream; the queues are polled on allocation only while some event is outstanding,
-// so a block that never crossed streams costs nothing here.
+// freed (it is pending), and becomes free only once all of them have completed. Events come from
+// a pool and are queued per stream; the queues are polled on allocation (and by the readers) only
+// while some event is outstanding, so a block that never crossed streams costs nothing here.
+// While a stream the block used may be capturing a graph, recording its events would put them in
+// the graph: they are deferred (the block is `deferred`) and recorded once no capture is
+// underway (record_deferred).
 #pragma once
 
 #include <cstddef>
@@ -26,16 +29,37 @@ class StreamEvents {
 
   /// Events recorded and not yet seen completed.
   [[nodiscard]] std::size_t outstanding() const noexcept { return outstanding_; }
-  /// Whether `pred(stream)` holds for a stream with events outstanding.
-  template <typename Pred>
-  [[nodiscard]] bool any_stream(Pred&& pred) const {
-    for (const auto& [stream, queue] : pending_)
-      if (!queue.empty() && pred(stream)) return true;
-    return false;
-  }
-  /// Records one event on each of `block`'s stream_uses and counts them in its event_count.
-  /// All or nothing: when the backend fails, the events go back to the pool and it rethrows.
+  /// Blocks whose events are deferred.
+  [[nodiscard]] std::size_t deferred() const noexcept { return deferred_.size(); }
+  /// Records one event on each of `block`'s stream_uses (the block is allocated or deferred, and
+  /// becomes pending). All or nothing: when the backend fails, the events go back to the pool and
+  /// it rethrows, the block as it was.
   void record(Block* block);
+  /// Defers the events of the allocated `block` (it becomes deferred). May throw, changing
+  /// nothing.
+  void defer(Block* block);
+  /// Records the deferred blocks' events where `may_record(block)` says that none of its streams
+  /// captures any more; the others stay deferred. On a backend failure the block and those after
+  /// it stay deferred, and it rethrows.
+  template <typename MayRecord>
+  void record_deferred(MayRecord&& may_record) {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < deferred_.size(); ++i) {
+      Block* block = deferred_[i];
+      if (!may_record(block)) {
+        deferred_[kept++] = block;
+        continue;
+      }
+      try {
+        record(block);
+      } catch (...) {
+        for (std::size_t j = i; j < deferred_.size(); ++j) deferred_[kept++] = deferred_[j];
+        deferred_.resize(kept);
+        throw;
+      }
+    }
+    deferred_.resize(kept);
+  }
   /// Takes every completed event off its stream's queue (each queue stops at its first
   /// incomplete event) and calls `done(block)` for each block whose last event completed.
   template <typename Done>
@@ -47,6 +71,13 @@ class StreamEvents {
         retire(queue, event, block, done);
       }
     }
+  }
+  /// Whether `pred(stream)` holds for a stream with events outstanding.
+  template <typename Pred>
+  [[nodiscard]] bool any_stream(Pred&& pred) const {
+    for (const auto& [stream, queue] : pending_)
+      if (!queue.empty() && pred(stream)) return true;
+    return false;
   }
   /// Waits for every outstanding event, calling `done` as poll() does. False when none was
   /// outstanding (nothing waited for).
@@ -62,6 +93,9 @@ class StreamEvents {
     }
     return true;
   }
+  /// Checks its counts against a recount of the blocks: `pending_events` events that pending
+  /// blocks wait for, `deferred_blocks` deferred blocks. Throws stitch::error.
+  void validate(int device, std::size_t pending_events, std::size_t deferred_blocks) const;
 
  private:
   using Queue = std::deque<std::pair<event_t, Block*>>;
@@ -79,6 +113,7 @@ class StreamEvents {
   std::unordered_map<stream_t, Queue> pending_;
   std::size_t outstanding_ = 0;
   std::vector<event_t> pool_;
+  std::vector<Block*> deferred_;  ///< blocks whose events wait for the captures to end
 };
 
 }  // namespace stitch::detail

@@ -49,10 +49,4 @@ ThreadSlot* ThreadSlots::mine_or_create() {
   return slot.get();
 }
 
-std::atomic<std::uint64_t>* ThreadSlots::epoch(stream_t stream) {
-  auto& cell = epochs_[stream];
-  if (cell == nullptr) cell = std::make_unique<std::atomic<std::uint64_t>>(0);
-  return cell.get();
-}
-
 }  // namespace stitch::detail

@@ -32,6 +32,10 @@ class Recorder {
                  bool device_empty = false);
   /// Appends one entry, overwriting the oldest when full.
   void record(TraceAction action, const void* addr, std::size_t size, stream_t stream);
+  /// record(), when recording is on (one predictable branch when it is off).
+  void trace(TraceAction action, const void* addr, std::size_t size, stream_t stream) {
+    if (enabled()) record(action, addr, size, stream);
+  }
   /// The history, oldest first, with stacks symbolized (`with_frames`) or without stacks.
   [[nodiscard]] std::vector<TraceEntry> entries(bool with_frames = true) const;
   [[nodiscard]] std::size_t size() const noexcept { return count_; }

@@ -61,6 +61,54 @@ def test_keys_are_exactly_pytorchs_plus_num_invalid_frees():
     assert stitch.TORCH_MEMORY_STATS_KEYS == tuple(sorted(PYTORCH_MEMORY_STATS_KEYS))
 
 
+def test_memory_stats_is_one_call_with_the_librarys_keys(no_leaks, monkeypatch):
+    """memory_stats() reads every value with one stitch_stats() call (one snapshot under the
+    device lock), and its keys are the library's (stitch_stat_key), not a copy."""
+    import ctypes
+    from stitch import _lib
+    L = _lib.lib()
+    keys, flags = [], []
+    f = ctypes.c_int()
+    for i in range(L.stitch_stat_count()):
+        keys.append(L.stitch_stat_key(i, ctypes.byref(f)).decode())
+        flags.append(f.value)
+    assert L.stitch_stat_key(len(keys), None) is None
+    assert stitch.MEMORY_STATS_KEYS == tuple(sorted(k for k, x in zip(keys, flags) if x & 2))
+    assert stitch.TORCH_MEMORY_STATS_KEYS == tuple(sorted(k for k, x in zip(keys, flags) if x & 1))
+    # stitch's own counters are keys of the library, read by name, not in memory_stats().
+    for own in ("num_stitches", "num_immediate_reuses", "num_page_borrows"):
+        assert own in keys and own not in stitch.MEMORY_STATS_KEYS
+        assert stitch.stat(own) >= 0
+    calls = []
+    real = L.stitch_stats
+
+    def counted(*args):
+        calls.append(args[0])
+        return real(*args)
+
+    def forbidden(*args):
+        raise AssertionError("memory_stats() read a value with stitch_stat()")
+
+    monkeypatch.setattr(L, "stitch_stats", counted)
+    monkeypatch.setattr(L, "stitch_stat", forbidden)
+    ptr = stitch.malloc(3 << 20)
+    try:
+        s = stitch.memory_stats()
+        monkeypatch.undo()
+        assert calls == [0]
+        assert s["allocation.all.current"] >= 1
+        # Nothing changed since: each value is what stitch_stat() reads.
+        assert s == {k: stitch.stat(k) for k in s}
+    finally:
+        monkeypatch.undo()
+        stitch.free(ptr, 3 << 20)
+    # A short buffer gets what fits and the full count, like snprintf; a bad device fails.
+    few = (ctypes.c_int64 * 3)()
+    assert L.stitch_stats(0, few, 3) == len(keys)
+    assert L.stitch_stats(7, few, 3) == -1
+    assert "invalid device 7" in _lib.last_error()
+
+
 def test_unknown_key_raises_but_minus_one_is_a_value():
     with pytest.raises(stitch.StitchError, match="unknown key 'allocation.all.nope'"):
         stitch.stat("allocation.all.nope")

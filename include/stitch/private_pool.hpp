@@ -1,4 +1,4 @@
-// stitch/graph_pool.hpp — the identity of a private pool and the filter of a route to it, as
+// stitch/private_pool.hpp — the identity of a private pool and the filter of a route to it, as
 // PyTorch's CUDA graph pools name them (c10::cuda::MempoolId_t, and the stream filter of
 // beginAllocateToPool). See Allocator::begin_allocate_to_pool.
 #pragma once

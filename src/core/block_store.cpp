@@ -1,0 +1,613 @@
+// core/block_store.cpp — BlockStore: the operations that change the shape of a device's blocks,
+// its snapshot view, and the check of its own invariants.
+#include "core/block_store.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/constants.hpp"
+#include "stitch/errors.hpp"
+
+namespace stitch::detail {
+
+BlockStore::BlockStore(const Config& config, HotStats& hot) : config_(config), hot_(hot) {}
+
+BlockStore::~BlockStore() {
+  for (Segment* s = segments_; s != nullptr;) {
+    Segment* next = s->next;
+    for (Block* b = s->head; b != nullptr;) {
+      Block* following = b->next;
+      blocks_.destroy(b);
+      b = following;
+    }
+    delete s;
+    s = next;
+  }
+}
+
+std::atomic<std::uint64_t>* BlockStore::epoch(stream_t stream) {
+  auto& cell = epochs_[stream];
+  if (cell == nullptr) cell = std::make_unique<std::atomic<std::uint64_t>>(0);
+  return cell.get();
+}
+
+// ---- segments -------------------------------------------------------------------------------------
+
+Block* BlockStore::add_segment(BlockPool& pool, stream_t stream, char* base, std::size_t size,
+                               BlockState initial) {
+  STITCH_ASSERT(initial == BlockState::free || initial == BlockState::unmapped,
+                "add_segment: a new segment is free or unmapped");
+  std::atomic<std::uint64_t>* stream_epoch = epoch(stream);
+  auto segment = std::make_unique<Segment>();
+  segment->base = base;
+  segment->size = size;
+  segment->stream = stream;
+  segment->epoch = stream_epoch;
+  segment->small = pool.small;
+  segment->private_pool = pool.owner;
+  Block* block = blocks_.create(base, size, stream, segment.get(), pool.small, initial);
+  if (initial == BlockState::free) {
+    try {
+      pool.index.insert(block);
+    } catch (...) {
+      blocks_.destroy(block);
+      throw;
+    }
+  } else {
+    try {
+      pool.unmapped.insert(block);
+    } catch (...) {
+      blocks_.destroy(block);
+      throw;
+    }
+  }
+  Segment* s = segment.release();
+  s->head = block;
+  if (pool.owner != nullptr) ++pool.owner->segments;
+  s->next = segments_;
+  if (segments_ != nullptr) segments_->prev = s;
+  segments_ = s;
+  if (initial == BlockState::free) free_changed(s);
+  return block;
+}
+
+Segment* BlockStore::add_range(BlockPool& pool, stream_t stream, char* va, std::size_t bytes,
+                               std::size_t page, bool stitched, BlockState initial) {
+  Segment* segment = add_segment(pool, stream, va, bytes, initial)->segment;
+  segment->expandable = true;
+  segment->stitched = stitched;
+  segment->page = page;
+  segment->pages.reset(bytes / page);
+  return segment;
+}
+
+void BlockStore::remove_segment(Segment* segment) noexcept {
+  Block* head = segment->head;
+  STITCH_ASSERT(head->next == nullptr && (head->is_free() || head->state == BlockState::unmapped),
+                "remove_segment: one free or unmapped block over the whole segment");
+  BlockPool& pool = pool_of(segment);
+  if (head->is_free()) {
+    pool.index.erase(head);
+    free_changed(segment);
+  } else {
+    pool.unmapped.erase(head);
+  }
+  if (segment->private_pool != nullptr) --segment->private_pool->segments;
+  if (segment->prev != nullptr) segment->prev->next = segment->next;
+  if (segment->next != nullptr) segment->next->prev = segment->prev;
+  if (segments_ == segment) segments_ = segment->next;
+  blocks_.destroy(head);
+  delete segment;
+}
+
+// ---- blocks ---------------------------------------------------------------------------------------
+
+bool BlockStore::should_split(bool small, bool expandable, std::size_t block_size,
+                              std::size_t rounded) const noexcept {
+  const std::size_t remaining = block_size - rounded;
+  if (small || expandable) return remaining >= kMinBlockSize;
+  return rounded < config_.max_split_size && remaining > kSmallSize;
+}
+
+Block* BlockStore::link_new_front(Block* b, std::size_t bytes, BlockState state) {
+  Block* front = blocks_.create(b->ptr, bytes, b->stream, b->segment, b->small, state);
+  front->prev = b->prev;
+  front->next = b;
+  if (front->prev != nullptr) {
+    front->prev->next = front;
+  } else {
+    b->segment->head = front;
+  }
+  b->prev = front;
+  return front;
+}
+
+Block* BlockStore::link_new_back(Block* b, std::size_t keep, BlockState state) {
+  Block* back = blocks_.create(b->ptr + keep, b->size - keep, b->stream, b->segment, b->small, state);
+  back->prev = b;
+  back->next = b->next;
+  if (back->next != nullptr) back->next->prev = back;
+  b->next = back;
+  return back;
+}
+
+Block* BlockStore::best_fit(BlockPool& pool, stream_t stream, std::size_t rounded) {
+  ++pool.calls;
+  auto it = pool.index.best_fit(stream, rounded);
+  if (it == pool.index.end()) return nullptr;
+  Block* block = *it;
+  // Oversize blocks (>= max_split_size) are never split: they serve only requests of at least
+  // max_split_size, and only within max_non_split_rounding of their size.
+  if (!may_serve(block->size, rounded)) return nullptr;
+  return block;  // still in the index: take() takes it out
+}
+
+Block* BlockStore::take(BlockPool& pool, Block* block, std::size_t rounded) {
+  STITCH_ASSERT(block->is_free() && block->size >= rounded,
+                "take: a free, indexed block that holds the request");
+  Block* out = block;
+  if (should_split(block->small, block->segment->expandable, block->size, rounded)) {
+    // A new block takes the front; `block` keeps the tail and stays in the index, re-keyed in
+    // place (no tree rebalancing when its order is unchanged). An already split free block
+    // shrinks; an unsplit one becomes a split remainder.
+    const bool was_split = block->is_split();
+    out = link_new_front(block, rounded, BlockState::allocated);
+    pool.index.shrink(block, block->ptr + rounded, block->size - rounded);
+    if (was_split) {
+      account_inactive_change(block, 0, -static_cast<std::int64_t>(rounded));
+    } else {
+      account_inactive_change(block, 1, static_cast<std::int64_t>(block->size));
+    }
+  } else {
+    account_inactive(block, -1);
+    pool.index.erase(block);
+    set_state(*block, BlockState::allocated);
+  }
+  free_changed(out->segment);
+  return out;
+}
+
+Block* BlockStore::file(BlockPool& pool, Block* block) {
+  // Files a block, coalescing it with free neighbours. A free neighbour survives, re-keyed in
+  // place, and `block` is recycled, so the common case needs no tree insert.
+  STITCH_ASSERT(may_become(block->state, BlockState::free), "file: a block that may become free");
+  // A parked block before this one, freed by its owner, is filed first, so that they merge.
+  if (block->prev != nullptr && block->prev->state == BlockState::parked)
+    holder_->file_if_freed(*block->prev);
+  // The inactive_split statistics change once, by the net effect (as PyTorch's free_block):
+  // each merged neighbour (a free block in a split segment) leaves, the survivor joins.
+  Block* prev = block->prev != nullptr && block->prev->is_free() ? block->prev : nullptr;
+  Block* next = block->next != nullptr && block->next->is_free() ? block->next : nullptr;
+  std::int64_t inactive_blocks = -static_cast<std::int64_t>((prev != nullptr) + (next != nullptr));
+  std::int64_t inactive_bytes = -static_cast<std::int64_t>((prev != nullptr ? prev->size : 0) +
+                                                           (next != nullptr ? next->size : 0));
+  Block* survivor = block;
+  if (prev != nullptr) {
+    std::size_t size = prev->size + block->size;
+    if (next != nullptr) {
+      size += next->size;
+      pool.index.erase(next);
+    }
+    Block* after = next != nullptr ? next->next : block->next;
+    prev->next = after;
+    if (after != nullptr) after->prev = prev;
+    if (next != nullptr) blocks_.destroy(next);
+    blocks_.destroy(block);
+    pool.index.grow(prev, prev->ptr, size);
+    survivor = prev;
+  } else if (next != nullptr) {
+    next->prev = block->prev;
+    if (block->prev != nullptr) {
+      block->prev->next = next;
+    } else {
+      next->segment->head = next;
+    }
+    char* ptr = block->ptr;
+    const std::size_t size = block->size + next->size;
+    blocks_.destroy(block);
+    pool.index.grow(next, ptr, size);
+    survivor = next;
+  } else {
+    pool.index.insert(block);
+    set_state(*block, BlockState::free);
+  }
+  survivor->gc_stamp = pool.calls;
+  if (survivor->is_split()) {
+    inactive_blocks += 1;
+    inactive_bytes += static_cast<std::int64_t>(survivor->size);
+  }
+  account_inactive_change(survivor, inactive_blocks, inactive_bytes);
+  free_changed(survivor->segment);
+  // A parked block never follows a free block (core/immediate_reuse.hpp): the one after this
+  // one leaves its slot (freed, it is filed now and merges here; handed out, it becomes an
+  // ordinary allocation).
+  if (survivor->next != nullptr && survivor->next->state == BlockState::parked)
+    holder_->release(*survivor->next);  // `survivor` stays, grown if they merged
+  return survivor;
+}
+
+Block* BlockStore::file_freed(Block* block) {
+  hot_.inactive_block(block->small, static_cast<std::int64_t>(block->requested));
+  block->requested = 0;
+  block->stream_uses.clear();
+  return file(pool_of(block), block);
+}
+
+Block* BlockStore::take_pages(Block* block, std::size_t start, std::size_t end, BlockState to) {
+  Segment* segment = block->segment;
+  const auto offset = static_cast<std::size_t>(block->ptr - segment->base);
+  STITCH_ASSERT(block->is_free() && start >= offset && end <= offset + block->size && start < end &&
+                    start % segment->page == 0 && end % segment->page == 0 &&
+                    (to == BlockState::unmapped || to == BlockState::lent),
+                "take_pages: whole pages inside a free block, to unmap or to lend");
+  BlockPool& pool = pool_of(block);
+  pool.index.erase(block);
+  if (start > offset) {  // the head stays free
+    Block* head = link_new_front(block, start - offset, BlockState::free);
+    head->gc_stamp = block->gc_stamp;
+    pool.index.insert(head);
+  }
+  if (end < offset + block->size) {  // the tail stays free
+    Block* tail = link_new_back(block, end - offset, BlockState::free);
+    tail->gc_stamp = block->gc_stamp;
+    pool.index.insert(tail);
+  }
+  block->ptr = segment->base + start;
+  block->size = end - start;
+  set_state(*block, to);
+  if (to == BlockState::unmapped) file_unmapped(block);
+  free_changed(segment);
+  return block;
+}
+
+Block* BlockStore::mapped(Block* block, char* at, std::size_t bytes, bool merge) {
+  STITCH_ASSERT(block->state == BlockState::unmapped && at >= block->ptr &&
+                    at + bytes <= block->ptr + block->size,
+                "mapped: a mapped run inside an unmapped block");
+  BlockPool& pool = pool_of(block);
+  pool.unmapped.erase(block);
+  if (block->ptr < at) {  // the unmapped front stays unmapped
+    Block* front = link_new_front(block, static_cast<std::size_t>(at - block->ptr), BlockState::unmapped);
+    block->size -= front->size;
+    block->ptr = at;
+    pool.unmapped.insert(front);
+  }
+  split_unmapped_tail(block, bytes);  // the unmapped rest stays unmapped
+  if (merge) return file(pool, block);
+  set_state(*block, BlockState::free);
+  pool.index.insert(block);
+  free_changed(block->segment);
+  return block;
+}
+
+Block* BlockStore::return_lent(Block* block) {
+  STITCH_ASSERT(block->state == BlockState::lent, "return_lent: a lent block");
+  return file(pool_of(block), block);
+}
+
+void BlockStore::split_unmapped_tail(Block* block, std::size_t keep) {
+  STITCH_ASSERT(block->state == BlockState::unmapped && keep % block->segment->page == 0,
+                "split_unmapped_tail: an unmapped block, split at a page boundary");
+  if (keep >= block->size) return;
+  Block* rest = link_new_back(block, keep, BlockState::unmapped);
+  block->size = keep;
+  pool_of(block).unmapped.insert(rest);
+}
+
+void BlockStore::file_unmapped(Block* block) {
+  BlockPool& pool = pool_of(block);
+  for (Block* n : {block->prev, block->next}) {
+    if (n == nullptr || n->state != BlockState::unmapped) continue;
+    pool.unmapped.erase(n);
+    if (n == block->prev) {
+      block->ptr = n->ptr;
+      block->prev = n->prev;
+      if (block->prev != nullptr) {
+        block->prev->next = block;
+      } else {
+        block->segment->head = block;
+      }
+    } else {
+      block->next = n->next;
+      if (block->next != nullptr) block->next->prev = block;
+    }
+    block->size += n->size;
+    blocks_.destroy(n);
+  }
+  pool.unmapped.insert(block);
+}
+
+std::vector<Block*> BlockStore::place(BlockPool& pool, Block* run, char* origin,
+                                      const std::vector<SeedBlock>& blocks) {
+  STITCH_ASSERT(run->is_free(), "place: a free run");
+  pool.index.erase(run);
+  Block* rest = run;
+  Segment* segment = run->segment;
+  const char* begin = run->ptr;
+  const char* end = run->ptr + run->size;
+  std::vector<Block*> out;
+  out.reserve(blocks.size());
+  for (const SeedBlock& b : blocks) {
+    const std::size_t size = b.size;
+    char* at = origin + b.offset;
+    STITCH_ASSERT(rest == nullptr || at >= rest->ptr || size == 0, "place: blocks in address order");
+    if (rest == nullptr || size == 0 || at < rest->ptr || at + size > end) {
+      out.push_back(nullptr);
+      continue;
+    }
+    if (at > rest->ptr) {  // the free space before the block
+      Block* front = link_new_front(rest, static_cast<std::size_t>(at - rest->ptr), BlockState::free);
+      rest->ptr = at;
+      rest->size -= front->size;
+      front->gc_stamp = pool.calls;
+      pool.index.insert(front);
+    }
+    Block* back = nullptr;
+    if (size < rest->size) back = link_new_back(rest, size, BlockState::free);
+    rest->size = size;
+    set_state(*rest, BlockState::allocated);
+    out.push_back(rest);
+    rest = back;
+  }
+  if (rest != nullptr) {
+    rest->gc_stamp = pool.calls;
+    pool.index.insert(rest);
+  }
+  // Free pieces of a split segment count as inactive_split (no-op for expandable ranges).
+  for (Block* b = segment->head; b != nullptr; b = b->next)
+    if (b->is_free() && b->ptr >= begin && b->ptr < end) account_inactive(b, 1);
+  free_changed(segment);
+  return out;
+}
+
+void BlockStore::account_inactive_change(const Block* block, std::int64_t blocks,
+                                         std::int64_t bytes) noexcept {
+  // Expandable segments are never "inactive split": their free pages can always be unmapped.
+  if (block->segment->expandable) return;
+  auto apply = [small = block->small](PoolCounter& c, std::int64_t n) {
+    if (n > 0) c.add(small, n);
+    if (n < 0) c.sub(small, -n);
+  };
+  apply(hot_.inactive_split, blocks);
+  apply(hot_.inactive_split_bytes, bytes);
+}
+
+// ---- queries --------------------------------------------------------------------------------------
+
+std::size_t BlockStore::largest_free_block() const {
+  std::size_t largest = 0;
+  for (const BlockPool* pool : {&small_, &large_})
+    for (const Block* b : pool->index) largest = std::max(largest, b->size);
+  return largest;
+}
+
+namespace {
+const char* snapshot_state(const Block* b) {
+  switch (b->state) {
+    case BlockState::allocated:
+    case BlockState::parked: return "active_allocated";
+    case BlockState::pending:
+    case BlockState::deferred: return "active_pending_free";
+    default: return "inactive";
+  }
+}
+}  // namespace
+
+void BlockStore::snapshot(int device, std::vector<SegmentSnapshot>& out, bool oldest_first) const {
+  const Segment* first = segments_;  // the list is newest first
+  if (oldest_first)
+    while (first != nullptr && first->next != nullptr) first = first->next;
+  for (const Segment* s = first; s != nullptr; s = oldest_first ? s->prev : s->next) {
+    // A plain segment is one snapshot segment; an expandable one gives one per mapped run.
+    SegmentSnapshot* cur = nullptr;
+    for (const Block* b = s->head; b != nullptr; b = b->next) {
+      if (!b->is_mapped() || b->state == BlockState::lent) {
+        cur = nullptr;
+        continue;
+      }
+      if (cur == nullptr) {
+        SegmentSnapshot seg;
+        seg.device = device;
+        seg.address = reinterpret_cast<std::uintptr_t>(b->ptr);
+        seg.stream = reinterpret_cast<std::uintptr_t>(s->stream);
+        seg.segment_type = s->small ? "small" : "large";
+        seg.is_expandable = s->expandable;
+        if (s->private_pool != nullptr) seg.pool_id = s->private_pool->id;
+        out.push_back(std::move(seg));
+        cur = &out.back();
+      }
+      const bool allocated = b->state == BlockState::allocated || b->state == BlockState::parked;
+      BlockSnapshot block;
+      block.address = reinterpret_cast<std::uintptr_t>(b->ptr);
+      block.size = b->size;
+      block.requested_size = b->is_active() ? b->requested : 0;
+      block.state = snapshot_state(b);
+      cur->total_size += b->size;
+      if (allocated) cur->allocated_size += b->size;
+      if (b->is_active()) {
+        cur->active_size += b->size;
+        cur->requested_size += b->requested;
+      }
+      cur->blocks.push_back(std::move(block));
+    }
+  }
+}
+
+namespace {
+[[noreturn]] void broken(int device, const std::string& what) {
+  throw error(fmt::format("stitch invariant broken on device {}: {}", device, what));
+}
+}  // namespace
+
+StoreCount BlockStore::validate(int device, const std::function<bool(const Block*)>& live) const {
+  StoreCount c;
+  auto count = [](std::int64_t (&arr)[3], bool small, std::int64_t v) {
+    arr[0] += v;
+    arr[small ? 1 : 2] += v;
+  };
+  std::vector<const Block*> lent;      // lent blocks, found in their ranges
+  std::vector<const Block*> borrowed;  // lent blocks, as the stitched ranges list them
+  for (const Segment* s = segments_; s != nullptr; s = s->next) {
+    if (s->stitched && !s->expandable) broken(device, "a stitched segment is not expandable");
+    if (s->epoch == nullptr) broken(device, "a segment has no epoch");
+    if (s->private_pool != nullptr) {
+      c.private_segments.push_back(s->private_pool);
+      if (s->expandable) broken(device, "a private pool's segment is expandable");
+    }
+    if (!s->borrows.empty() && !s->stitched) broken(device, "a range that is not stitched borrows");
+    // Borrowed slots map a lent block's memory a second time: the same handle, the same pieces.
+    std::vector<std::size_t> borrowed_slots;
+    for (const Borrow& b : s->borrows) {
+      const Block* l = b.block;
+      borrowed.push_back(l);
+      borrowed_slots.push_back(b.slot);
+      const Segment* from = l->segment;
+      const std::size_t first = static_cast<std::size_t>(l->ptr - from->base) / from->page;
+      if (l->state != BlockState::lent || l->size != b.count * s->page || from->page != s->page ||
+          s->pages.extent(b.slot) != b.count ||
+          s->pages.handle(b.slot) != from->pages.handle(first) ||
+          s->pages.piece(b.slot) != from->pages.piece(first))
+        broken(device, "borrowed slots do not map the lent block's memory");
+      for (std::size_t k = 0; k < b.count; ++k)
+        if (from->pages.handle(first + k) != s->pages.handle(b.slot) ||
+            from->pages.piece(first + k) != s->pages.piece(b.slot) + k)
+          broken(device, "borrowed slots do not map the lent block's memory");
+    }
+    if (s->expandable) {
+      const PageTable& t = s->pages;
+      if (s->page == 0 || s->size % s->page != 0 || t.slots() != s->size / s->page ||
+          t.stored() > t.slots())
+        broken(device, "expandable segment page table is wrong");
+      for (std::size_t i = 0; i < t.stored();) {
+        if (t.handle(i) == 0) {
+          if (t.extent(i) != 0) broken(device, "an unmapped page slot starts a handle");
+          ++i;
+          continue;
+        }
+        const std::size_t slots = t.extent(i);
+        if (slots == 0 || i + slots > t.stored())
+          broken(device, "a mapped page slot is not covered by a whole handle");
+        for (std::size_t k = i + 1; k < i + slots; ++k)
+          if (t.handle(k) != t.handle(i) || t.extent(k) != 0)
+            broken(device, "a handle's slots disagree");
+        count(c.reserved, s->small, static_cast<std::int64_t>(slots * s->page));
+        if (std::find(borrowed_slots.begin(), borrowed_slots.end(), i) == borrowed_slots.end())
+          c.handles.push_back(t.handle(i));
+        i += slots;
+      }
+    } else {
+      count(c.segment, s->small, 1);
+      count(c.reserved, s->small, static_cast<std::int64_t>(s->size));
+    }
+    if (s->head == nullptr || s->head->prev != nullptr) broken(device, "segment head is wrong");
+    const BlockPool& pool = const_cast<BlockStore*>(this)->pool_of(s);
+    const char* expect = s->base;
+    const Block* prev = nullptr;
+    for (const Block* b = s->head; b != nullptr; prev = b, b = b->next) {
+      if (b->segment != s) broken(device, "block points at the wrong segment");
+      if (b->prev != prev) broken(device, "block prev link is wrong");
+      if (b->ptr != expect)
+        broken(device, fmt::format("blocks do not tile segment {}: gap or overlap at {}",
+                                   static_cast<const void*>(s->base),
+                                   static_cast<const void*>(b->ptr)));
+      if (b->size == 0 || b->size % kMinBlockSize != 0)
+        broken(device, "block size not a multiple of 512");
+      if (b->small != s->small || b->stream != s->stream)
+        broken(device, "block pool or stream differs from its segment");
+      if ((b->slot != nullptr) != (b->state == BlockState::parked))
+        broken(device, fmt::format("a {} block {} a thread slot", to_string(b->state),
+                                   b->slot != nullptr ? "is in" : "is not in"));
+      if ((b->event_count != 0) != (b->state == BlockState::pending))
+        broken(device, fmt::format("a {} block waits for {} events", to_string(b->state),
+                                   b->event_count));
+      expect = b->ptr + b->size;
+      const auto size = static_cast<std::int64_t>(b->size);
+      if (s->expandable) {
+        const auto offset = static_cast<std::size_t>(b->ptr - s->base);
+        const std::size_t first = offset / s->page;
+        const std::size_t last = (offset + b->size - 1) / s->page;
+        // Slots without storage are unmapped: an unmapped block is checked up to the storage.
+        const std::size_t end = b->is_mapped() ? last + 1 : std::min(last + 1, s->pages.stored());
+        for (std::size_t i = first; i < end; ++i) {
+          if (b->is_mapped() && s->pages.handle(i) == 0)
+            broken(device, "a mapped block lies on an unmapped page");
+          if (!b->is_mapped() && s->pages.handle(i) != 0)
+            broken(device, "an unmapped block lies on a mapped page");
+        }
+      } else if (b->state == BlockState::unmapped || b->state == BlockState::lent) {
+        broken(device, fmt::format("a {} block in a plain segment", to_string(b->state)));
+      }
+      const bool indexed = b->is_free() && pool.index.contains(const_cast<Block*>(b));
+      if (b->is_free() != indexed)
+        broken(device, "a free block is not in its pool's free index");
+      if (b->state != BlockState::free && pool.index.contains(const_cast<Block*>(b)))
+        broken(device, fmt::format("a {} block is in the free index", to_string(b->state)));
+      if (live(b) != (b->state == BlockState::allocated || b->state == BlockState::parked))
+        broken(device, fmt::format("a {} block {} the live table", to_string(b->state),
+                                   live(b) ? "is in" : "is missing from"));
+      switch (b->state) {
+        case BlockState::lent:
+          // Its memory counts where it is used: in the range that borrowed it.
+          count(c.reserved, s->small, -size);
+          lent.push_back(b);
+          break;
+        case BlockState::unmapped:
+          if ((b->ptr - s->base) % static_cast<std::ptrdiff_t>(s->page) != 0 || b->size % s->page != 0)
+            broken(device, "unmapped block is not page aligned");
+          if (prev != nullptr && prev->state == BlockState::unmapped)
+            broken(device, "two adjacent unmapped blocks");
+          if (pool.unmapped.count(const_cast<Block*>(b)) != 1)
+            broken(device, "unmapped block missing from the unmapped set");
+          if (s->private_pool == nullptr) ++c.unmapped_blocks[b->small ? 0 : 1];
+          break;
+        case BlockState::allocated:
+        case BlockState::parked:
+          ++c.allocated;
+          count(c.allocation, b->small, 1);
+          count(c.allocated_bytes, b->small, size);
+          count(c.active, b->small, 1);
+          count(c.active_bytes, b->small, size);
+          count(c.requested, b->small, static_cast<std::int64_t>(b->requested));
+          break;
+        case BlockState::pending:
+        case BlockState::deferred:
+          c.pending_events += static_cast<std::size_t>(b->event_count);
+          if (b->state == BlockState::deferred) ++c.deferred;
+          count(c.active, b->small, 1);
+          count(c.active_bytes, b->small, size);
+          count(c.requested, b->small, static_cast<std::int64_t>(b->requested));
+          break;
+        case BlockState::free:
+          if (s->private_pool != nullptr) {
+            ++c.private_free;
+          } else {
+            ++c.free_blocks[b->small ? 0 : 1];
+          }
+          if (prev != nullptr && prev->is_free())
+            broken(device, "two adjacent free blocks were not coalesced");
+          if (b->is_split() && !s->expandable) {
+            count(c.inactive, b->small, 1);
+            count(c.inactive_bytes, b->small, size);
+          }
+          break;
+      }
+    }
+    if (expect != s->base + s->size) broken(device, "blocks do not cover their segment");
+  }
+  std::sort(lent.begin(), lent.end());
+  std::sort(borrowed.begin(), borrowed.end());
+  if (lent != borrowed) broken(device, "a lent block is not borrowed by exactly one range");
+  // Stitching moves handles between ranges: each must be mapped in exactly one page (besides
+  // the second mapping of borrowed memory).
+  std::sort(c.handles.begin(), c.handles.end());
+  if (std::adjacent_find(c.handles.begin(), c.handles.end()) != c.handles.end())
+    broken(device, "a physical handle is mapped in two pages");
+  if (c.free_blocks[0] != small_.index.size() || c.free_blocks[1] != large_.index.size())
+    broken(device, "the free index holds blocks that are not free in any segment");
+  if (c.unmapped_blocks[0] != small_.unmapped.size() || c.unmapped_blocks[1] != large_.unmapped.size())
+    broken(device, "the unmapped set holds blocks that are not unmapped in any segment");
+  return c;
+}
+
+}  // namespace stitch::detail

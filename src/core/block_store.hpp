@@ -1,0 +1,214 @@
+// core/block_store.hpp — the blocks and segments of one device and every change of their shape:
+// linking and unlinking segments, best fit, taking a free block (split when the policy says so),
+// filing a block free (coalesced with its free neighbours), taking whole pages out of a free
+// block (to unmap or lend them), mapping pages back in, and placing a recorded start state.
+//
+// The store owns the blocks, the free index's nodes, the segment list, the device's two block
+// pools and the per-stream epochs of the free blocks; it changes a block's state (BlockState) only
+// along the transitions block.hpp allows, asserting each, and it keeps the inactive-split
+// statistics, which follow the shape. Every change to a stream's free blocks bumps that stream's
+// epoch (free_changed), which is what tells immediate reuse that a parked block's verdict is void
+// (core/immediate_reuse.hpp). Nothing here calls the device: the callers map, unmap and allocate
+// (core/page_mapper.hpp, core/plain_segments.hpp) and book it (core/ledger.hpp).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/assert.hpp"
+#include "core/block.hpp"
+#include "core/block_pool.hpp"
+#include "core/hot_stats.hpp"
+#include "core/object_pool.hpp"
+#include "core/private_pool.hpp"
+#include "stitch/config.hpp"
+#include "stitch/snapshot.hpp"
+
+namespace stitch::detail {
+
+/// Holds blocks outside the store (immediate reuse: a thread's parked free). The store asks it to
+/// let go of one when the block's neighbour is filed.
+class BlockHolder {
+ public:
+  /// `block` (parked) lies just before a block being filed: if its owner has freed it, complete
+  /// that free first, so that the two merge as they would have.
+  virtual void file_if_freed(Block& block) = 0;
+  /// `block` (parked) now follows a free block, which a parked block never does: it leaves its
+  /// slot (filed if freed, an ordinary allocation if handed out again).
+  virtual void release(Block& block) = 0;
+
+ protected:
+  ~BlockHolder() = default;
+};
+
+/// A block of a recorded start state (replays): where it lies, from its segment's or range's
+/// start, its size (a multiple of 512) and the bytes asked for.
+struct SeedBlock {
+  std::size_t offset = 0;
+  std::size_t size = 0;
+  std::size_t requested = 0;
+};
+/// A mapped run [offset, offset + size) of a recorded expandable range (page multiples).
+struct SeedRun {
+  std::size_t offset = 0;
+  std::size_t size = 0;
+};
+
+/// What a recount of the store found, for the allocator's cross-checks (validate).
+struct StoreCount {
+  /// [pool] with 0 = all, 1 = small pool, 2 = large pool.
+  std::int64_t segment[3] = {}, reserved[3] = {}, allocation[3] = {}, allocated_bytes[3] = {},
+               active[3] = {}, active_bytes[3] = {}, requested[3] = {}, inactive[3] = {},
+               inactive_bytes[3] = {};
+  std::size_t allocated = 0;    ///< allocated and parked blocks (the live table holds them)
+  std::size_t pending_events = 0;  ///< events pending blocks wait for
+  std::size_t deferred = 0;     ///< deferred blocks
+  std::size_t free_blocks[2] = {};      ///< free blocks of the device's [small, large] pool
+  std::size_t unmapped_blocks[2] = {};  ///< unmapped blocks of the device's [small, large] pool
+  /// The private pool of each segment that has one, and the free blocks in those segments.
+  std::vector<const PrivatePool*> private_segments;
+  std::size_t private_free = 0;
+  std::vector<phys_handle_t> handles;  ///< every mapped page's handle (not borrowed), sorted
+};
+
+class BlockStore {
+ public:
+  using NodeStorage = PoolAllocator<Block*>::Storage;
+
+  /// `config` (max_split_size, max_non_split_rounding) and `hot` (the inactive-split counters)
+  /// must outlive the store.
+  BlockStore(const Config& config, HotStats& hot);
+  /// Forgets every segment and block (the memory is the device's or its callers').
+  ~BlockStore();
+  BlockStore(const BlockStore&) = delete;
+  BlockStore& operator=(const BlockStore&) = delete;
+
+  /// Who holds parked blocks (immediate reuse).
+  void set_holder(BlockHolder* holder) noexcept { holder_ = holder; }
+
+  // ---- pools, segments, epochs ------------------------------------------------------------------
+  BlockPool& pool(bool small) noexcept { return small ? small_ : large_; }
+  /// The pool `segment`'s blocks are filed in: its private pool's, or the device's.
+  BlockPool& pool_of(const Segment* segment) noexcept {
+    return segment->private_pool != nullptr ? segment->private_pool->pool(segment->small)
+                                            : pool(segment->small);
+  }
+  BlockPool& pool_of(const Block* block) noexcept { return pool_of(block->segment); }
+  /// The free index's node storage, shared with the private pools' indexes.
+  NodeStorage* nodes() noexcept { return &index_nodes_; }
+  /// The newest segment (the list runs newest first through Segment::next).
+  [[nodiscard]] Segment* segments() const noexcept { return segments_; }
+  /// The epoch of `stream`'s free blocks (created at first use).
+  std::atomic<std::uint64_t>* epoch(stream_t stream);
+  /// `segment`'s stream's free blocks changed: the one place their epoch moves.
+  static void free_changed(const Segment* segment) noexcept {
+    // Written under the device lock only: a load and a store, no read-modify-write.
+    std::atomic<std::uint64_t>* e = segment->epoch;
+    e->store(e->load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  }
+
+  /// A new segment over [base, base + size) of `pool` and `stream`, linked in as the newest, with
+  /// one block over all of it: free (filed in the index) or unmapped (a reserved range: filed in
+  /// the unmapped set). Returns the block.
+  Block* add_segment(BlockPool& pool, stream_t stream, char* base, std::size_t size,
+                     BlockState initial);
+  /// A new expandable range over the reserved [va, va + bytes), in page slots of `page` bytes
+  /// (`stitched`: a stitching range), with one block over all of it: unmapped, or free (a range
+  /// whose pages the caller has just mapped and enters in its page table).
+  Segment* add_range(BlockPool& pool, stream_t stream, char* va, std::size_t bytes,
+                     std::size_t page, bool stitched, BlockState initial);
+  /// Unlinks and deletes `segment`, whose one block is free or unmapped.
+  void remove_segment(Segment* segment) noexcept;
+
+  // ---- the size policy ----------------------------------------------------------------------------
+  /// May a free block of `block_size` serve `rounded` bytes? (Oversize blocks, >= max_split_size,
+  /// serve only oversize requests close to their size.)
+  [[nodiscard]] bool may_serve(std::size_t block_size, std::size_t rounded) const noexcept {
+    const std::size_t max_split = config_.max_split_size;
+    if (rounded < max_split) return block_size < max_split;
+    return block_size < rounded + config_.max_non_split_rounding;
+  }
+  /// Is the rest of a block of `block_size` split off when it serves `rounded` bytes?
+  [[nodiscard]] bool should_split(bool small, bool expandable, std::size_t block_size,
+                                  std::size_t rounded) const noexcept;
+
+  // ---- blocks -----------------------------------------------------------------------------------
+  /// Best fit for `rounded` bytes of `stream` in `pool` (counts a pool call, the GC clock): the
+  /// smallest free block that may serve it, or nullptr.
+  Block* best_fit(BlockPool& pool, stream_t stream, std::size_t rounded);
+  /// Takes the free `block` out of the index for `rounded` bytes, splitting off the rest when the
+  /// policy says so; returns the block to hand out, allocated (the caller activates it).
+  Block* take(BlockPool& pool, Block* block, std::size_t rounded);
+  /// Files `block` free, coalescing it with free neighbours; returns the block it ended in.
+  Block* file(BlockPool& pool, Block* block);
+  /// A block whose free completed (its caller's free, or its last event): it leaves the active
+  /// set (its requested bytes), forgets its other streams and is filed. Returns the free block.
+  Block* file_freed(Block* block);
+  /// Bytes [start, end) of `block`'s segment, whole pages inside the free `block`, become one
+  /// block of state `to` (unmapped: merged with unmapped neighbours; lent); the rest stays free
+  /// on either side. Returns the block.
+  Block* take_pages(Block* block, std::size_t start, std::size_t end, BlockState to);
+  /// [at, at + bytes) of the unmapped `block` (whole pages) was mapped: the unmapped pieces
+  /// before and after it stay unmapped, and it becomes free: filed coalesced (`merge`), or alone
+  /// in the index (a recorded start state placed next). Returns the block.
+  Block* mapped(Block* block, char* at, std::size_t bytes, bool merge);
+  /// The lent `block`'s second mapping is gone: it is free again where it lies.
+  Block* return_lent(Block* block);
+  /// A recorded start state: `blocks` (offsets from `origin`, address order) are placed inside
+  /// the free `run` and returned allocated (nullptr for one outside it; the caller activates
+  /// them), the rest stays free.
+  std::vector<Block*> place(BlockPool& pool, Block* run, char* origin,
+                            const std::vector<SeedBlock>& blocks);
+
+  // ---- queries ----------------------------------------------------------------------------------
+  /// The largest free block of the device's pools.
+  [[nodiscard]] std::size_t largest_free_block() const;
+  /// Every mapped run of every segment as a snapshot segment of `device` (newest segment first,
+  /// or oldest first). Lent memory is shown where it is used: in the range that borrowed it.
+  void snapshot(int device, std::vector<SegmentSnapshot>& out, bool oldest_first) const;
+  /// Checks the store's own invariants (tiling, links, states and the sets that hold them,
+  /// coalescing, page tables, borrowed memory) and returns the recount; throws stitch::error.
+  /// `live(block)`: the block is in the caller's live table.
+  [[nodiscard]] StoreCount validate(int device,
+                                    const std::function<bool(const Block*)>& live) const;
+
+ private:
+  /// A new block for the first `bytes` of `b`, linked in before it, in state `state`. `b` keeps
+  /// its address and size: the caller moves them (through the free index when `b` is in it).
+  Block* link_new_front(Block* b, std::size_t bytes, BlockState state);
+  /// A new block for the bytes of `b` from offset `keep` on, linked in after it. `b` keeps its
+  /// size: the caller shrinks it.
+  Block* link_new_back(Block* b, std::size_t keep, BlockState state);
+  /// `block` (out of the unmapped set) keeps its first `keep` bytes; the rest becomes an unmapped
+  /// block of its own, filed.
+  void split_unmapped_tail(Block* block, std::size_t keep);
+  /// Files the unmapped `block`, coalesced with unmapped neighbours.
+  void file_unmapped(Block* block);
+  /// Adds (sign > 0) or removes a free block's share of the inactive_split statistics.
+  void account_inactive(const Block* block, int sign) noexcept {
+    if (!block->is_free() || !block->is_split()) return;
+    account_inactive_change(block, sign, sign * static_cast<std::int64_t>(block->size));
+  }
+  /// Applies a net change of the inactive_split statistics in `block`'s pool, once, as PyTorch
+  /// does for a split or a merge (so its running sums count what PyTorch's count).
+  void account_inactive_change(const Block* block, std::int64_t blocks,
+                               std::int64_t bytes) noexcept;
+
+  const Config& config_;
+  HotStats& hot_;
+  BlockHolder* holder_ = nullptr;
+  NodeStorage index_nodes_;
+  ObjectPool<Block> blocks_;
+  BlockPool small_{&index_nodes_, true};
+  BlockPool large_{&index_nodes_, false};
+  Segment* segments_ = nullptr;
+  std::unordered_map<stream_t, std::unique_ptr<std::atomic<std::uint64_t>>> epochs_;
+};
+
+}  // namespace stitch::detail
