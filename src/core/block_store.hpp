@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/assert.hpp"
+#include "core/constants.hpp"
 #include "core/block.hpp"
 #include "core/block_pool.hpp"
 #include "core/hot_stats.hpp"
@@ -136,7 +137,11 @@ class BlockStore {
   }
   /// Is the rest of a block of `block_size` split off when it serves `rounded` bytes?
   [[nodiscard]] bool should_split(bool small, bool expandable, std::size_t block_size,
-                                  std::size_t rounded) const noexcept;
+                                  std::size_t rounded) const noexcept {
+    const std::size_t remaining = block_size - rounded;
+    if (small || expandable) return remaining >= kMinBlockSize;
+    return rounded < config_.max_split_size && remaining > kSmallSize;
+  }
 
   // ---- blocks -----------------------------------------------------------------------------------
   /// Best fit for `rounded` bytes of `stream` in `pool` (counts a pool call, the GC clock): the
@@ -198,7 +203,16 @@ class BlockStore {
   /// Applies a net change of the inactive_split statistics in `block`'s pool, once, as PyTorch
   /// does for a split or a merge (so its running sums count what PyTorch's count).
   void account_inactive_change(const Block* block, std::int64_t blocks,
-                               std::int64_t bytes) noexcept;
+                               std::int64_t bytes) noexcept {
+    // Expandable segments are never "inactive split": their free pages can always be unmapped.
+    if (block->segment->expandable) return;
+    auto apply = [small = block->small](PoolCounter& c, std::int64_t n) {
+      if (n > 0) c.add(small, n);
+      if (n < 0) c.sub(small, -n);
+    };
+    apply(hot_.inactive_split, blocks);
+    apply(hot_.inactive_split_bytes, bytes);
+  }
 
   const Config& config_;
   HotStats& hot_;
@@ -210,5 +224,131 @@ class BlockStore {
   Segment* segments_ = nullptr;
   std::unordered_map<stream_t, std::unique_ptr<std::atomic<std::uint64_t>>> epochs_;
 };
+
+// ---- the fast path's operations, inline: a cache hit runs them all -----------------------------
+
+inline Block* BlockStore::link_new_front(Block* b, std::size_t bytes, BlockState state) {
+  Block* front = blocks_.create(b->ptr, bytes, b->stream, b->segment, b->small, state);
+  front->prev = b->prev;
+  front->next = b;
+  if (front->prev != nullptr) {
+    front->prev->next = front;
+  } else {
+    b->segment->head = front;
+  }
+  b->prev = front;
+  return front;
+}
+
+inline Block* BlockStore::link_new_back(Block* b, std::size_t keep, BlockState state) {
+  Block* back = blocks_.create(b->ptr + keep, b->size - keep, b->stream, b->segment, b->small, state);
+  back->prev = b;
+  back->next = b->next;
+  if (back->next != nullptr) back->next->prev = back;
+  b->next = back;
+  return back;
+}
+
+inline Block* BlockStore::best_fit(BlockPool& pool, stream_t stream, std::size_t rounded) {
+  ++pool.calls;
+  auto it = pool.index.best_fit(stream, rounded);
+  if (it == pool.index.end()) return nullptr;
+  Block* block = *it;
+  // Oversize blocks (>= max_split_size) are never split: they serve only requests of at least
+  // max_split_size, and only within max_non_split_rounding of their size.
+  if (!may_serve(block->size, rounded)) return nullptr;
+  return block;  // still in the index: take() takes it out
+}
+
+inline Block* BlockStore::take(BlockPool& pool, Block* block, std::size_t rounded) {
+  STITCH_ASSERT(block->is_free() && block->size >= rounded,
+                "take: a free, indexed block that holds the request");
+  Block* out = block;
+  if (should_split(block->small, block->segment->expandable, block->size, rounded)) {
+    // A new block takes the front; `block` keeps the tail and stays in the index, re-keyed in
+    // place (no tree rebalancing when its order is unchanged). An already split free block
+    // shrinks; an unsplit one becomes a split remainder.
+    const bool was_split = block->is_split();
+    out = link_new_front(block, rounded, BlockState::allocated);
+    pool.index.shrink(block, block->ptr + rounded, block->size - rounded);
+    if (was_split) {
+      account_inactive_change(block, 0, -static_cast<std::int64_t>(rounded));
+    } else {
+      account_inactive_change(block, 1, static_cast<std::int64_t>(block->size));
+    }
+  } else {
+    account_inactive(block, -1);
+    pool.index.erase(block);
+    set_state(*block, BlockState::allocated);
+  }
+  free_changed(out->segment);
+  return out;
+}
+
+inline Block* BlockStore::file(BlockPool& pool, Block* block) {
+  // Files a block, coalescing it with free neighbours. A free neighbour survives, re-keyed in
+  // place, and `block` is recycled, so the common case needs no tree insert.
+  STITCH_ASSERT(may_become(block->state, BlockState::free), "file: a block that may become free");
+  // A parked block before this one, freed by its owner, is filed first, so that they merge.
+  if (block->prev != nullptr && block->prev->state == BlockState::parked)
+    holder_->file_if_freed(*block->prev);
+  // The inactive_split statistics change once, by the net effect (as PyTorch's free_block):
+  // each merged neighbour (a free block in a split segment) leaves, the survivor joins.
+  Block* prev = block->prev != nullptr && block->prev->is_free() ? block->prev : nullptr;
+  Block* next = block->next != nullptr && block->next->is_free() ? block->next : nullptr;
+  std::int64_t inactive_blocks = -static_cast<std::int64_t>((prev != nullptr) + (next != nullptr));
+  std::int64_t inactive_bytes = -static_cast<std::int64_t>((prev != nullptr ? prev->size : 0) +
+                                                           (next != nullptr ? next->size : 0));
+  Block* survivor = block;
+  if (prev != nullptr) {
+    std::size_t size = prev->size + block->size;
+    if (next != nullptr) {
+      size += next->size;
+      pool.index.erase(next);
+    }
+    Block* after = next != nullptr ? next->next : block->next;
+    prev->next = after;
+    if (after != nullptr) after->prev = prev;
+    if (next != nullptr) blocks_.destroy(next);
+    blocks_.destroy(block);
+    pool.index.grow(prev, prev->ptr, size);
+    survivor = prev;
+  } else if (next != nullptr) {
+    next->prev = block->prev;
+    if (block->prev != nullptr) {
+      block->prev->next = next;
+    } else {
+      next->segment->head = next;
+    }
+    char* ptr = block->ptr;
+    const std::size_t size = block->size + next->size;
+    blocks_.destroy(block);
+    pool.index.grow(next, ptr, size);
+    survivor = next;
+  } else {
+    pool.index.insert(block);
+    set_state(*block, BlockState::free);
+  }
+  survivor->gc_stamp = pool.calls;
+  if (survivor->is_split()) {
+    inactive_blocks += 1;
+    inactive_bytes += static_cast<std::int64_t>(survivor->size);
+  }
+  account_inactive_change(survivor, inactive_blocks, inactive_bytes);
+  free_changed(survivor->segment);
+  // A parked block never follows a free block (core/immediate_reuse.hpp): the one after this
+  // one leaves its slot (freed, it is filed now and merges here; handed out, it becomes an
+  // ordinary allocation).
+  if (survivor->next != nullptr && survivor->next->state == BlockState::parked)
+    holder_->release(*survivor->next);  // `survivor` stays, grown if they merged
+  return survivor;
+}
+
+inline Block* BlockStore::file_freed(Block* block) {
+  hot_.inactive_block(block->small, static_cast<std::int64_t>(block->requested));
+  block->requested = 0;
+  block->stream_uses.clear();
+  return file(pool_of(block), block);
+}
 
 }  // namespace stitch::detail

@@ -116,7 +116,7 @@ DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t s
   const bool small = detail::is_small(rounded);
   BlockPool& pool =
       pools_.routing() ? pools_.route(stream, small, store_.pool(small)) : store_.pool(small);
-  if (mine != nullptr) {
+  if (mine != nullptr && mine->block != nullptr) {
     if (void* again = reuse_.take_back(*mine, size, rounded, stream, pool)) {
       recorder_.trace(TraceAction::alloc, again, size, stream);
       return {again, nullptr};

@@ -15,50 +15,7 @@ ImmediateReuse::ImmediateReuse(BlockStore& store, HotStats& hot, DeviceStats& st
   store_.set_holder(this);
 }
 
-// ---- the owner's slot, without the device lock ----------------------------------------------------
-
-void* ImmediateReuse::take(ThreadSlot& s, std::size_t size, stream_t stream) noexcept {
-  s.lock.lock();
-  Block* b = s.block;
-  void* out = nullptr;
-  if (b != nullptr && s.parked && s.reusable && b->requested == size && b->stream == stream &&
-      fast_ok_.load(std::memory_order_relaxed) &&
-      !events_pending_.load(std::memory_order_relaxed) &&
-      s.epoch->load(std::memory_order_acquire) == s.seen) {
-    s.parked = false;
-    ++s.pairs;
-    out = b->ptr;
-  }
-  s.lock.unlock();
-  return out;
-}
-
-bool ImmediateReuse::free_again(ThreadSlot& s, void* ptr, const std::size_t* expected_size,
-                                const stream_t* stream, std::size_t* actual_size) noexcept {
-  s.lock.lock();
-  Block* b = s.block;
-  const bool again = b != nullptr && !s.parked && b->ptr == ptr &&
-                     (expected_size == nullptr || *expected_size == b->requested) &&
-                     (stream == nullptr || *stream == b->stream) &&
-                     fast_ok_.load(std::memory_order_relaxed);
-  if (again) {
-    if (actual_size != nullptr) *actual_size = b->requested;
-    s.parked = true;
-  }
-  s.lock.unlock();
-  return again;
-}
-
 // ---- under the device lock ------------------------------------------------------------------------
-
-void ImmediateReuse::flush(ThreadSlot& s) noexcept {
-  // The calling thread's own slot, under the device lock: only this thread changes `pairs`
-  // without the device lock, so reading it needs no slot lock.
-  if (s.pairs == 0) return;
-  std::lock_guard lock(s.lock);
-  if (s.block != nullptr) apply_pairs(s.block, s.effect, s.pairs);
-  s.pairs = 0;
-}
 
 void* ImmediateReuse::take_back(ThreadSlot& s, std::size_t size, std::size_t rounded,
                                 stream_t stream, BlockPool& pool) {
