@@ -9,13 +9,13 @@
 #include "stitch/errors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  stitch::detail::PickleLimits limits;
+  stitch::formats::PickleLimits limits;
   limits.max_memory = std::size_t{64} << 20;
   try {
     const stitch::detail::PyValue v =
-        stitch::detail::read_pickle(std::string_view(reinterpret_cast<const char*>(data), size),
+        stitch::formats::read_pickle(std::string_view(reinterpret_cast<const char*>(data), size),
                                     "fuzz", limits);
-    (void)stitch::detail::snapshot_from_pyvalue(v, "fuzz");
+    (void)stitch::formats::snapshot_from_pyvalue(v, "fuzz");
   } catch (const stitch::error&) {
   }
   return 0;

@@ -5,11 +5,11 @@
 #include <string_view>
 
 #include "stitch/errors.hpp"
-#include "tools/replay/workload.hpp"
+#include "tools/stitch_replay/trace_file.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   try {
-    const stitch::replay::Workload w = stitch::replay::workload_from_rmm_csv(
+    const stitch::replay_cli::TraceFile w = stitch::replay_cli::trace_file_from_rmm_csv(
         std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
     for (const auto& t : w.devices) (void)stitch::replay::peak_requested(t);
   } catch (const stitch::error&) {

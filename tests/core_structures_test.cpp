@@ -1,8 +1,7 @@
 // Tests of the core's data structures on their own (src/core): FreeIndex (best fit, in-place
 // re-keying), PtrMap (probing, backward-shift deletion, growth), ObjectPool and RawPool (reuse
-// without the heap), the fast path's statistics (HotStats against a naive model), the Ledger,
-// the device lock that settles the deferred free, StreamEvents and PageMapper on the simulated
-// device, and the undo guard.
+// without the heap), the fast path's statistics (HotStats against a naive model), PageTable, and
+// the undo guard. The core's types have files of their own (block_store_test.cpp, ...).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -17,16 +16,11 @@
 #include <vector>
 
 #include "core/block.hpp"
-#include "core/device_lock.hpp"
 #include "core/free_index.hpp"
 #include "core/hot_stats.hpp"
-#include "core/ledger.hpp"
-#include "diagnostics/recorder.hpp"
 #include "core/object_pool.hpp"
-#include "core/page_mapper.hpp"
 #include "core/page_table.hpp"
 #include "core/ptr_map.hpp"
-#include "core/stream_events.hpp"
 #include "core/undo.hpp"
 #include "stitch/errors.hpp"
 #include "stitch/sim_backend.hpp"
@@ -280,116 +274,6 @@ TEST(HotStats, ExpandsToWhatANaiveCountGives) {
   }
 }
 
-// ---- Ledger ---------------------------------------------------------------------------------
-
-TEST(Ledger, BooksSegmentsAndPagesAndHoldsTheCap) {
-  DeviceStats stats;
-  Recorder history;
-  history.configure(true, 64, false);
-  Ledger ledger(stats, history);
-  EXPECT_TRUE(ledger.fits(SIZE_MAX / 2));
-  EXPECT_EQ(ledger.room(), SIZE_MAX);
-  char base[1] = {};
-  Segment small_seg, big_seg, range;
-  small_seg.base = base;
-  small_seg.size = 2 * MiB;
-  small_seg.small = true;
-  big_seg.base = base;
-  big_seg.size = 100 * MiB;
-  big_seg.oversize = true;
-  range.base = base;
-  ledger.segment_allocated(small_seg);
-  ledger.segment_allocated(big_seg);
-  ledger.mapped(range, base, 40 * MiB);
-  EXPECT_EQ(ledger.reserved(), 142 * MiB);
-  EXPECT_EQ(stats.segment[kAll].current, 2);
-  EXPECT_EQ(stats.reserved_bytes[kSmallPool].current, static_cast<std::int64_t>(2 * MiB));
-  EXPECT_EQ(stats.oversize_segments.current, 1);
-  EXPECT_EQ(stats.num_device_alloc, 3);
-  ledger.set_cap(150 * MiB);
-  EXPECT_TRUE(ledger.fits(8 * MiB));
-  EXPECT_FALSE(ledger.fits(8 * MiB + 1));
-  EXPECT_EQ(ledger.room(), 8 * MiB);
-  ledger.unmapped(range, base, 40 * MiB);
-  ledger.segment_freed(big_seg);
-  EXPECT_EQ(ledger.reserved(), 2 * MiB);
-  EXPECT_EQ(stats.oversize_segments.current, 0);
-  EXPECT_EQ(stats.num_device_free, 2);
-  EXPECT_EQ(stats.reserved_bytes[kAll].peak, static_cast<std::int64_t>(142 * MiB));
-  ledger.set_cap(MiB);  // below what is held: no room, nothing fits
-  EXPECT_EQ(ledger.room(), 0u);
-  EXPECT_FALSE(ledger.fits(1));
-  // Every change of what is held is in the history too, in order.
-  const std::vector<TraceEntry> h = history.entries(false);
-  const std::vector<TraceAction> want = {TraceAction::segment_alloc, TraceAction::segment_alloc,
-                                         TraceAction::segment_map, TraceAction::segment_unmap,
-                                         TraceAction::segment_free};
-  ASSERT_EQ(h.size(), want.size());
-  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(h[i].action, want[i]) << i;
-  EXPECT_EQ(h[2].size, 40 * MiB);
-}
-
-// ---- the device lock ------------------------------------------------------------------------
-
-struct Owner {
-  int settled = 0;
-  bool fail = false;
-  void settle_all() {
-    if (fail) throw std::runtime_error("settle failed");
-    ++settled;
-  }
-};
-
-TEST(DeviceLock, EveryLockButMallocsAndFreesSettlesTheSlots) {
-  Owner owner;
-  DeviceLock<Owner> lock(&owner);
-  {
-    UnsettledGuard guard(lock);  // malloc's and free's way: the slots stay as they are
-  }
-  EXPECT_EQ(owner.settled, 0);
-  {
-    std::lock_guard guard(lock);  // any other path: settled on entry
-  }
-  EXPECT_EQ(owner.settled, 1);
-  // A settle that throws leaves the lock free.
-  owner.fail = true;
-  EXPECT_THROW(lock.lock(), std::runtime_error);
-  owner.fail = false;
-  {
-    UnsettledGuard guard(lock);  // would deadlock if the failed lock() had kept it
-  }
-  EXPECT_EQ(owner.settled, 1);
-}
-
-// ---- StreamEvents and PageMapper on the simulated device -----------------------------------
-
-TEST(StreamEvents, ABlockBecomesFreeWhenItsLastStreamIsDone) {
-  SimBackend sim;
-  StreamEvents events(sim, 0);
-  Block b(nullptr, 512, S(1), nullptr, true, BlockState::allocated);
-  b.stream_uses = {S(2), S(3)};
-  sim.hold_stream(S(2));
-  events.record(&b);
-  EXPECT_EQ(b.event_count, 2);
-  EXPECT_EQ(events.outstanding(), 2u);
-  std::vector<Block*> done;
-  events.poll([&](Block* x) { done.push_back(x); });
-  EXPECT_EQ(events.outstanding(), 1u);  // stream 3's event completed, stream 2 is held
-  EXPECT_TRUE(done.empty());
-  sim.release_stream(S(2));
-  events.poll([&](Block* x) { done.push_back(x); });
-  EXPECT_EQ(done, std::vector<Block*>{&b});
-  EXPECT_EQ(events.outstanding(), 0u);
-  EXPECT_FALSE(events.wait_all([&](Block*) { ADD_FAILURE(); }));
-  // A failing record puts its events back: nothing is counted.
-  Block c(nullptr, 512, S(1), nullptr, true, BlockState::allocated);
-  c.stream_uses = {S(2), S(4)};
-  sim.inject_fault(SimCall::record_event, 2, SimFault::error);
-  EXPECT_THROW(events.record(&c), stitch::backend_error);
-  EXPECT_EQ(c.event_count, 0);
-  EXPECT_EQ(events.outstanding(), 0u);
-}
-
 TEST(PageTable, StorageGrowsWithTheHighestMappedSlotAndHandlesStayWhole) {
   PageTable t;
   t.reset(1u << 20);  // a range of a million slots: nothing stored yet
@@ -440,49 +324,6 @@ TEST(PageTable, StorageGrowsWithTheHighestMappedSlotAndHandlesStayWhole) {
   t.reset(8);
   EXPECT_EQ(t.stored(), 0u);
   EXPECT_EQ(t.handle(21), 0u);
-}
-
-TEST(PageMapper, MapsAllOrNothingAndRetriesWhatAnUndoLeft) {
-  SimBackend::Options o;
-  o.capacity = 10 * MiB;  // five 2 MiB pages
-  SimBackend sim(o);
-  PageMapper pages(sim, 0);
-  Segment seg;
-  seg.page = 2 * MiB;
-  seg.size = 16 * MiB;
-  seg.base = static_cast<char*>(sim.reserve(0, seg.size, seg.page));
-  seg.pages.reset(8);
-  ASSERT_TRUE(pages.map(seg, 0, 3));
-  EXPECT_EQ(sim.usage(0).physical_handles, 3u);
-  // One more page than the device has: nothing of it stays.
-  EXPECT_FALSE(pages.map(seg, 3, 3));
-  EXPECT_EQ(sim.usage(0).physical_handles, 3u);
-  EXPECT_EQ(seg.pages.handle(3), 0u);
-  // A failed map changes nothing: the run is mapped all or nothing, the handles released.
-  sim.inject_fault(SimCall::map, 2, SimFault::error);
-  EXPECT_THROW((void)pages.map(seg, 4, 2), stitch::backend_error);
-  EXPECT_EQ(seg.pages.handle(4), 0u);
-  EXPECT_EQ(sim.usage(0).physical_handles, 3u);
-  // A stray mapping (an unmap that failed while undoing) blocks only the addresses it covers.
-  const stitch::phys_handle_t h = sim.create_physical(0, 2 * MiB);
-  ASSERT_TRUE(sim.map(0, seg.base + 6 * seg.page, 2 * MiB, h));
-  sim.release_physical(0, h);  // freed when its mapping goes
-  sim.inject_fault(SimCall::unmap, 1, SimFault::error);
-  pages.unmap_or_stray(seg.base + 6 * seg.page, 2 * MiB);  // fails: filed as stray
-  sim.inject_fault(SimCall::unmap, 1, SimFault::error);    // and its retry fails too
-  EXPECT_TRUE(pages.map(seg, 4, 1)) << "elsewhere the range still grows";
-  sim.inject_fault(SimCall::unmap, 1, SimFault::error);
-  EXPECT_THROW((void)pages.map(seg, 6, 1), stitch::backend_error) << "where the stray lies, not yet";
-  EXPECT_TRUE(pages.map(seg, 6, 1)) << "the stray is unmapped first, then the page maps";
-  EXPECT_EQ(sim.usage(0).physical_handles, 5u);
-  // An orphaned handle is released on the next retry.
-  sim.unmap(0, seg.base, 2 * MiB);
-  sim.inject_fault(SimCall::release_physical, 1, SimFault::error);
-  EXPECT_TRUE(pages.release(seg, 0, 1) != nullptr);
-  EXPECT_EQ(pages.orphans().size(), 1u);
-  pages.retry();
-  EXPECT_TRUE(pages.orphans().empty());
-  EXPECT_EQ(sim.usage(0).physical_handles, 4u);
 }
 
 TEST(Undo, RunsUnlessDoneAndOnExceptions) {

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <iterator>
 #include <map>
+#include <mutex>
+#include <stdexcept>
 #include <memory>
 #include <random>
 #include <string>
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "core/device_allocator.hpp"
+#include "core/device_lock.hpp"
 #include "stitch/allocator.hpp"
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
@@ -417,3 +420,41 @@ INSTANTIATE_TEST_SUITE_P(Configs, ImmediateReuseThreads,
 
 }  // namespace
 }  // namespace stitch
+
+namespace stitch::detail {
+namespace {
+
+// ---- the device lock: every lock but malloc's and free's settles the slots --------------------
+
+struct Owner {
+  int settled = 0;
+  bool fail = false;
+  void settle_all() {
+    if (fail) throw std::runtime_error("settle failed");
+    ++settled;
+  }
+};
+
+TEST(DeviceLock, EveryLockButMallocsAndFreesSettlesTheSlots) {
+  Owner owner;
+  DeviceLock<Owner> lock(&owner);
+  {
+    UnsettledGuard guard(lock);  // malloc's and free's way: the slots stay as they are
+  }
+  EXPECT_EQ(owner.settled, 0);
+  {
+    std::lock_guard guard(lock);  // any other path: settled on entry
+  }
+  EXPECT_EQ(owner.settled, 1);
+  // A settle that throws leaves the lock free.
+  owner.fail = true;
+  EXPECT_THROW(lock.lock(), std::runtime_error);
+  owner.fail = false;
+  {
+    UnsettledGuard guard(lock);  // would deadlock if the failed lock() had kept it
+  }
+  EXPECT_EQ(owner.settled, 1);
+}
+
+}  // namespace
+}  // namespace stitch::detail

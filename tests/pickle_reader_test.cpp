@@ -18,10 +18,10 @@
 
 namespace {
 
-using stitch::detail::PickleLimits;
+using stitch::formats::PickleLimits;
 using stitch::detail::PickleWriter;
 using stitch::detail::PyValue;
-using stitch::detail::read_pickle;
+using stitch::formats::read_pickle;
 
 namespace fs = std::filesystem;
 
@@ -523,10 +523,10 @@ TEST(PickleReader, SnapshotConversionBoundsSharedExpansion) {
   for (int i = 0; i < 100000; ++i) trace.append(entry);
   const PyValue root = PyValue::dict({{S("segments"), PyValue::list()},
                                       {S("device_traces"), PyValue::list({trace})}});
-  stitch::detail::SnapshotReadOptions options;
+  stitch::formats::SnapshotReadOptions options;
   options.limits.max_memory = 16 << 20;
   try {
-    (void)stitch::detail::snapshot_from_pyvalue(root, "bomb", options);
+    (void)stitch::formats::snapshot_from_pyvalue(root, "bomb", options);
     FAIL() << "the expansion was not bounded";
   } catch (const stitch::error& e) {
     EXPECT_TRUE(contains(e.what(), "bomb: device_traces[0]")) << e.what();
@@ -556,7 +556,7 @@ TEST(PickleReader, SurvivesRandomCorruption) {
     if (rng() % 4 == 0) bad.resize(rng() % bad.size());
     try {
       const PyValue v = read_pickle(bad, "fuzz");
-      (void)stitch::detail::snapshot_from_pyvalue(v, "fuzz");
+      (void)stitch::formats::snapshot_from_pyvalue(v, "fuzz");
       ++parsed;
     } catch (const stitch::error&) {
       // expected for most mutations
@@ -578,12 +578,12 @@ TEST(PickleReader, LoadsEveryRealPyTorchSnapshot) {
       {"eor-nn-small.pickle", 5803},
   };
   // Frames are the bulk of these files; the round-trip test below converts them for one file.
-  stitch::detail::SnapshotReadOptions no_frames;
+  stitch::formats::SnapshotReadOptions no_frames;
   no_frames.frames = false;
   for (const fs::path& f : files) {
     SCOPED_TRACE(f.string());
     stitch::Snapshot snap;
-    ASSERT_NO_THROW(snap = stitch::detail::read_snapshot_file(f.string(), no_frames));
+    ASSERT_NO_THROW(snap = stitch::formats::read_snapshot_file(f.string(), no_frames));
     ASSERT_FALSE(snap.segments.empty());
     ASSERT_GE(snap.device_traces.size(), 1u);
     if (auto it = events.find(f.filename().string()); it != events.end())
@@ -610,15 +610,15 @@ TEST(PickleReader, RealSnapshotsRoundTripThroughStitchsWriter) {
   const fs::path f = *std::min_element(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
     return fs::file_size(a) < fs::file_size(b);
   });
-  const PyValue raw = stitch::detail::read_pickle_file(f.string());
+  const PyValue raw = stitch::formats::read_pickle_file(f.string());
   // Plain PyValue round trip: everything PyTorch wrote survives stitch's writer.
   PickleWriter w;
   w.value(raw);
   const PyValue again = read_pickle(w.finish());
   EXPECT_TRUE(again == raw);
   // Snapshot round trip.
-  const stitch::Snapshot snap = stitch::detail::snapshot_from_pyvalue(raw, f.string());
-  const stitch::Snapshot back = stitch::detail::snapshot_from_pyvalue(
+  const stitch::Snapshot snap = stitch::formats::snapshot_from_pyvalue(raw, f.string());
+  const stitch::Snapshot back = stitch::formats::snapshot_from_pyvalue(
       read_pickle(stitch::detail::snapshot_to_pickle(snap)), "rewritten");
   ASSERT_EQ(back.segments.size(), snap.segments.size());
   for (std::size_t i = 0; i < snap.segments.size(); ++i) {

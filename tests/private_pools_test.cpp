@@ -11,6 +11,7 @@
 
 #include "stitch/allocator.hpp"
 #include "stitch/config.hpp"
+#include "core/private_pools.hpp"
 #include "stitch/errors.hpp"
 #include "stitch/sim_backend.hpp"
 
@@ -21,7 +22,7 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 
 stream_t S(int n) { return reinterpret_cast<stream_t>(static_cast<std::uintptr_t>(n) * 0x10); }
 
-struct GraphPools : ::testing::TestWithParam<const char*> {
+struct PrivatePools : ::testing::TestWithParam<const char*> {
   std::shared_ptr<SimBackend> sim;
   std::unique_ptr<Allocator> alloc;
   const PoolId pool{1, 0};
@@ -43,7 +44,7 @@ struct GraphPools : ::testing::TestWithParam<const char*> {
   }
 };
 
-TEST_P(GraphPools, CapturedAllocationsComeFromThePoolsOwnSegments) {
+TEST_P(PrivatePools, CapturedAllocationsComeFromThePoolsOwnSegments) {
   // A free cached block of the default pool that would fit is not used during the capture.
   void* cached = alloc->allocate(4 * MiB, S(1));
   alloc->deallocate(cached, S(1));
@@ -71,7 +72,7 @@ TEST_P(GraphPools, CapturedAllocationsComeFromThePoolsOwnSegments) {
   alloc->validate();
 }
 
-TEST_P(GraphPools, NothingIsQueriedSynchronizedOrReturnedDuringACapture) {
+TEST_P(PrivatePools, NothingIsQueriedSynchronizedOrReturnedDuringACapture) {
   // A cross-stream block freed before the capture leaves an event outstanding.
   sim->hold_stream(S(3));
   void* crossed = alloc->allocate(2 * MiB, S(1));
@@ -102,7 +103,7 @@ TEST_P(GraphPools, NothingIsQueriedSynchronizedOrReturnedDuringACapture) {
   alloc->validate();
 }
 
-TEST_P(GraphPools, ReleasePoolReturnsTheMemoryOnceItsBlocksAreFree) {
+TEST_P(PrivatePools, ReleasePoolReturnsTheMemoryOnceItsBlocksAreFree) {
   const std::int64_t before = reserved();
   begin(pool);
   void* out = alloc->allocate(6 * MiB, S(1));  // a graph output that outlives the capture
@@ -124,7 +125,7 @@ TEST_P(GraphPools, ReleasePoolReturnsTheMemoryOnceItsBlocksAreFree) {
   alloc->validate();
 }
 
-TEST_P(GraphPools, ASharedPoolLivesUntilItsLastUse) {
+TEST_P(PrivatePools, ASharedPoolLivesUntilItsLastUse) {
   // Two graphs share one pool (torch.cuda.graph_pool_handle()).
   begin(pool);
   void* a = alloc->allocate(2 * MiB, S(1));
@@ -144,7 +145,7 @@ TEST_P(GraphPools, ASharedPoolLivesUntilItsLastUse) {
   alloc->validate();
 }
 
-TEST_P(GraphPools, NestedRoutesAndBadCalls) {
+TEST_P(PrivatePools, NestedRoutesAndBadCalls) {
   const PoolId inner{2, 0};
   begin(pool);
   alloc->begin_allocate_to_pool(0, inner, [](stream_t s) { return s == S(4); });
@@ -163,7 +164,7 @@ TEST_P(GraphPools, NestedRoutesAndBadCalls) {
   alloc->validate();
 }
 
-TEST_P(GraphPools, OtherStreamsGrowWithoutMovingPagesDuringACapture) {
+TEST_P(PrivatePools, OtherStreamsGrowWithoutMovingPagesDuringACapture) {
   // Short of memory, with free pages scattered on stream 2: stitching would move them (unmapping
   // them) for a large request, which a capture forbids.
   std::vector<void*> live;
@@ -183,7 +184,7 @@ TEST_P(GraphPools, OtherStreamsGrowWithoutMovingPagesDuringACapture) {
 
 // A capture the allocator was not told about (no route): it asks the back end whether a stream
 // captures before recording a cross-stream free's events, polling events, or the slow path.
-TEST_P(GraphPools, WithoutARouteACapturingStreamIsAskedAbout) {
+TEST_P(PrivatePools, WithoutARouteACapturingStreamIsAskedAbout) {
   sim->hold_stream(S(3));
   void* held = alloc->allocate(2 * MiB, S(1));
   alloc->record_stream(held, S(3));
@@ -210,7 +211,7 @@ TEST_P(GraphPools, WithoutARouteACapturingStreamIsAskedAbout) {
 }
 
 // The simulator's capture rules are real: what CUDA forbids on a capturing stream fails.
-TEST_P(GraphPools, TheSimulatorEnforcesTheCaptureRules) {
+TEST_P(PrivatePools, TheSimulatorEnforcesTheCaptureRules) {
   const event_t e = sim->create_event(0);
   sim->begin_capture(0, S(2));
   sim->record_event(0, e, S(2));  // a node of the graph, not work
@@ -228,7 +229,7 @@ TEST_P(GraphPools, TheSimulatorEnforcesTheCaptureRules) {
   sim->destroy_event(0, e);
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, GraphPools,
+INSTANTIATE_TEST_SUITE_P(Configs, PrivatePools,
                          ::testing::Values("", "expandable_segments:True",
                                            "expandable_segments:True,stitching:True",
                                            "expandable_segments:True,stitching:True,"
@@ -236,3 +237,74 @@ INSTANTIATE_TEST_SUITE_P(Configs, GraphPools,
 
 }  // namespace
 }  // namespace stitch
+
+// ---- PrivatePools itself: routes, uses, and whether the device may be touched ---------------------
+
+namespace stitch::detail {
+namespace {
+
+stream_t S(int n) { return reinterpret_cast<stream_t>(static_cast<std::uintptr_t>(n) * 0x10); }
+
+TEST(PrivatePoolRoutes, TheNewestRouteThatAcceptsAStreamTakesItsAllocations) {
+  SimBackend sim;
+  BlockStore::NodeStorage nodes;
+  PrivatePools pools(sim, 0, &nodes);
+  BlockPool device_small(&nodes, true);
+  const PoolId one{1, 0}, two{2, 0};
+  EXPECT_FALSE(pools.routing());
+  EXPECT_EQ(&pools.route(S(1), true, device_small), &device_small);
+  pools.begin(one, [](stream_t s) { return s == S(1); });
+  BlockPool& one_small = pools.route(S(1), true, device_small);
+  EXPECT_NE(&one_small, &device_small);
+  EXPECT_TRUE(one_small.small);
+  EXPECT_NE(one_small.owner, nullptr);
+  EXPECT_EQ(one_small.owner->id, one);
+  EXPECT_EQ(&pools.route(S(2), true, device_small), &device_small) << "a stream it does not accept";
+  pools.begin(two, [](stream_t) { return true; });
+  EXPECT_EQ(pools.route(S(1), false, device_small).owner->id, two) << "the newest route first";
+  pools.end(one);  // the route to `one`, though begun earlier
+  EXPECT_EQ(pools.route(S(1), false, device_small).owner->id, two);
+  pools.end(two);
+  EXPECT_FALSE(pools.routing());
+  EXPECT_THROW(pools.end(two), invalid_argument);
+  EXPECT_THROW(pools.begin(one, StreamFilter{}), invalid_argument);
+  // Uses: each begin is one; the memory may go back once the last is released and no route is
+  // underway.
+  pools.begin(one, [](stream_t) { return true; });  // `one` in use twice now
+  EXPECT_FALSE(pools.release(one)) << "a route is underway";
+  pools.end(one);
+  EXPECT_TRUE(pools.release(one));
+  EXPECT_THROW(pools.release(one), invalid_argument) << "no use left";
+  EXPECT_TRUE(pools.release(two));
+  EXPECT_THROW(pools.release(PoolId{9, 9}), invalid_argument);
+  int released = 0;
+  pools.release_unused([&](Block*) { ++released; });
+  EXPECT_EQ(released, 0) << "they held no memory";
+  pools.validate(StoreCount{});
+}
+
+TEST(PrivatePoolRoutes, TheDeviceIsNotTouchedDuringARouteOrACapture) {
+  SimBackend sim;
+  BlockStore::NodeStorage nodes;
+  PrivatePools pools(sim, 0, &nodes);
+  EXPECT_TRUE(pools.may_touch_device({S(1), S(2)}));
+  sim.begin_capture(0, S(2));  // a capture stitch was not told about
+  EXPECT_TRUE(pools.may_touch_device({S(1)}));
+  EXPECT_FALSE(pools.may_touch_device({S(1), S(2)}));
+  Block b(nullptr, 512, S(1), nullptr, true, BlockState::allocated);
+  EXPECT_TRUE(pools.may_touch_device(&b));
+  b.stream_uses = {S(3), S(2)};
+  EXPECT_FALSE(pools.may_touch_device(&b)) << "it was used on the capturing stream";
+  EXPECT_TRUE(sim.end_capture(S(2)));
+  EXPECT_TRUE(pools.may_touch_device(&b));
+  pools.begin(PoolId{1, 0}, [](stream_t) { return false; });
+  EXPECT_FALSE(pools.may_touch_device({})) << "any route: a stream may be capturing";
+  // A segment of a pool the device does not have is caught.
+  StoreCount count;
+  PrivatePool stranger(PoolId{5, 5}, &nodes);
+  count.private_segments.push_back(&stranger);
+  EXPECT_THROW(pools.validate(count), stitch::error);
+}
+
+}  // namespace
+}  // namespace stitch::detail

@@ -1,4 +1,4 @@
-// Tests of the replay (src/replay, src/tools/replay): reading RMM logs and snapshot pickles (hostile and
+// Tests of the replay (src/replay, src/tools/stitch_replay): reading RMM logs and snapshot pickles (hostile and
 // broken ones included), reconstructing the state at the start of a trace, determinism, the
 // minimum-capacity search, the fidelity of a replay to what a recording allocator did (on a trace
 // stitch itself recorded, and on real PyTorch traces when /work/shared/traces is there), and
@@ -24,15 +24,15 @@
 #include "stitch/allocator.hpp"
 #include "stitch/errors.hpp"
 #include "stitch/sim_backend.hpp"
-#include "tools/replay/replayer.hpp"
-#include "tools/replay/report.hpp"
-#include "tools/replay/workload.hpp"
+#include "tools/stitch_replay/replayer.hpp"
+#include "tools/stitch_replay/report.hpp"
+#include "tools/stitch_replay/trace_file.hpp"
 #include "tools/tracegen/tracegen.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
-namespace rp = stitch::replay;
+namespace rp = stitch::replay_cli;
 namespace tg = stitch::tracegen;
 using stitch::Snapshot;
 using stitch::TraceAction;
@@ -65,10 +65,10 @@ void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
 }
 
-/// read_workload's error message for `path` ("" if it did not throw stitch::error).
+/// read_trace_file's error message for `path` ("" if it did not throw stitch::error).
 std::string read_error(const std::string& path) {
   try {
-    (void)rp::read_workload(path);
+    (void)rp::read_trace_file(path);
   } catch (const stitch::error& e) {
     return e.what();
   }
@@ -77,7 +77,7 @@ std::string read_error(const std::string& path) {
 
 std::string csv_error(const std::string& text) {
   try {
-    (void)rp::workload_from_rmm_csv(text, "log.csv");
+    (void)rp::trace_file_from_rmm_csv(text, "log.csv");
   } catch (const stitch::error& e) {
     return e.what();
   }
@@ -99,7 +99,7 @@ fs::path real_dir() {
 rp::DeviceWorkload generated(const std::string& pattern, std::size_t steps, std::uint64_t seed = 1) {
   tg::Options o;
   o.steps = steps;
-  rp::Workload w = rp::workload_from_snapshot(tg::generate(pattern, seed, o), pattern);
+  rp::TraceFile w = rp::trace_file_from_snapshot(tg::generate(pattern, seed, o), pattern);
   return std::move(w.devices.at(0));
 }
 
@@ -124,7 +124,7 @@ TEST(ReplayRmmCsv, ParsesAGoodLog) {
                            "\n"
                            "140245,10:00:00.000004,free,0x7f0000000000,1048576,0x0\n"
                            "140245,10:00:00.000005,free,0x7e0000000000,4096,0x0\n";
-  const rp::Workload w = rp::workload_from_rmm_csv(text, "log.csv");
+  const rp::TraceFile w = rp::trace_file_from_rmm_csv(text, "log.csv");
   ASSERT_EQ(w.devices.size(), 1u);
   const rp::DeviceWorkload& t = w.devices[0];
   ASSERT_EQ(t.events.size(), 4u);  // the failed allocation is not an event
@@ -158,7 +158,7 @@ TEST(ReplayRmmCsv, ErrorsNameTheFileAndLine) {
             std::string::npos);
   EXPECT_NE(csv_error("").find("log.csv: empty file"), std::string::npos);
 
-  // Through read_workload, the message names the file's path.
+  // Through read_trace_file, the message names the file's path.
   TempDir dir;
   const std::string path = dir.file("bad.csv");
   write_file(path, std::string(kHeader) + "1,t,allocate,0x10,16,0x0\n1,t,allocate,0x20");
@@ -198,7 +198,7 @@ TEST(ReplayPickle, RejectsATruncatedSnapshotNamingTheFileAndOffset) {
   TempDir dir;
   const std::string whole = dir.file("whole.pickle");
   write_file(whole, bytes);
-  EXPECT_EQ(rp::read_workload(whole).devices.at(0).events.size(),
+  EXPECT_EQ(rp::read_trace_file(whole).devices.at(0).events.size(),
             tg::generate("lora", 1, o).device_traces[0].size());
   for (const std::size_t cut : {bytes.size() / 2, bytes.size() - 1, std::size_t{1}}) {
     const std::string path = dir.file("cut.pickle");
@@ -242,7 +242,7 @@ TEST(ReplayStartState, RecordingThatBeganMidRun) {
                                    block(0x700000, MiB, MiB, "active_allocated"),  // made by the trace's memory
                                    block(0x800000, 16 * MiB, 0, "inactive")}),
   };
-  const rp::Workload w = rp::workload_from_snapshot(s, "mid");
+  const rp::TraceFile w = rp::trace_file_from_snapshot(s, "mid");
   ASSERT_EQ(w.devices.size(), 1u);
   const rp::DeviceWorkload& t = w.devices[0];
   EXPECT_FALSE(t.starts_empty);
@@ -284,7 +284,7 @@ TEST(ReplayStartState, BlocksTheTraceNeverAllocatedWereLiveBeforeIt) {
                                             block(0x401000, 8192, 8000, "active_allocated"),  // in traced memory
                                             block(0x403000, 2 * MiB - 0x3000, 0, "inactive")}),
                 segment(0x9000000, 20 * MiB, {block(0x9000000, 20 * MiB, 20 * MiB, "active_allocated")})};
-  const rp::DeviceWorkload t = rp::workload_from_snapshot(s, "weights").devices.at(0);
+  const rp::DeviceWorkload t = rp::trace_file_from_snapshot(s, "weights").devices.at(0);
   EXPECT_FALSE(t.starts_empty);
   ASSERT_EQ(t.initial.size(), 1u);
   EXPECT_EQ(t.initial[0].addr, 0x9000000u);
@@ -306,7 +306,7 @@ TEST(ReplayStartState, AnEmptyStartIsSeenAsSuch) {
       ev(TraceAction::free_completed, 0x400000, 4096),
   });
   s.segments = {segment(0x400000, 2 * MiB, {block(0x400000, 2 * MiB, 0, "inactive")})};
-  const rp::DeviceWorkload t = rp::workload_from_snapshot(s, "empty").devices.at(0);
+  const rp::DeviceWorkload t = rp::trace_file_from_snapshot(s, "empty").devices.at(0);
   EXPECT_TRUE(t.starts_empty);
   EXPECT_TRUE(t.initial.empty());
   EXPECT_TRUE(t.held_segments.empty());
@@ -328,7 +328,7 @@ TEST(ReplayStartState, SegmentsGivenBackBeforeBeingCreatedWereHeld) {
   s.segments = {segment(0x8000000, 20 * MiB, {block(0x8000000, 6 * MiB, 6 * MiB, "active_allocated"),
                                               block(0x8600000, 14 * MiB, 0, "inactive")}),
                 segment(0xA000000, 20 * MiB, {block(0xA000000, 20 * MiB, 20 * MiB, "active_allocated")})};
-  const rp::DeviceWorkload t = rp::workload_from_snapshot(s, "warm").devices.at(0);
+  const rp::DeviceWorkload t = rp::trace_file_from_snapshot(s, "warm").devices.at(0);
   ASSERT_EQ(t.held_segments.size(), 3u);
   EXPECT_EQ(t.held_segments[0].addr, 0x1000000u);
   EXPECT_EQ(t.held_segments[1].addr, 0x3000000u);
@@ -358,7 +358,7 @@ TEST(ReplayStartState, APartialReleaseIsReplayedSegmentBySegment) {
       ev(TraceAction::segment_free, 0x1000000, 40 * MiB),
   });
   s.segments = {segment(0x4000000, 40 * MiB, {block(0x4000000, 40 * MiB, 0, "inactive")})};
-  const rp::DeviceWorkload t = rp::workload_from_snapshot(s, "gc").devices.at(0);
+  const rp::DeviceWorkload t = rp::trace_file_from_snapshot(s, "gc").devices.at(0);
   EXPECT_EQ(t.events[8].kind, rp::Event::Kind::release_segment);
   EXPECT_EQ(t.events[8].size, 40 * MiB);
   // The fidelity replay gives back that one segment and keeps the other.
@@ -391,7 +391,7 @@ TEST(ReplayStartState, ExpandableRunsHeldAtTheStartAreTheDumpWithTheTraceUndone)
   stitch::SegmentSnapshot b = segment(base + 80 * MiB, 20 * MiB, {block(base + 80 * MiB, 20 * MiB, 0, "inactive")});
   a.is_expandable = b.is_expandable = true;
   s.segments = {a, b};
-  const rp::DeviceWorkload t = rp::workload_from_snapshot(s, "expandable").devices.at(0);
+  const rp::DeviceWorkload t = rp::trace_file_from_snapshot(s, "expandable").devices.at(0);
   ASSERT_EQ(t.held_segments.size(), 2u);
   EXPECT_TRUE(t.held_segments[0].expandable);
   EXPECT_EQ(t.held_segments[0].addr, base);
@@ -527,7 +527,7 @@ TEST(ReplayFidelity, ReproducesAStitchRecordingExactly) {
     TempDir dir;
     const std::string path = dir.file("recorded.pickle");
     a.dump_snapshot(path);
-    const rp::Workload back = rp::read_workload(path);
+    const rp::TraceFile back = rp::read_trace_file(path);
     ASSERT_EQ(back.devices.size(), 1u);
     const rp::DeviceWorkload& r = back.devices[0];
     EXPECT_TRUE(r.starts_empty);
@@ -584,7 +584,7 @@ TEST(ReplayFidelity, ReproducesAWarmMultiDeviceRecording) {
     TempDir dir;
     const std::string path = dir.file("warm.pickle");
     a.dump_snapshot(path);
-    const rp::Workload back = rp::read_workload(path);
+    const rp::TraceFile back = rp::read_trace_file(path);
     ASSERT_EQ(back.devices.size(), 2u);
     EXPECT_EQ(rp::settings_difference(back.recorded), conf);
     for (const rp::DeviceWorkload& r : back.devices) {
@@ -611,7 +611,7 @@ TEST(ReplayGeneratedTraces, ShippedTracesReplayWithPrincipledOrderings) {
     if (entry.path().extension() != ".pickle") continue;
     const std::string name = entry.path().stem().string();
     SCOPED_TRACE(name);
-    const rp::Workload w = rp::read_workload(entry.path().string());
+    const rp::TraceFile w = rp::read_trace_file(entry.path().string());
     ASSERT_EQ(w.devices.size(), 1u);
     const rp::DeviceWorkload& t = w.devices[0];
     EXPECT_TRUE(t.starts_empty);
@@ -699,7 +699,7 @@ TEST(ReplayRealTraces, EveryRealTraceLoadsAndTheFidelityReplayReproducesThePeak)
   for (const auto& entry : fs::directory_iterator(real_dir(), ec)) {
     if (entry.path().extension() != ".pickle") continue;
     SCOPED_TRACE(entry.path().filename().string());
-    const rp::Workload w = rp::read_workload(entry.path().string());
+    const rp::TraceFile w = rp::read_trace_file(entry.path().string());
     EXPECT_FALSE(w.devices.empty());
     for (const rp::DeviceWorkload& t : w.devices) {
       if (t.recorded_peak_reserved) {

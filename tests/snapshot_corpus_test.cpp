@@ -13,12 +13,12 @@
 
 #include "stitch/errors.hpp"
 #include "tools/formats/pickle_reader.hpp"
-#include "tools/replay/workload.hpp"
+#include "tools/stitch_replay/trace_file.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
-namespace rp = stitch::replay;
+namespace rp = stitch::replay_cli;
 
 fs::path corpus() { return fs::path(__FILE__).parent_path() / "data" / "snapshots"; }
 
@@ -50,8 +50,8 @@ TEST(SnapshotCorpus, EveryGoodFileLoadsWithTheStartStatePythonComputes) {
   for (const auto& entry : fs::directory_iterator(corpus() / "good")) {
     if (entry.path().extension() != ".pickle") continue;
     SCOPED_TRACE(entry.path().filename().string());
-    rp::Workload w;
-    ASSERT_NO_THROW(w = rp::read_workload(entry.path().string()));
+    rp::TraceFile w;
+    ASSERT_NO_THROW(w = rp::read_trace_file(entry.path().string()));
     const auto want = facts(fs::path(entry.path()).replace_extension(".facts"));
     ASSERT_EQ(w.devices.size(), want.size());
     for (const rp::DeviceWorkload& t : w.devices) {
@@ -69,7 +69,7 @@ TEST(SnapshotCorpus, EveryGoodFileLoadsWithTheStartStatePythonComputes) {
 }
 
 TEST(SnapshotCorpus, WideMetadataIsKeptAsMetadata) {
-  const stitch::Snapshot s = stitch::detail::read_snapshot_file(
+  const stitch::Snapshot s = stitch::formats::read_snapshot_file(
       (corpus() / "good" / "two-devices-p4-wide-metadata.pickle").string());
   ASSERT_EQ(s.device_traces.size(), 2u);
   const stitch::TraceEntry& e = s.device_traces[0].at(0);
@@ -97,7 +97,7 @@ TEST(SnapshotCorpus, EveryBadFileIsRefusedNamingTheFileAndThePlace) {
     while (!want.empty() && want.back() == '\n') want.pop_back();
     std::string message;
     try {
-      (void)rp::read_workload(entry.path().string());
+      (void)rp::read_trace_file(entry.path().string());
     } catch (const stitch::error& e) {
       message = e.what();
     }

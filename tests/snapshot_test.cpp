@@ -188,7 +188,7 @@ TEST(Snapshot, RoundTripWithAPendingCrossStreamBlock) {
   a.dump_snapshot(json);
   const Snapshot live = a.snapshot();
 
-  const Snapshot file = stitch::detail::read_snapshot_file(pickle);
+  const Snapshot file = stitch::formats::read_snapshot_file(pickle);
   expect_same_segments(file, live);
   ASSERT_EQ(file.device_traces.size(), 1u);
   expect_trace_prefix(file.device_traces[0], live.device_traces[0]);
@@ -247,7 +247,7 @@ TEST(Snapshot, RoundTripWithAPendingCrossStreamBlock) {
   s.sim->release_stream(s2);
   void* p5 = a.allocate(64 * KiB, s1);
   a.dump_snapshot(pickle);
-  const Snapshot later = stitch::detail::read_snapshot_file(pickle);
+  const Snapshot later = stitch::formats::read_snapshot_file(pickle);
   const auto tail = actions(later.device_traces[0]);
   ASSERT_GE(tail.size(), 3u);
   EXPECT_EQ(names({tail.end() - 3, tail.end()}), "free_completed alloc snapshot");
@@ -271,7 +271,7 @@ TEST(Snapshot, RoundTripWithExpandableSegments) {
   const std::string pickle = dir.file("exp.pickle");
   a.dump_snapshot(pickle);
   const Snapshot live = a.snapshot();
-  const Snapshot file = stitch::detail::read_snapshot_file(pickle);
+  const Snapshot file = stitch::formats::read_snapshot_file(pickle);
   expect_same_segments(file, live);
   expect_trace_prefix(file.device_traces[0], live.device_traces[0]);
   expect_consistent_with_stats(a, file, 0);
@@ -292,7 +292,7 @@ TEST(Snapshot, RoundTripWithExpandableSegments) {
   a.deallocate(p3);
   a.empty_cache();
   a.dump_snapshot(pickle);
-  const Snapshot after = stitch::detail::read_snapshot_file(pickle);
+  const Snapshot after = stitch::formats::read_snapshot_file(pickle);
   EXPECT_TRUE(after.segments.empty());
   const auto acts2 = actions(after.device_traces[0]);
   EXPECT_GE(std::count(acts2.begin(), acts2.end(), TraceAction::segment_unmap), 1) << names(acts2);
@@ -315,7 +315,7 @@ TEST(Snapshot, TwoDevicesGetTwoTraces) {
   void* p0 = a.allocate(4096, nullptr, 0);
   void* p1 = a.allocate(8192, nullptr, 1);
   a.dump_snapshot(dir.file("two.pickle"));
-  const Snapshot file = stitch::detail::read_snapshot_file(dir.file("two.pickle"));
+  const Snapshot file = stitch::formats::read_snapshot_file(dir.file("two.pickle"));
   ASSERT_EQ(file.device_traces.size(), 2u);
   EXPECT_EQ(find_block(file, p0)->size, 4096u);
   EXPECT_EQ(find_block(file, p1)->size, 8192u);
@@ -384,7 +384,7 @@ std::string rich_snapshot_pickle(const TempDir& dir, const std::string& name) {
 
 TEST(SnapshotSchema, KeysTypesStatesAndActionsAreThoseOfPyTorch) {
   TempDir dir;
-  const PyValue root = stitch::detail::read_pickle_file(rich_snapshot_pickle(dir, "rich.pickle"));
+  const PyValue root = stitch::formats::read_pickle_file(rich_snapshot_pickle(dir, "rich.pickle"));
   ASSERT_TRUE(root.is_dict());
   EXPECT_EQ(keys(root), (Keys{"segments", "device_traces", "allocator_settings", "external_annotations", "stitch"}));
 
@@ -456,7 +456,7 @@ TEST(SnapshotSchema, MatchesTheKeysOfRealPyTorchSnapshots) {
   const fs::path f = *std::min_element(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
     return fs::file_size(a) < fs::file_size(b);
   });
-  const PyValue real = stitch::detail::read_pickle_file(f.string());
+  const PyValue real = stitch::formats::read_pickle_file(f.string());
   for (const PyValue& seg : real.get("segments")->items()) {
     std::vector<std::string> k = keys(seg);
     std::vector<std::string> want = kSegmentKeys;
@@ -578,7 +578,7 @@ TEST(Snapshot, OomSnapshotIsWrittenAndTheOomStillThrown) {
   EXPECT_FALSE(fs::exists(path));
   EXPECT_THROW((void)a.allocate(100 * MiB), stitch::out_of_memory);
   ASSERT_TRUE(fs::exists(path));
-  const PyValue root = stitch::detail::read_pickle_file(path);
+  const PyValue root = stitch::formats::read_pickle_file(path);
   const auto& trace = root.get("device_traces")->items()[0].items();
   ASSERT_GE(trace.size(), 2u);
   const PyValue& oom = trace[trace.size() - 2];  // then the dump's own `snapshot` entry
@@ -587,7 +587,7 @@ TEST(Snapshot, OomSnapshotIsWrittenAndTheOomStillThrown) {
   ASSERT_NE(oom.get("device_free"), nullptr);
   EXPECT_EQ(oom.get("device_free")->as_uint(), s.sim->memory_info(0).free);
   EXPECT_GE(oom.get("size")->as_uint(), 100 * MiB);
-  const Snapshot snap = stitch::detail::snapshot_from_pyvalue(root, path);
+  const Snapshot snap = stitch::formats::snapshot_from_pyvalue(root, path);
   EXPECT_NE(find_block(snap, keep), nullptr);
   // Each OOM rewrites the file; JSON when the path says so.
   a.configure("oom_snapshot:" + dir.file("oom.json"));
@@ -629,7 +629,7 @@ TEST(SnapshotCApi, RecordHistoryAndDumpSnapshot) {
   ASSERT_NE(p, nullptr);
   const std::string path = dir.file("capi.pickle");
   ASSERT_EQ(stitch_dump_snapshot(path.c_str()), 0) << stitch_last_error();
-  const Snapshot snap = stitch::detail::read_snapshot_file(path);
+  const Snapshot snap = stitch::formats::read_snapshot_file(path);
   const auto* b = find_block(snap, p);
   ASSERT_NE(b, nullptr);
   EXPECT_EQ(b->state, "active_allocated");
@@ -646,7 +646,7 @@ TEST(SnapshotCApi, RecordHistoryAndDumpSnapshot) {
   EXPECT_NE(std::string(stitch_last_error()).find("cannot create"), std::string::npos);
   ASSERT_EQ(stitch_record_history(0, 0), 0) << stitch_last_error();
   ASSERT_EQ(stitch_dump_snapshot(path.c_str()), 0);
-  EXPECT_TRUE(stitch::detail::read_snapshot_file(path).device_traces[0].empty());
+  EXPECT_TRUE(stitch::formats::read_snapshot_file(path).device_traces[0].empty());
 }
 
 TEST(SnapshotCApi, RecordHistoryBeforeTheAllocatorExistsLeavesTheBackendOpen) {
@@ -661,7 +661,7 @@ TEST(SnapshotCApi, RecordHistoryBeforeTheAllocatorExistsLeavesTheBackendOpen) {
         stitch_free(p, 4096, 0, nullptr);
         const std::string path = fs::temp_directory_path() / ("stitch_early_" + std::to_string(::getpid()) + ".pickle");
         if (stitch_dump_snapshot(path.c_str()) != 0) std::_Exit(13);
-        const Snapshot snap = stitch::detail::read_snapshot_file(path);
+        const Snapshot snap = stitch::formats::read_snapshot_file(path);
         fs::remove(path);
         if (snap.device_traces.empty() || snap.device_traces[0].size() != 5) std::_Exit(14);  // segment_alloc alloc free_requested free_completed snapshot
         std::_Exit(0);

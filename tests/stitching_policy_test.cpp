@@ -14,13 +14,13 @@
 #include "stitch/errors.hpp"
 #include "stitch/sim_backend.hpp"
 #include "support/data_pattern.hpp"
-#include "tools/replay/replayer.hpp"
-#include "tools/replay/workload.hpp"
+#include "tools/stitch_replay/replayer.hpp"
+#include "tools/stitch_replay/trace_file.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
-namespace rp = stitch::replay;
+namespace rp = stitch::replay_cli;
 using stitch::SimCall;
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
@@ -47,7 +47,7 @@ TEST(StitchingPolicy, WithRoomStitchingCostsWhatExpandableSegmentsCost) {
   for (const auto& entry : fs::directory_iterator(shipped_dir())) {
     if (entry.path().extension() != ".pickle") continue;
     SCOPED_TRACE(entry.path().filename().string());
-    const rp::Workload w = rp::read_workload(entry.path().string());
+    const rp::TraceFile w = rp::read_trace_file(entry.path().string());
     const rp::DeviceWorkload& t = w.devices.at(0);
     rp::ReplayOptions o;  // the 1 TiB device: room all along
     o.config = kExpandable;

@@ -18,7 +18,7 @@
 
 #include "tools/formats/pickle_reader.hpp"
 #include "stitch/errors.hpp"
-#include "tools/replay/workload.hpp"
+#include "tools/stitch_replay/trace_file.hpp"
 #include "tools/tracegen/builder.hpp"
 #include "tools/tracegen/tracegen.hpp"
 
@@ -166,7 +166,7 @@ TEST(TracegenPatterns, EveryPatternIsWellFormedAndSizedForQuickReplays) {
     const Checked c = check_well_formed(events);
     EXPECT_GT(c.allocs, events.size() / 4);
     // As a workload: starts empty, nothing live before the first event.
-    const auto w = stitch::replay::workload_from_snapshot(s, p.name);
+    const auto w = stitch::replay_cli::trace_file_from_snapshot(s, p.name);
     ASSERT_EQ(w.devices.size(), 1u);
     EXPECT_TRUE(w.devices[0].starts_empty);
     EXPECT_TRUE(w.devices[0].initial.empty());
@@ -283,8 +283,8 @@ TEST(TracegenPickle, ReadsBackAsTheSameWorkload) {
   o.steps = 2;
   const Snapshot s = tg::generate("multistream", 5, o);
   const std::string bytes = tg::generate_pickle("multistream", 5, o);
-  const stitch::detail::PyValue root = stitch::detail::read_pickle(bytes, "gen.pickle");
-  const Snapshot back = stitch::detail::snapshot_from_pyvalue(root, "gen.pickle");
+  const stitch::detail::PyValue root = stitch::formats::read_pickle(bytes, "gen.pickle");
+  const Snapshot back = stitch::formats::snapshot_from_pyvalue(root, "gen.pickle");
   ASSERT_EQ(back.device_traces.size(), 1u);
   ASSERT_EQ(back.device_traces[0].size(), s.device_traces[0].size());
   for (std::size_t i = 0; i < s.device_traces[0].size(); ++i) {
@@ -316,7 +316,7 @@ TEST(TracegenShipped, EveryShippedTraceRegeneratesByteForByte) {
     SCOPED_TRACE(f.string());
     const std::string bytes = read_bytes(f);
     EXPECT_LE(bytes.size(), std::size_t{400} << 10) << "keep shipped traces small";
-    const auto root = stitch::detail::read_pickle(bytes, f.string());
+    const auto root = stitch::formats::read_pickle(bytes, f.string());
     const std::string config = root.get("stitch")->get("config")->as_string();
     // "tracegen pattern:P,seed:N,steps:K"
     std::string pattern;

@@ -20,7 +20,7 @@ struct BlockPool {
   bool small;
   /// The private pool it is part of (its new segments belong to it); nullptr for the device's.
   PrivatePool* owner;
-  std::uint64_t calls = 0;  ///< get_free_block calls: the GC clock
+  std::uint64_t calls = 0;  ///< best-fit lookups (BlockStore::best_fit): the GC clock
 };
 
 }  // namespace stitch::detail

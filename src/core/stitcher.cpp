@@ -5,7 +5,7 @@
 // are, without releasing their physical handles, and mapped side by side into a fresh virtual
 // range reserved for the request. That range is a `stitched` segment (an expandable segment of
 // the requesting stream and pool whose page table holds the moved handles); it serves the request
-// through the normal alloc_found_block path, and what is left of it stays cached as a free block.
+// through the normal BlockStore::take path, and what is left of it stays cached as a free block.
 //
 // Pages of the requesting stream are taken first, then fresh pages the device can still give,
 // then pages of other streams. Every stream whose pages move is synchronized first (the unmap is

@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "replay/engine.hpp"
-#include "replay/trace_workload.hpp"
+#include "replay/from_trace.hpp"
 
 namespace stitch::replay {
 

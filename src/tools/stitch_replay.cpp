@@ -12,9 +12,9 @@
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
 #include "tools/common/arg_reader.hpp"
-#include "tools/replay/breakdown.hpp"
-#include "tools/replay/report.hpp"
-#include "tools/replay/workload.hpp"
+#include "tools/stitch_replay/breakdown.hpp"
+#include "tools/stitch_replay/report.hpp"
+#include "tools/stitch_replay/trace_file.hpp"
 
 namespace {
 
@@ -55,7 +55,7 @@ options:
 }  // namespace
 
 int main(int argc, char** argv) {
-  using namespace stitch::replay;
+  using namespace stitch::replay_cli;
   std::vector<std::string> configs, traces;
   std::size_t capacity = std::size_t{1} << 40;
   bool search = false, json = false, breakdown = false, progress = isatty(STDERR_FILENO) != 0;
@@ -106,9 +106,9 @@ int main(int argc, char** argv) {
   std::vector<TraceReport> reports;
   int plot_index = 0;
   for (const std::string& path : traces) {
-    Workload w;
+    TraceFile w;
     try {
-      w = read_workload(path);
+      w = read_trace_file(path);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "stitch-replay: error: %s\n", e.what());
       status = 1;

@@ -10,8 +10,8 @@
 #include "diagnostics/snapshot_writer.hpp"
 #include "stitch/errors.hpp"
 #include "tools/common/arg_reader.hpp"
-#include "tools/replay/report.hpp"
-#include "tools/replay/workload.hpp"
+#include "tools/stitch_replay/report.hpp"
+#include "tools/stitch_replay/trace_file.hpp"
 #include "tools/tracegen/tracegen.hpp"
 
 namespace {
@@ -89,10 +89,10 @@ int main(int argc, char** argv) {
   try {
     const stitch::Snapshot snap = tg::generate(pattern, seed, options);
     stitch::detail::write_snapshot_file(snap, out, tg::snapshot_meta(pattern, seed, options));
-    const stitch::replay::Workload w = stitch::replay::workload_from_snapshot(snap, out);
+    const stitch::replay_cli::TraceFile w = stitch::replay_cli::trace_file_from_snapshot(snap, out);
     const std::size_t peak = w.devices.empty() ? 0 : stitch::replay::peak_requested(w.devices[0]);
     std::fprintf(stderr, "stitch-tracegen: wrote %s: %zu events, peak requested %s\n", out.c_str(),
-                 snap.device_traces[0].size(), stitch::replay::human_size(peak).c_str());
+                 snap.device_traces[0].size(), stitch::replay_cli::human_size(peak).c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "stitch-tracegen: %s\n", e.what());
     return 1;

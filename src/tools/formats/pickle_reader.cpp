@@ -17,7 +17,7 @@
 
 #include "stitch/errors.hpp"
 
-namespace stitch::detail {
+namespace stitch::formats {
 
 // ---- the pickle interpreter ---------------------------------------------------------------------
 
@@ -1013,4 +1013,4 @@ Snapshot read_snapshot_file(const std::string& path, const SnapshotReadOptions& 
   return snapshot_from_pyvalue(read_pickle_file(path, options.limits), path, options);
 }
 
-}  // namespace stitch::detail
+}  // namespace stitch::formats

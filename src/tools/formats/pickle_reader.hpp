@@ -25,7 +25,9 @@
 #include "diagnostics/py_value.hpp"
 #include "stitch/snapshot.hpp"
 
-namespace stitch::detail {
+namespace stitch::formats {
+
+using detail::PyValue;
 
 /// Limits for untrusted input.
 struct PickleLimits {
@@ -70,4 +72,4 @@ Snapshot read_snapshot_file(const std::string& path, const SnapshotReadOptions& 
 /// Parses a trace action name ("alloc", "segment_map", ...); false if unknown.
 bool parse_trace_action(std::string_view name, TraceAction* out) noexcept;
 
-}  // namespace stitch::detail
+}  // namespace stitch::formats

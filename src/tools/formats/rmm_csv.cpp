@@ -10,7 +10,7 @@
 
 #include "stitch/errors.hpp"
 
-namespace stitch::detail {
+namespace stitch::formats {
 
 Snapshot snapshot_from_rmm_csv(std::string_view text, std::string_view name) {
   // RMM's logging_resource_adaptor: "Thread,Time,Action,Pointer,Size,Stream", actions
@@ -73,4 +73,4 @@ Snapshot snapshot_from_rmm_csv(std::string_view text, std::string_view name) {
   return snap;
 }
 
-}  // namespace stitch::detail
+}  // namespace stitch::formats

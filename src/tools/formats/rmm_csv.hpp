@@ -6,11 +6,11 @@
 
 #include "stitch/snapshot.hpp"
 
-namespace stitch::detail {
+namespace stitch::formats {
 
 /// Parses RMM CSV text into a snapshot with one device trace (alloc / free_requested; rows of
 /// `allocate failure` are skipped) and no segments. `name` prefixes errors ("NAME: line N: ...");
 /// throws stitch::error.
 Snapshot snapshot_from_rmm_csv(std::string_view text, std::string_view name);
 
-}  // namespace stitch::detail
+}  // namespace stitch::formats

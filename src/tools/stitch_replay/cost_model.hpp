@@ -1,4 +1,4 @@
-// tools/replay/cost_model.hpp — what a replay's device calls would cost on a GPU: each kind of
+// tools/stitch_replay/cost_model.hpp — what a replay's device calls would cost on a GPU: each kind of
 // call (cudaMalloc, cudaFree, cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease,
 // address reservations, stream synchronizations) counted in the replay and charged a cost per
 // call plus, where the costs say so, per MiB. The defaults are published figures (sources in
@@ -15,7 +15,7 @@ namespace stitch {
 class SimBackend;
 }
 
-namespace stitch::replay {
+namespace stitch::replay_cli {
 
 enum class CostCall : int {
   cuda_malloc,
@@ -70,4 +70,4 @@ struct CostModel {
   [[nodiscard]] double estimate_us(const CallCounts& counts) const noexcept;
 };
 
-}  // namespace stitch::replay
+}  // namespace stitch::replay_cli

@@ -1,5 +1,5 @@
-// tools/replay/cost_model.cpp — the call costs: published defaults, cost files, the estimate.
-#include "tools/replay/cost_model.hpp"
+// tools/stitch_replay/cost_model.cpp — the call costs: published defaults, cost files, the estimate.
+#include "tools/stitch_replay/cost_model.hpp"
 
 #include <fmt/format.h>
 
@@ -11,7 +11,7 @@
 #include "stitch/errors.hpp"
 #include "stitch/sim_backend.hpp"
 
-namespace stitch::replay {
+namespace stitch::replay_cli {
 
 namespace {
 
@@ -178,4 +178,4 @@ double CostModel::estimate_us(const CallCounts& counts) const noexcept {
   return us;
 }
 
-}  // namespace stitch::replay
+}  // namespace stitch::replay_cli

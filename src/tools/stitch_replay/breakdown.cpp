@@ -1,6 +1,6 @@
-// tools/replay/breakdown.cpp — splits up reserved-minus-requested at a replay's peak of reserved
+// tools/stitch_replay/breakdown.cpp — splits up reserved-minus-requested at a replay's peak of reserved
 // memory: rounding, pending frees, plain segments, partly used pages, whole free pages.
-#include "tools/replay/breakdown.hpp"
+#include "tools/stitch_replay/breakdown.hpp"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 
 #include "stitch/config.hpp"
 
-namespace stitch::replay {
+namespace stitch::replay_cli {
 
 namespace {
 constexpr std::size_t kMiB = std::size_t{1} << 20;
@@ -74,4 +74,4 @@ std::string format_breakdown(const PeakBreakdown& b) {
       mib(b.whole_pages_large), mib(b.whole_pages_other_streams));
 }
 
-}  // namespace stitch::replay
+}  // namespace stitch::replay_cli

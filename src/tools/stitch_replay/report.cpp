@@ -1,5 +1,5 @@
-// tools/replay/report.cpp — replay output formats.
-#include "tools/replay/report.hpp"
+// tools/stitch_replay/report.cpp — replay output formats.
+#include "tools/stitch_replay/report.hpp"
 
 #include <fmt/format.h>
 
@@ -10,7 +10,7 @@
 #include "diagnostics/snapshot_writer.hpp"  // json_escape
 #include "stitch/errors.hpp"
 
-namespace stitch::replay {
+namespace stitch::replay_cli {
 
 std::string human_size(std::size_t bytes) {
   const auto b = static_cast<double>(bytes);
@@ -43,7 +43,7 @@ std::string config_label(std::size_t index) {
   return label;
 }
 
-TraceReport trace_report(const std::string& trace, const Workload& w, const DeviceWorkload& t) {
+TraceReport trace_report(const std::string& trace, const TraceFile& w, const DeviceWorkload& t) {
   TraceReport r;
   r.trace = trace;
   r.device = t.device;
@@ -254,4 +254,4 @@ std::string format_svg(const TraceReport& t) {
   return out;
 }
 
-}  // namespace stitch::replay
+}  // namespace stitch::replay_cli

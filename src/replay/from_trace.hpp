@@ -1,4 +1,4 @@
-// replay/trace_workload.hpp — turns a recorded history (PyTorch's trace model: a snapshot's
+// replay/from_trace.hpp — turns a recorded history (PyTorch's trace model: a snapshot's
 // device_traces, or the recorder's own entries) into a workload, and reconstructs the state at
 // the start of the trace from the trace and the segments of the dump.
 #pragma once

@@ -1,4 +1,4 @@
-// tests/expandable_test.cpp — expandable segments on the simulated device: growth by mapping
+// tests/expandable_ranges_test.cpp — expandable segments (core/expandable_ranges.hpp) on the simulated device: growth by mapping
 // pages instead of new segments, refilling holes, unmapping free pages on empty_cache and under
 // memory pressure, stream safety before unmapping, and consistency under random use.
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
-// tools/replay/workload.cpp — reads trace files into workloads.
-#include "tools/replay/workload.hpp"
+// tools/stitch_replay/trace_file.cpp — reads trace files into workloads.
+#include "tools/stitch_replay/trace_file.hpp"
 
 #include <fmt/format.h>
 
@@ -15,7 +15,7 @@
 #include "tools/formats/pickle_reader.hpp"
 #include "tools/formats/rmm_csv.hpp"
 
-namespace stitch::replay {
+namespace stitch::replay_cli {
 
 namespace {
 
@@ -121,8 +121,8 @@ std::string settings_difference(const Config& config) {
   return out;
 }
 
-Workload workload_from_snapshot(const Snapshot& snapshot, std::string name) {
-  Workload w;
+TraceFile trace_file_from_snapshot(const Snapshot& snapshot, std::string name) {
+  TraceFile w;
   w.name = std::move(name);
   w.devices = workloads_from_snapshot(snapshot);
   if (snapshot.stitch_version.starts_with("tracegen")) {
@@ -135,27 +135,27 @@ Workload workload_from_snapshot(const Snapshot& snapshot, std::string name) {
   return w;
 }
 
-Workload workload_from_rmm_csv(std::string_view text, std::string name) {
-  Snapshot snapshot = detail::snapshot_from_rmm_csv(text, name);
-  Workload w = workload_from_snapshot(snapshot, std::move(name));
+TraceFile trace_file_from_rmm_csv(std::string_view text, std::string name) {
+  Snapshot snapshot = formats::snapshot_from_rmm_csv(text, name);
+  TraceFile w = trace_file_from_snapshot(snapshot, std::move(name));
   w.recorded_by = "RMM log";
   return w;
 }
 
-Workload read_workload(const std::string& path) {
+TraceFile read_trace_file(const std::string& path) {
   const std::string data = read_file(path);
   const bool csv = path.size() > 4 && path.compare(path.size() - 4, 4, ".csv") == 0;
-  if (csv || data.starts_with("Thread,")) return workload_from_rmm_csv(data, path);
+  if (csv || data.starts_with("Thread,")) return trace_file_from_rmm_csv(data, path);
   if (!data.empty() && (data[0] == '{' || data[0] == '['))
     throw error(fmt::format("{}: JSON snapshots are not supported by the replay reader; use the "
                             "pickle form", path));
   // Stack frames are most of a real snapshot and no replay reads them.
-  detail::PickleLimits limits;
+  formats::PickleLimits limits;
   limits.skip_keys = {"frames"};
-  const detail::PyValue root = detail::read_pickle(data, path, limits);
-  detail::SnapshotReadOptions options;
+  const detail::PyValue root = formats::read_pickle(data, path, limits);
+  formats::SnapshotReadOptions options;
   options.frames = false;
-  return workload_from_snapshot(detail::snapshot_from_pyvalue(root, path, options), path);
+  return trace_file_from_snapshot(formats::snapshot_from_pyvalue(root, path, options), path);
 }
 
-}  // namespace stitch::replay
+}  // namespace stitch::replay_cli

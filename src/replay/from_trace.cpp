@@ -1,4 +1,4 @@
-// replay/trace_workload.cpp — recorded histories as workloads, and the state at their start.
+// replay/from_trace.cpp — recorded histories as workloads, and the state at their start.
 //
 // The rules for the start (docs/fragmentation.md, "The state at the start"): a dump that carries
 // a trace was taken while recording was on (PyTorch clears the trace when recording stops), so
@@ -10,7 +10,7 @@
 //   segment events undone, newest first;
 // - reserved at the start is the dump's reserved memory minus the trace's net segment events,
 //   and the recording's true peak is that plus the running maximum of those events.
-#include "replay/trace_workload.hpp"
+#include "replay/from_trace.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,13 +1,16 @@
-// tools/replay/breakdown.hpp — where the reserved-but-not-requested memory lies at the moment a
+// tools/stitch_replay/breakdown.hpp — where the reserved-but-not-requested memory lies at the moment a
 // replay's reserved memory peaks (stitch-replay --breakdown).
 #pragma once
 
 #include <cstddef>
 #include <string>
 
-#include "tools/replay/replayer.hpp"
+#include "tools/stitch_replay/replayer.hpp"
 
-namespace stitch::replay {
+namespace stitch::replay_cli {
+
+// The command line tool over the replay engine (src/replay): its names are used here as ours.
+using namespace stitch::replay;
 
 /// reserved - requested at the peak, split up; the parts add up to `reserved - requested`.
 struct PeakBreakdown {
@@ -36,4 +39,4 @@ PeakBreakdown breakdown_at_peak(const DeviceWorkload& trace, const ReplayOptions
 /// One line: "excess X MiB = rounding ... + ...".
 std::string format_breakdown(const PeakBreakdown& b);
 
-}  // namespace stitch::replay
+}  // namespace stitch::replay_cli

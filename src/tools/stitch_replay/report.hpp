@@ -1,4 +1,4 @@
-// tools/replay/report.hpp — prints replay results: a table for people, JSON for machines, and
+// tools/stitch_replay/report.hpp — prints replay results: a table for people, JSON for machines, and
 // an SVG plot of requested / reserved / reserved-but-unallocated over the trace.
 #pragma once
 
@@ -6,10 +6,13 @@
 #include <string>
 #include <vector>
 
-#include "tools/replay/replayer.hpp"
-#include "tools/replay/workload.hpp"
+#include "tools/stitch_replay/replayer.hpp"
+#include "tools/stitch_replay/trace_file.hpp"
 
-namespace stitch::replay {
+namespace stitch::replay_cli {
+
+// The command line tool over the replay engine (src/replay): its names are used here as ours.
+using namespace stitch::replay;
 
 /// One configuration's results on one device of one trace.
 struct Row {
@@ -22,7 +25,7 @@ struct TraceReport {
   std::string trace;
   int device = 0;
   std::size_t events = 0;
-  std::string recorded_by = "PyTorch";  ///< Workload::recorded_by
+  std::string recorded_by = "PyTorch";  ///< TraceFile::recorded_by
   // The start (DeviceWorkload): blocks live, memory held and the part of it not handed out.
   std::size_t initial_blocks = 0;
   std::size_t live_at_start = 0;
@@ -32,7 +35,7 @@ struct TraceReport {
   bool starts_empty = false;
   /// The recording's true peak reserved; absent without segment events (shown as "—").
   std::optional<std::size_t> recorded_peak_reserved;
-  std::string recorded_settings;    ///< Workload::recorded_settings ("" = PyTorch's defaults)
+  std::string recorded_settings;    ///< TraceFile::recorded_settings ("" = PyTorch's defaults)
   bool settings_recorded = false;   ///< the file gave them (else PyTorch's defaults are assumed)
   std::optional<Fidelity> fidelity;  ///< the replay under the recorded settings, when it was run
   std::vector<Row> rows;
@@ -40,7 +43,7 @@ struct TraceReport {
 };
 
 /// Builds a trace's report header from its workload.
-TraceReport trace_report(const std::string& trace, const Workload& workload, const DeviceWorkload& device);
+TraceReport trace_report(const std::string& trace, const TraceFile& workload, const DeviceWorkload& device);
 
 /// The label of the `index`-th config of a report ("A", "B", ..., "Z", "AA", ...); the tables
 /// use labels and a legend, so no config string is cut short.
@@ -54,4 +57,4 @@ std::string human_size(std::size_t bytes);
 /// Parses "80GiB", "512MiB", "40G", "1024" (MiB when no unit). Throws stitch::error.
 std::size_t parse_size(const std::string& text);
 
-}  // namespace stitch::replay
+}  // namespace stitch::replay_cli

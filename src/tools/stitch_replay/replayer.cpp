@@ -1,5 +1,5 @@
-// tools/replay/replayer.cpp — measures replays of a device's workload (replay/engine.hpp).
-#include "tools/replay/replayer.hpp"
+// tools/stitch_replay/replayer.cpp — measures replays of a device's workload (replay/engine.hpp).
+#include "tools/stitch_replay/replayer.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "replay/engine.hpp"
 #include "stitch/sim_backend.hpp"
 
-namespace stitch::replay {
+namespace stitch::replay_cli {
 
 namespace {
 
@@ -157,4 +157,4 @@ std::optional<Fidelity> fidelity(const DeviceWorkload& trace, const Config& sett
   return f;
 }
 
-}  // namespace stitch::replay
+}  // namespace stitch::replay_cli

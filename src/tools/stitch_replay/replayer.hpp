@@ -1,4 +1,4 @@
-// tools/replay/replayer.hpp — measures replays (replay/engine.hpp) of a device's workload: what a
+// tools/stitch_replay/replayer.hpp — measures replays (replay/engine.hpp) of a device's workload: what a
 // configuration reserved, how fragmented it got and whether it fit.
 #pragma once
 
@@ -12,9 +12,12 @@
 #include "stitch/config.hpp"
 #include "stitch/snapshot.hpp"
 #include "replay/workload.hpp"
-#include "tools/replay/cost_model.hpp"
+#include "tools/stitch_replay/cost_model.hpp"
 
-namespace stitch::replay {
+namespace stitch::replay_cli {
+
+// The command line tool over the replay engine (src/replay): its names are used here as ours.
+using namespace stitch::replay;
 
 struct ReplayOptions {
   std::string config;                       ///< allocator settings (backend:sim is implied)
@@ -96,8 +99,8 @@ struct Fidelity {
   std::size_t replayed_segments = 0;  ///< and of the replay (the start's own not counted)
   std::size_t releases = 0;           ///< release events honoured (full and partial)
 };
-/// Replays under `settings` (the recorded ones, Workload::recorded) from the recorded start state
+/// Replays under `settings` (the recorded ones, TraceFile::recorded) from the recorded start state
 /// (warm start, releases honoured) and compares; nullopt without segment events to compare with.
 std::optional<Fidelity> fidelity(const DeviceWorkload& trace, const Config& settings);
 
-}  // namespace stitch::replay
+}  // namespace stitch::replay_cli

@@ -1,0 +1,180 @@
+// tests/page_mapper_test.cpp — the page mapper (core/page_mapper.hpp), the core's one caller of
+// the virtual-memory API, on the simulated device: mapping all or nothing, the retries of what an
+// undo left behind, and the remap that replaces the memory under a whole mapping at the same
+// addresses (the data stays where the pointers are).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/page_mapper.hpp"
+#include "stitch/errors.hpp"
+#include "stitch/sim_backend.hpp"
+
+namespace stitch::detail {
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+TEST(PageMapper, MapsAllOrNothingAndRetriesWhatAnUndoLeft) {
+  SimBackend::Options o;
+  o.capacity = 10 * MiB;  // five 2 MiB pages
+  SimBackend sim(o);
+  PageMapper pages(sim, 0);
+  Segment seg;
+  seg.page = 2 * MiB;
+  seg.size = 16 * MiB;
+  seg.base = static_cast<char*>(sim.reserve(0, seg.size, seg.page));
+  seg.pages.reset(8);
+  ASSERT_TRUE(pages.map(seg, 0, 3));
+  EXPECT_EQ(sim.usage(0).physical_handles, 3u);
+  // One more page than the device has: nothing of it stays.
+  EXPECT_FALSE(pages.map(seg, 3, 3));
+  EXPECT_EQ(sim.usage(0).physical_handles, 3u);
+  EXPECT_EQ(seg.pages.handle(3), 0u);
+  // A failed map changes nothing: the run is mapped all or nothing, the handles released.
+  sim.inject_fault(SimCall::map, 2, SimFault::error);
+  EXPECT_THROW((void)pages.map(seg, 4, 2), stitch::backend_error);
+  EXPECT_EQ(seg.pages.handle(4), 0u);
+  EXPECT_EQ(sim.usage(0).physical_handles, 3u);
+  // A stray mapping (an unmap that failed while undoing) blocks only the addresses it covers.
+  const stitch::phys_handle_t h = sim.create_physical(0, 2 * MiB);
+  ASSERT_TRUE(sim.map(0, seg.base + 6 * seg.page, 2 * MiB, h));
+  sim.release_physical(0, h);  // freed when its mapping goes
+  sim.inject_fault(SimCall::unmap, 1, SimFault::error);
+  pages.unmap_or_stray(seg.base + 6 * seg.page, 2 * MiB);  // fails: filed as stray
+  sim.inject_fault(SimCall::unmap, 1, SimFault::error);    // and its retry fails too
+  EXPECT_TRUE(pages.map(seg, 4, 1)) << "elsewhere the range still grows";
+  sim.inject_fault(SimCall::unmap, 1, SimFault::error);
+  EXPECT_THROW((void)pages.map(seg, 6, 1), stitch::backend_error) << "where the stray lies, not yet";
+  EXPECT_TRUE(pages.map(seg, 6, 1)) << "the stray is unmapped first, then the page maps";
+  EXPECT_EQ(sim.usage(0).physical_handles, 5u);
+  // An orphaned handle is released on the next retry.
+  sim.unmap(0, seg.base, 2 * MiB);
+  sim.inject_fault(SimCall::release_physical, 1, SimFault::error);
+  EXPECT_TRUE(pages.release(seg, 0, 1) != nullptr);
+  EXPECT_EQ(pages.orphans().size(), 1u);
+  pages.retry();
+  EXPECT_TRUE(pages.orphans().empty());
+  EXPECT_EQ(sim.usage(0).physical_handles, 4u);
+}
+
+/// A range of `slots` 2 MiB slots on `sim`, reserved, with nothing mapped.
+Segment reserve_range(SimBackend& sim, std::size_t slots) {
+  Segment seg;
+  seg.page = 2 * MiB;
+  seg.size = slots * seg.page;
+  seg.base = static_cast<char*>(sim.reserve(0, seg.size, seg.page));
+  seg.expandable = true;
+  seg.pages.reset(slots);
+  return seg;
+}
+
+void fill_slot(const Segment& s, std::size_t slot, unsigned char value) {
+  std::memset(s.base + slot * s.page, value, s.page);
+}
+
+bool slot_holds(const Segment& s, std::size_t slot, unsigned char value) {
+  const unsigned char* p = reinterpret_cast<const unsigned char*>(s.base + slot * s.page);
+  for (std::size_t i = 0; i < s.page; i += 4096)
+    if (p[i] != value || p[s.page - 1] != value) return false;
+  return true;
+}
+
+DeviceCopy host_copy() {  // the simulated device's memory is the host's
+  return [](char* to, const char* from, std::size_t bytes) { std::memcpy(to, from, bytes); };
+}
+
+TEST(PageMapper, RemapKeepsTheDataOfTheKeptSlotsAtTheirAddressesAndFreesTheRest) {
+  SimBackend sim;
+  PageMapper pages(sim, 0);
+  Segment seg = reserve_range(sim, 8);
+  ASSERT_TRUE(pages.map(seg, 0, 4, 4));  // one coarse page over slots 0-3
+  const phys_handle_t coarse = seg.pages.handle(0);
+  for (std::size_t i = 0; i < 4; ++i) fill_slot(seg, i, static_cast<unsigned char>(0x10 + i));
+  ASSERT_EQ(sim.usage(0).used, 8 * MiB);
+  // Slots 0 and 2-3 hold live data; slot 1 is free.
+  ASSERT_TRUE(pages.remap(Mapping{&seg, 0, 4}, {SlotRun{0, 1}, SlotRun{2, 2}}, host_copy()));
+  EXPECT_TRUE(slot_holds(seg, 0, 0x10));
+  EXPECT_TRUE(slot_holds(seg, 2, 0x12));
+  EXPECT_TRUE(slot_holds(seg, 3, 0x13));
+  // One-slot handles under the kept slots, none under slot 1; the coarse handle is gone.
+  for (std::size_t i : {0, 2, 3}) {
+    EXPECT_NE(seg.pages.handle(i), 0u) << i;
+    EXPECT_NE(seg.pages.handle(i), coarse) << i;
+    EXPECT_EQ(seg.pages.extent(i), 1u) << i;
+  }
+  EXPECT_EQ(seg.pages.handle(1), 0u);
+  EXPECT_EQ(sim.usage(0).physical_handles, 3u);
+  EXPECT_EQ(sim.usage(0).used, 6 * MiB) << "the free slot's memory went back";
+  EXPECT_EQ(sim.usage(0).reservations, 1u) << "the scratch range went back";
+  // The free slot is unmapped: it can be mapped again (by a stitch, say).
+  EXPECT_TRUE(pages.map(seg, 1, 1));
+  fill_slot(seg, 1, 0x77);
+  EXPECT_TRUE(slot_holds(seg, 0, 0x10) && slot_holds(seg, 2, 0x12));
+}
+
+TEST(PageMapper, ARemapThatCannotGetItsPagesChangesNothing) {
+  SimBackend::Options o;
+  o.capacity = 10 * MiB;  // the coarse page (8 MiB) and one more 2 MiB page
+  SimBackend sim(o);
+  PageMapper pages(sim, 0);
+  Segment seg = reserve_range(sim, 8);
+  ASSERT_TRUE(pages.map(seg, 0, 4, 4));
+  for (std::size_t i = 0; i < 4; ++i) fill_slot(seg, i, static_cast<unsigned char>(0x20 + i));
+  const phys_handle_t coarse = seg.pages.handle(0);
+  // Two fresh pages needed, one available: out of memory, and everything as it was.
+  EXPECT_FALSE(pages.remap(Mapping{&seg, 0, 4}, {SlotRun{0, 2}}, host_copy()));
+  EXPECT_EQ(seg.pages.handle(0), coarse);
+  EXPECT_EQ(seg.pages.extent(0), 4u);
+  EXPECT_EQ(sim.usage(0).physical_handles, 1u);
+  EXPECT_EQ(sim.usage(0).reservations, 1u);
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_TRUE(slot_holds(seg, i, static_cast<unsigned char>(0x20 + i)));
+  // A backend error at the scratch mapping: rethrown, everything as it was.
+  sim.inject_fault(SimCall::map, 1, SimFault::error);
+  EXPECT_THROW((void)pages.remap(Mapping{&seg, 0, 4}, {SlotRun{1, 1}}, host_copy()), backend_error);
+  EXPECT_EQ(seg.pages.handle(0), coarse);
+  EXPECT_EQ(sim.usage(0).physical_handles, 1u);
+  EXPECT_EQ(sim.usage(0).mappings, 1u);
+  // An error in the old mapping's unmap, after the copy: rethrown, everything as it was.
+  sim.inject_fault(SimCall::unmap, 1, SimFault::error);
+  EXPECT_THROW((void)pages.remap(Mapping{&seg, 0, 4}, {SlotRun{1, 1}}, host_copy()), backend_error);
+  EXPECT_EQ(seg.pages.handle(0), coarse);
+  EXPECT_EQ(sim.usage(0).physical_handles, 1u);
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_TRUE(slot_holds(seg, i, static_cast<unsigned char>(0x20 + i)));
+  // With nothing kept, the whole mapping goes.
+  ASSERT_TRUE(pages.remap(Mapping{&seg, 0, 4}, {}, host_copy()));
+  EXPECT_EQ(seg.pages.handle(0), 0u);
+  EXPECT_EQ(sim.usage(0).physical_handles, 0u);
+  EXPECT_EQ(sim.usage(0).used, 0u);
+}
+
+TEST(PageMapper, ARemapOfBorrowedMemoryLeavesTheLendersHandle) {
+  SimBackend sim;
+  PageMapper pages(sim, 0);
+  Segment lender = reserve_range(sim, 4);
+  ASSERT_TRUE(pages.map(lender, 0, 4, 4));
+  const phys_handle_t coarse = lender.pages.handle(0);
+  fill_slot(lender, 2, 0x33);
+  // A stitched range maps the lender's first two slots a second time, at its slot 1.
+  Segment borrower = reserve_range(sim, 4);
+  borrower.stitched = true;
+  borrower.pages.make_room(3);
+  ASSERT_TRUE(pages.map_pieces(borrower.base + borrower.page, {MapPiece{coarse, 2 * borrower.page}}));
+  borrower.pages.set(1, 2, coarse, 0);
+  Block lent(lender.base, 2 * lender.page, nullptr, &lender, false, BlockState::lent);
+  borrower.borrows.push_back(Borrow{&lent, 1, 2});
+  fill_slot(borrower, 1, 0x44);  // the lender's slot 0, through the second mapping
+  ASSERT_TRUE(slot_holds(lender, 0, 0x44));
+  ASSERT_TRUE(pages.remap(Mapping{&borrower, 1, 2}, {SlotRun{1, 1}}, host_copy()));
+  EXPECT_TRUE(slot_holds(borrower, 1, 0x44)) << "the data stays at the borrower's address";
+  EXPECT_NE(borrower.pages.handle(1), coarse);
+  EXPECT_EQ(borrower.pages.handle(2), 0u);
+  EXPECT_EQ(lender.pages.handle(0), coarse);
+  EXPECT_TRUE(slot_holds(lender, 2, 0x33)) << "the lender's own mapping is untouched";
+  EXPECT_EQ(sim.usage(0).physical_handles, 2u) << "the lender's handle stays; one fresh page";
+}
+
+}  // namespace
+}  // namespace stitch::detail
