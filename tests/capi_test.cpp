@@ -14,6 +14,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "stitch/stitch.h"
 #ifdef STITCH_CAPI_TEST_CONF
@@ -435,6 +436,43 @@ TEST(CApi, StatOfAnUnknownDeviceIsMinusOne) {
   EXPECT_EQ(stitch_stat(4, "num_ooms"), -1);
   EXPECT_NE(last_error(), "");
   EXPECT_EQ(stitch_stat(-1, "num_ooms"), -1);
+}
+
+TEST(CApi, StatsReadsEveryStatisticAtOnceInTheKeysOrder) {
+  use_sim();
+  const size_t n = stitch_stat_count();
+  ASSERT_GT(n, 100u);
+  EXPECT_EQ(stitch_stat_key(n, nullptr), nullptr);
+  int torch_keys = 0, memory_stats_keys = 0;
+  for (size_t i = 0; i < n; ++i) {
+    int flags = -1;
+    const char* key = stitch_stat_key(i, &flags);
+    ASSERT_NE(key, nullptr);
+    torch_keys += (flags & STITCH_STAT_TORCH) != 0;
+    memory_stats_keys += (flags & STITCH_STAT_MEMORY_STATS) != 0;
+    if (std::strcmp(key, "num_invalid_frees") == 0) EXPECT_EQ(flags, STITCH_STAT_MEMORY_STATS);
+    if (std::strcmp(key, "num_stitches") == 0) EXPECT_EQ(flags, 0);
+    if (std::strcmp(key, "reserved_bytes.all.peak") == 0)
+      EXPECT_EQ(flags, STITCH_STAT_TORCH | STITCH_STAT_MEMORY_STATS);
+  }
+  EXPECT_EQ(torch_keys, 9 * 3 * 4 + 2 * 4 + 6);  // torch.cuda.memory_stats()'s keys
+  EXPECT_EQ(memory_stats_keys, torch_keys + 1);   // and num_invalid_frees
+  void* p = stitch_malloc(3 * MiB, 0, stream(1));
+  ASSERT_NE(p, nullptr);
+  std::vector<int64_t> values(n, -7);
+  ASSERT_EQ(stitch_stats(0, values.data(), n), static_cast<int64_t>(n));
+  for (size_t i = 0; i < n; ++i)  // nothing changed since: each is what stitch_stat reads
+    EXPECT_EQ(values[i], stitch_stat(0, stitch_stat_key(i, nullptr))) << stitch_stat_key(i, nullptr);
+  // A short buffer: what fits, and the full count (like snprintf).
+  std::vector<int64_t> few(3, -7);
+  EXPECT_EQ(stitch_stats(0, few.data(), 2), static_cast<int64_t>(n));
+  EXPECT_EQ(few[0], values[0]);
+  EXPECT_EQ(few[2], -7);
+  EXPECT_EQ(stitch_stats(0, nullptr, 0), static_cast<int64_t>(n));
+  EXPECT_EQ(stitch_stats(0, nullptr, 5), -1);
+  EXPECT_EQ(stitch_stats(7, few.data(), 3), -1);
+  EXPECT_TRUE(contains(last_error(), "invalid device 7")) << last_error();
+  stitch_free(p, 3 * MiB, 0, stream(1));
 }
 
 TEST(CApi, ConfigAndDeviceCountDescribeTheAllocator) {

@@ -143,7 +143,7 @@ void DeviceAllocator::poll_events(detail::ThreadSlot* mine, const stream_t* stre
   } else {
     // A reader: an allocation polls the events too, but a run may end with cross-stream frees
     // and read its statistics long after their streams finished: those blocks are free.
-    if (events_.outstanding() == 0 || pools_.routing() ||
+    if (events_.outstanding() == 0 ||
         events_.any_stream([this](stream_t s) { return !pools_.may_touch_device({s}); }))
       return;
   }
@@ -238,7 +238,7 @@ bool DeviceAllocator::record_stream(void* ptr, stream_t stream) {
 
 void DeviceAllocator::empty_cache() {
   std::lock_guard lock(mutex_);
-  if (pools_.routing()) return;  // a stream may be capturing: nothing is waited for or freed
+  if (!pools_.may_touch_device({})) return;  // a stream may capture: nothing waited for or freed
   release_cached_blocks();
 }
 
