@@ -44,6 +44,21 @@ Segment* ExpandableRanges::create(BlockPool& pool, stream_t stream, std::size_t 
   return store_.add_range(pool, stream, va, bytes, page, false, BlockState::unmapped);
 }
 
+template <typename Pick>
+Block* ExpandableRanges::first_or_new(BlockPool& pool, stream_t stream, std::size_t rounded,
+                                      std::size_t slot, Pick&& pick) {
+  // The unmapped blocks of `stream` in address order (the pool's unmapped set is ordered by
+  // stream, then address): the lowest hole that serves comes first.
+  Block probe(nullptr, 0, stream, nullptr, pool.small, BlockState::unmapped);
+  for (auto it = pool.unmapped.lower_bound(&probe);
+       it != pool.unmapped.end() && (*it)->stream == stream; ++it) {
+    if ((*it)->segment->page != slot) continue;  // a range of the other kind (stitching or not)
+    if (Block* b = pick(*it)) return b;
+  }
+  Segment* segment = create(pool, stream, rounded, slot);
+  return segment == nullptr ? nullptr : segment->head;
+}
+
 Block* ExpandableRanges::grow(BlockPool& pool, stream_t stream, std::size_t rounded, bool quiet) {
   const std::size_t coarse = page_size(pool.small, false);
   if (!config_.stitching) return grow_chain(pool, stream, rounded, coarse, coarse);
@@ -63,24 +78,12 @@ Block* ExpandableRanges::grow(BlockPool& pool, stream_t stream, std::size_t roun
   // With stitch_reuse_pages (which leaves holes where pages moved out) the free block just after
   // counts too: mapping the whole hole joins the three, and the edge fragments are used again.
   const bool reuse = config_.stitch_reuse_pages;
-  Block probe(nullptr, 0, stream, nullptr, pool.small, BlockState::unmapped);
-  Block* target = nullptr;
-  for (auto it = pool.unmapped.lower_bound(&probe);
-       it != pool.unmapped.end() && (*it)->stream == stream; ++it) {
-    Block* u = *it;
-    if (u->segment->page != slot) continue;  // a range made without stitching
+  Block* target = first_or_new(pool, stream, rounded, slot, [&](Block* u) -> Block* {
     const std::size_t before = u->prev != nullptr && u->prev->is_free() ? u->prev->size : 0;
     const std::size_t after = reuse && u->next != nullptr && u->next->is_free() ? u->next->size : 0;
-    if (u->size + before + after >= rounded) {
-      target = u;
-      break;
-    }
-  }
-  if (target == nullptr) {
-    Segment* segment = create(pool, stream, rounded, slot);
-    if (segment == nullptr) return nullptr;
-    target = segment->head;
-  }
+    return u->size + before + after >= rounded ? u : nullptr;
+  });
+  if (target == nullptr) return nullptr;
   const std::size_t before =
       target->prev != nullptr && target->prev->is_free() ? target->prev->size : 0;
   const std::size_t need = before < rounded ? rounded - before : slot;
@@ -103,25 +106,13 @@ Block* ExpandableRanges::grow_chain(BlockPool& pool, stream_t stream, std::size_
   // in pages of `unit` bytes (one map each), each merging with its free neighbours, until the
   // block holds the request.
   auto allocatable = [](const Block* b) { return b != nullptr && (b->is_free() || !b->is_mapped()); };
-  Block probe(nullptr, 0, stream, nullptr, pool.small, BlockState::unmapped);
-  Block* candidate = nullptr;
-  for (auto it = pool.unmapped.lower_bound(&probe);
-       it != pool.unmapped.end() && (*it)->stream == stream; ++it) {
-    if ((*it)->segment->page != slot) continue;  // a range of the other kind (stitching or not)
-    Block* c = allocatable((*it)->prev) ? (*it)->prev : *it;
+  Block* block = first_or_new(pool, stream, rounded, slot, [&](Block* u) -> Block* {
+    Block* c = allocatable(u->prev) ? u->prev : u;
     std::size_t room = 0;
     for (const Block* b = c; room < rounded && allocatable(b); b = b->next) room += b->size;
-    if (room >= rounded) {
-      candidate = c;
-      break;
-    }
-  }
-  if (candidate == nullptr) {
-    Segment* segment = create(pool, stream, rounded, slot);
-    if (segment == nullptr) return nullptr;
-    candidate = segment->head;
-  }
-  Block* block = candidate;
+    return room >= rounded ? c : nullptr;
+  });
+  if (block == nullptr) return nullptr;
   if (!block->is_mapped()) {
     block = map_front(block, std::min(round_up(rounded, unit), block->size), unit);
     if (block == nullptr) return nullptr;

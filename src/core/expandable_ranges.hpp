@@ -55,6 +55,12 @@ class ExpandableRanges {
   /// ranges with slots of `slot` bytes (the same, or one granule for stitching ranges).
   Block* grow_chain(BlockPool& pool, stream_t stream, std::size_t rounded, std::size_t slot,
                     std::size_t unit);
+  /// The first unmapped block of `stream` (lowest address first, in ranges of `slot`-byte page
+  /// slots) for which `pick(block)` names a block, that block; else the one block of a new
+  /// range for `rounded` bytes (nullptr when no address space is left).
+  template <typename Pick>
+  Block* first_or_new(BlockPool& pool, stream_t stream, std::size_t rounded, std::size_t slot,
+                      Pick&& pick);
   /// A new range of `stream` in `pool` of at least `min_bytes`, in page slots of `page` bytes.
   Segment* create(BlockPool& pool, stream_t stream, std::size_t min_bytes, std::size_t page);
   /// Maps the first `bytes` (whole slots) of the unmapped block `target`, in handles of `unit`
