@@ -74,6 +74,21 @@ TEST(StatsExact, ABlockWhoseStreamsAreDoneIsFreeAtTheNextRead) {
   a.validate();
 }
 
+TEST(StatsExact, AReadIsNeverFailedByTheEventsItRetires) {
+  auto sim = std::make_shared<SimBackend>();
+  Allocator a(Config::parse("backend:sim"), sim);
+  void* p = a.allocate(1000, S(1));
+  a.record_stream(p, S(2));
+  a.deallocate(p);
+  sim->inject_fault(SimCall::query_event, 1, SimFault::error);
+  DeviceStats s;
+  ASSERT_NO_THROW(s = a.stats(0));
+  EXPECT_EQ(s.active_bytes[kAll].current, 1024) << "the query failed: still pending";
+  a.validate();
+  expect_nothing_held(a.stats(0), "at the next read");
+  a.validate();
+}
+
 TEST(StatsExact, AFreeOnAnotherStreamIsFreeOnceThatStreamIsDone) {
   Allocator a(Config::parse("backend:sim"), std::make_shared<SimBackend>());
   void* p = a.allocate(3 * MiB - 100, S(1));

@@ -143,9 +143,17 @@ void DeviceAllocator::poll_events(detail::ThreadSlot* mine, const stream_t* stre
   } else {
     // A reader: an allocation polls the events too, but a run may end with cross-stream frees
     // and read its statistics long after their streams finished: those blocks are free.
-    if (events_.outstanding() == 0 ||
-        events_.any_stream([this](stream_t s) { return !pools_.may_touch_device({s}); }))
-      return;
+    // Reading never fails for it: when a query fails, the blocks stay pending (the next
+    // allocation polls again and reports the error).
+    try {
+      if (events_.outstanding() == 0 ||
+          events_.any_stream([this](stream_t s) { return !pools_.may_touch_device({s}); }))
+        return;
+      events_.poll([this](Block* b) { complete_pending(b); });
+    } catch (...) {
+    }
+    reuse_.note_events(events_.outstanding() != 0);
+    return;
   }
   events_.poll([this](Block* b) { complete_pending(b); });
   reuse_.note_events(events_.outstanding() != 0);
