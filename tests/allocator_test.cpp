@@ -147,7 +147,7 @@ TEST_F(AllocatorTest, OomThenSucceedsAfterFrees) {
   EXPECT_THROW((void)a().allocate(500 * MiB, S(1)), out_of_memory);
   EXPECT_EQ(st("num_ooms"), 1);
   EXPECT_EQ(st("num_alloc_retries"), 1);  // the ladder ran to its last step
-  EXPECT_TRUE(intact(big.ptr, big.size, big.seed));
+  EXPECT_TRUE(pattern_intact(big.ptr, big.size, big.seed));
   a().deallocate(big.ptr);
   // Another stream cannot use the cached 700 MiB: the ladder releases it, then succeeds.
   void* p = a().allocate(500 * MiB, S(2));
@@ -425,10 +425,10 @@ TEST(AllocatorLifetime, BlocksStillAllocatedStayValidAfterDestruction) {
   {
     Allocator a(Config::parse("backend:sim"), sim);
     p = a.allocate(5 * MiB, S(1));
-    fill(p, 5 * MiB, 77);
+    write_pattern(p, 5 * MiB, 77);
     a.deallocate(a.allocate(12 * MiB, S(1)));  // cached: returned
   }
-  EXPECT_TRUE(intact(p, 5 * MiB, 77));
+  EXPECT_TRUE(pattern_intact(p, 5 * MiB, 77));
   EXPECT_EQ(sim->usage(0).used, 20 * MiB);  // the live block's segment stays with the device
   EXPECT_EQ(sim->usage(0).allocations, 1u);
 }
@@ -623,7 +623,7 @@ TEST_F(AllocatorTest, ConcurrentAllocationsAndFreesOnTwoDevicesStayConsistent) {
             void* p = a().allocate(size, stream, device);
             const std::uint64_t seed = rng();
             Live l{p, std::min<std::size_t>(size, 4 * KiB), seed};
-            fill(p, l.size, seed);
+            write_pattern(p, l.size, seed);
             if (rng() % 8 == 0) a().record_stream(p, S(4 + static_cast<int>(rng() % 2)));
             mine.emplace_back(l, device);
           } catch (const out_of_memory&) {
@@ -636,7 +636,7 @@ TEST_F(AllocatorTest, ConcurrentAllocationsAndFreesOnTwoDevicesStayConsistent) {
           const auto [l, device] = mine[i];
           mine[i] = mine.back();
           mine.pop_back();
-          if (!intact(l.ptr, l.size, l.seed)) ++corrupted;
+          if (!pattern_intact(l.ptr, l.size, l.seed)) ++corrupted;
           try {
             if (rng() % 2 == 0) {
               a().deallocate(l.ptr);
@@ -655,7 +655,7 @@ TEST_F(AllocatorTest, ConcurrentAllocationsAndFreesOnTwoDevicesStayConsistent) {
         if (op % 1000 == 999 && t == 0) a().empty_cache();
       }
       for (const auto& [l, device] : mine) {
-        if (!intact(l.ptr, l.size, l.seed)) ++corrupted;
+        if (!pattern_intact(l.ptr, l.size, l.seed)) ++corrupted;
         a().deallocate(l.ptr);
       }
     });

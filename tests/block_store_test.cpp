@@ -165,7 +165,7 @@ TEST_P(CoalesceTest, FreeingEverythingInAnyOrderLeavesOneFreeBlockPerSegment) {
   }
   for (std::size_t k = 0; k < order.size(); ++k) {
     const Live& b = blocks[order[k]];
-    EXPECT_TRUE(intact(b.ptr, b.size, b.seed));
+    EXPECT_TRUE(pattern_intact(b.ptr, b.size, b.seed));
     a().deallocate(b.ptr);
     a().validate();  // includes "no two adjacent free blocks"
   }

@@ -1,6 +1,7 @@
 // tests/support/allocator_fixture.hpp — what the behaviour tests of stitch::Allocator share: an
-// allocator over a fresh simulated device (AllocatorTest), data patterns that catch a block
-// handed out twice or overwritten, and the helpers around them.
+// allocator over a fresh simulated device (AllocatorTest), live blocks carrying the data pattern
+// of support/data_pattern.hpp (which catches a block handed out twice or overwritten), and the
+// helpers around them.
 #pragma once
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "stitch/errors.hpp"
 #include "stitch/sim_backend.hpp"
 #include "stitch/stats.hpp"
+#include "support/data_pattern.hpp"
 
 namespace stitch::test {
 
@@ -37,46 +39,6 @@ inline stream_t S(int n) { return reinterpret_cast<stream_t>(static_cast<std::ui
 
 inline bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
-}
-
-// ---- data patterns: every byte for small blocks, ends + every 4 KiB for large ones ---------------
-
-inline std::uint64_t pattern_word(std::uint64_t seed, std::size_t offset) {
-  std::uint64_t x = seed * 0x9E3779B97F4A7C15ULL + offset;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ULL;
-  x ^= x >> 29;
-  return x;
-}
-
-template <typename Fn>
-void for_each_pattern_offset(std::size_t size, Fn&& fn) {
-  if (size <= 64 * KiB) {
-    for (std::size_t off = 0; off + 8 <= size; off += 8) fn(off);
-    return;
-  }
-  for (std::size_t off = 0; off < 64; off += 8) fn(off);
-  for (std::size_t off = 4 * KiB; off + 8 <= size - 64; off += 4 * KiB) fn(off);
-  for (std::size_t off = size - 64; off + 8 <= size; off += 8) fn(off);
-}
-
-inline void fill(void* p, std::size_t size, std::uint64_t seed) {
-  auto* bytes = static_cast<unsigned char*>(p);
-  for_each_pattern_offset(size, [&](std::size_t off) {
-    const std::uint64_t w = pattern_word(seed, off);
-    std::memcpy(bytes + off, &w, 8);
-  });
-}
-
-inline bool intact(const void* p, std::size_t size, std::uint64_t seed) {
-  const auto* bytes = static_cast<const unsigned char*>(p);
-  bool ok = true;
-  for_each_pattern_offset(size, [&](std::size_t off) {
-    std::uint64_t w;
-    std::memcpy(&w, bytes + off, 8);
-    if (w != pattern_word(seed, off)) ok = false;
-  });
-  return ok;
 }
 
 /// A live allocation with a pattern in it.
@@ -114,13 +76,13 @@ class AllocatorTest : public ::testing::Test {
   Live live(std::size_t size, stream_t stream = nullptr, int device = 0) {
     void* p = a_->allocate(size, stream, device);
     const std::uint64_t seed = ++seed_;
-    fill(p, size, seed);
+    write_pattern(p, size, seed);
     return Live{p, size, seed};
   }
 
   void expect_intact(const std::vector<Live>& blocks) {
     for (const Live& b : blocks) {
-      EXPECT_TRUE(intact(b.ptr, b.size, b.seed)) << "block " << b.ptr << " of " << b.size;
+      EXPECT_TRUE(pattern_intact(b.ptr, b.size, b.seed)) << "block " << b.ptr << " of " << b.size;
       const auto info = a_->find(b.ptr);
       ASSERT_TRUE(info.has_value()) << b.ptr << " is no longer live";
       EXPECT_EQ(info->requested, b.size);
