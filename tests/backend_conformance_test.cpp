@@ -352,6 +352,65 @@ TEST_P(BackendConformance, EventsCompleteAfterSynchronize) {
   GetParam().destroy_stream(s);
 }
 
+TEST_P(BackendConformance, CopiesBetweenMappedRangesAndSynchronizesTheDevice) {
+  if (!b().supports_virtual_memory(0)) GTEST_SKIP() << "no virtual memory support";
+  const std::size_t g = b().granularity(0);
+  auto* va = static_cast<char*>(b().reserve(0, 4 * g, g));
+  ASSERT_NE(va, nullptr);
+  const phys_handle_t h1 = b().create_physical(0, 2 * g);
+  const phys_handle_t h2 = b().create_physical(0, g);
+  ASSERT_TRUE(b().map(0, va, 2 * g, h1));
+  ASSERT_TRUE(b().map(0, va + 3 * g, g, h2));
+  const bool readable = write(va, 2 * g, 11);
+  stream_t s = GetParam().make_stream();
+  // From a mapped range to another (the copy compaction makes), then the device's sync.
+  b().copy(0, va + 3 * g, va + g, g, s);
+  b().synchronize_device(0);
+  if (readable) expect_pattern(va + 3 * g, 16, static_cast<unsigned>(11 + g * 31 % 256));
+  // Plain memory too.
+  void* plain = b().allocate(0, g);
+  ASSERT_NE(plain, nullptr);
+  b().copy(0, plain, va, 4096, s);
+  b().synchronize_stream(0, s);
+  if (readable) expect_pattern(plain, 4096, 11);
+  b().deallocate(0, plain, g);
+  b().synchronize_device(0);
+  b().unmap(0, va, 2 * g);
+  b().unmap(0, va + 3 * g, g);
+  b().release_physical(0, h1);
+  b().release_physical(0, h2);
+  b().release_reservation(0, va, 4 * g);
+  GetParam().destroy_stream(s);
+}
+
+TEST(BackendDefaults, CopyAndDeviceSyncThrowUnlessImplemented) {
+  // A back end (or a wrapper) that does not implement them must not appear to have done them.
+  struct Minimal final : Backend {
+    const char* name() const noexcept override { return "minimal"; }
+    int device_count() override { return 1; }
+    MemoryInfo memory_info(int) override { return {}; }
+    std::size_t granularity(int) override { return 1; }
+    bool supports_virtual_memory(int) override { return false; }
+    void* allocate(int, std::size_t) override { return nullptr; }
+    void deallocate(int, void*, std::size_t) override {}
+    void* reserve(int, std::size_t, std::size_t) override { return nullptr; }
+    void release_reservation(int, void*, std::size_t) override {}
+    phys_handle_t create_physical(int, std::size_t) override { return 0; }
+    void release_physical(int, phys_handle_t) override {}
+    bool map_run(int, void*, const MapPiece*, std::size_t) override { return false; }
+    void unmap(int, void*, std::size_t) override {}
+    event_t create_event(int) override { return nullptr; }
+    void destroy_event(int, event_t) override {}
+    void record_event(int, event_t, stream_t) override {}
+    bool query_event(int, event_t) override { return true; }
+    void synchronize_event(int, event_t) override {}
+    void synchronize_stream(int, stream_t) override {}
+  } m;
+  char a[8] = {}, b[8] = {};
+  EXPECT_THROW(m.copy(0, a, b, 8, nullptr), backend_error);
+  EXPECT_THROW(m.synchronize_device(0), backend_error);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, BackendConformance,
                          ::testing::Values(sim_factory(), cuda_factory()),
                          [](const ::testing::TestParamInfo<BackendFactory>& info) {

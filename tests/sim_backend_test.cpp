@@ -647,3 +647,68 @@ TEST(SimBackend, ConcurrentUseIsSafe) {
 
 }  // namespace
 }  // namespace stitch
+
+namespace stitch {
+namespace {
+
+TEST(SimBackendCopy, CopiesMappedMemoryAndRefusesTheRest) {
+  SimBackend::Options o;
+  o.capacity = 64 << 20;
+  SimBackend sim(o);
+  const std::size_t g = sim.granularity(0);
+  auto* va = static_cast<char*>(sim.reserve(0, 4 * g, g));
+  const phys_handle_t h = sim.create_physical(0, 2 * g);
+  ASSERT_TRUE(sim.map(0, va, 2 * g, h));
+  std::memset(va, 0x5a, g);
+  sim.copy(0, va + g, va, g, nullptr);
+  EXPECT_EQ(static_cast<unsigned char>(va[g + 123]), 0x5a);
+  EXPECT_EQ(sim.call_count(SimCall::copy), 1u);
+  EXPECT_EQ(sim.call_bytes(SimCall::copy), g);
+  // Unmapped, partly mapped or overlapping ranges are refused, and nothing moves.
+  EXPECT_THROW(sim.copy(0, va + 2 * g, va, g, nullptr), backend_error);
+  EXPECT_THROW(sim.copy(0, va + g + g / 2, va, g, nullptr), backend_error);
+  EXPECT_THROW(sim.copy(0, va + g / 2, va, g, nullptr), backend_error);
+  // A copy on a capturing stream, or a device sync while one captures, breaks the capture.
+  stream_t s = reinterpret_cast<stream_t>(0x40);
+  sim.begin_capture(0, s);
+  EXPECT_THROW(sim.copy(0, va + g, va, 4096, s), backend_error);
+  EXPECT_FALSE(sim.end_capture(s));
+  sim.begin_capture(0, s);
+  EXPECT_THROW(sim.synchronize_device(0), backend_error);
+  EXPECT_FALSE(sim.end_capture(s));
+  // A held stream's work completes at a device sync (and the stream stays held).
+  sim.hold_stream(s);
+  event_t e = sim.create_event(0);
+  sim.record_event(0, e, s);
+  EXPECT_FALSE(sim.query_event(0, e));
+  sim.synchronize_device(0);
+  EXPECT_TRUE(sim.query_event(0, e));
+  sim.destroy_event(0, e);
+  sim.release_stream(s);
+  // Faults reach copies and syncs like every other call.
+  sim.inject_fault(SimCall::copy, 1, SimFault::error);
+  EXPECT_THROW(sim.copy(0, va + g, va, 4096, nullptr), backend_error);
+  sim.inject_fault(SimCall::synchronize_device, 1, SimFault::error);
+  EXPECT_THROW(sim.synchronize_device(0), backend_error);
+  // A device that moves no data (a replay's) still checks and counts.
+  SimBackend::Options quiet = o;
+  quiet.copy_data = false;
+  SimBackend replay(quiet);
+  auto* rv = static_cast<char*>(replay.reserve(0, 2 * g, g));
+  const phys_handle_t rh = replay.create_physical(0, 2 * g);
+  ASSERT_TRUE(replay.map(0, rv, 2 * g, rh));
+  std::memset(rv, 1, 16);
+  std::memset(rv + g, 2, 16);
+  replay.copy(0, rv + g, rv, 16, nullptr);
+  EXPECT_EQ(rv[g], 2);
+  EXPECT_EQ(replay.call_count(SimCall::copy), 1u);
+  replay.unmap(0, rv, 2 * g);
+  replay.release_physical(0, rh);
+  replay.release_reservation(0, rv, 2 * g);
+  sim.unmap(0, va, 2 * g);
+  sim.release_physical(0, h);
+  sim.release_reservation(0, va, 4 * g);
+}
+
+}  // namespace
+}  // namespace stitch

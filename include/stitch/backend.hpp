@@ -102,6 +102,16 @@ class STITCH_EXPORT Backend {
   virtual void synchronize_event(int device, event_t event) = 0;
   /// Blocks until all work queued on `stream` has completed.
   virtual void synchronize_stream(int device, stream_t stream) = 0;
+  /// Copies `bytes` from `src` to `dst`, both device memory of `device` (mapped and accessible),
+  /// on `stream` (cuMemcpyDtoDAsync): it may return before the copy ends; synchronize the stream
+  /// (or the device) before relying on it. Compaction moves live data with it. By default it
+  /// throws backend_error: a back end (or a wrapper around one) that does not implement it must
+  /// not pretend to have copied.
+  virtual void copy(int device, void* dst, const void* src, std::size_t bytes, stream_t stream);
+  /// Blocks until all work queued on `device`, on every stream, has completed (cuCtxSynchronize).
+  /// Before memory moves under live addresses. By default it throws backend_error, so that a
+  /// wrapper that does not forward it cannot skip the sync silently.
+  virtual void synchronize_device(int device);
   /// Whether `stream` is capturing a CUDA graph (cuStreamIsCapturing); true also when the back
   /// end cannot tell. The core asks before recording the events of a cross-stream free, before
   /// polling events and before the slow path, so that a capture it was not told about (no

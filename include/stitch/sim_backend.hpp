@@ -38,6 +38,8 @@ enum class SimCall : int {
   synchronize_event,
   synchronize_stream,
   set_access,  ///< once per map_run, after its maps (cuMemSetAccess over the run)
+  copy,        ///< a device-to-device copy (cuMemcpyDtoDAsync)
+  synchronize_device,
   count_  ///< number of kinds (not a call)
 };
 
@@ -69,6 +71,9 @@ class STITCH_EXPORT SimBackend : public Backend {
     int devices = 1;                                     ///< sim_devices
     std::size_t capacity = std::size_t{81920} << 20;     ///< per device, sim_capacity_mb
     std::size_t granularity = std::size_t{2} << 20;      ///< physical page size
+    /// copy() moves the bytes; false: it checks and counts the copy but moves nothing (a
+    /// replay's device holds no contents worth copying).
+    bool copy_data = true;
   };
 
   SimBackend();
@@ -98,6 +103,8 @@ class STITCH_EXPORT SimBackend : public Backend {
   [[nodiscard]] bool query_event(int device, event_t event) override;
   void synchronize_event(int device, event_t event) override;
   void synchronize_stream(int device, stream_t stream) override;
+  void copy(int device, void* dst, const void* src, std::size_t bytes, stream_t stream) override;
+  void synchronize_device(int device) override;
   [[nodiscard]] bool is_capturing(int device, stream_t stream) override;
 
   // ---- test controls --------------------------------------------------------------------------

@@ -1,5 +1,7 @@
-// backends/backend_factory.cpp — turns a Config's `backend:` key into a Backend instance.
+// backends/backend_factory.cpp — turns a Config's `backend:` key into a Backend instance, and
+// the Backend interface's default implementations.
 #include <memory>
+#include <string>
 
 #include "stitch/backend.hpp"
 #include "stitch/config.hpp"
@@ -9,6 +11,16 @@
 #include "backends/cuda/cuda_backend.hpp"
 
 namespace stitch {
+
+void Backend::copy(int device, void*, const void*, std::size_t, stream_t) {
+  throw backend_error(std::string(name()) + ": copy (device " + std::to_string(device) +
+                      "): this back end does not implement device copies");
+}
+
+void Backend::synchronize_device(int device) {
+  throw backend_error(std::string(name()) + ": synchronize_device (device " +
+                      std::to_string(device) + "): this back end does not implement it");
+}
 
 std::shared_ptr<Backend> make_backend(const Config& config) {
   switch (config.backend) {

@@ -51,7 +51,8 @@ constexpr u64 kLegacyKey = 0x100;  // streams-map key of device d's legacy strea
   X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxGetState) X(cuCtxSetCurrent)                  \
   X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuMemGetInfo) X(cuMemAlloc)         \
   X(cuMemFree) X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree)       \
-  X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuStreamCreate)   \
+  X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemcpyDtoDAsync) \
+  X(cuStreamCreate)                                                                              \
   X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamBeginCapture)             \
   X(cuStreamEndCapture) X(cuStreamIsCapturing) X(cuThreadExchangeStreamCaptureMode)              \
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)      \
@@ -151,7 +152,7 @@ struct Device {
 struct Alloc { size_t length, charged; int dev; };  // cuMemAlloc: mmap length, bytes charged
 struct Handle { int fd; size_t size; int dev; bool released; int maps; };
 struct Reservation { size_t size; int dev; };
-struct Mapping { size_t size; CUmemGenericAllocationHandle handle; };
+struct Mapping { size_t size; CUmemGenericAllocationHandle handle; int prot = PROT_NONE; };
 struct Capture {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
@@ -1155,9 +1156,69 @@ FAKE_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const 
                        : desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
                                                                            : PROT_NONE;
       mprotect(reinterpret_cast<void*>(lo), hi - lo, prot);
+      it->second.prot = prot;
     }
   }
   st.dev[d].set_access++;
+  return CUDA_SUCCESS;
+}
+
+// ==== copies ========================================================================================
+// [p, p + bytes) is memory of device `d` the device may access with `prot`: inside one
+// cuMemAlloc allocation, or covered by mappings whose access cuMemSetAccess granted.
+CUresult device_memory(State& st, Ep ep, const char* what, CUdeviceptr ptr, size_t bytes, int d, int prot) {
+  const auto p = static_cast<uintptr_t>(ptr);
+  auto a = st.allocs.upper_bound(p);
+  if (a != st.allocs.begin()) {
+    --a;
+    if (p - a->first < a->second.length && bytes <= a->second.length - (p - a->first)) {
+      if (a->second.dev != d)
+        return violation(st, R_ARG, ep, CUDA_ERROR_INVALID_VALUE, "%s 0x%llx is memory of device %d, not %d",
+                         what, ptr, a->second.dev, d);
+      return CUDA_SUCCESS;
+    }
+  }
+  const auto cover = covering(st, p, bytes);
+  if (cover.empty())
+    return violation(st, R_ARG, ep, CUDA_ERROR_INVALID_VALUE, "%s [0x%llx, +0x%zx) is not device memory "
+                     "(neither one cuMemAlloc allocation nor wholly mapped)", what, ptr, bytes);
+  for (auto it : cover)
+    if ((it->second.prot & prot) != prot)
+      return violation(st, R_ACCESS, ep, CUDA_ERROR_INVALID_VALUE, "%s [0x%llx, +0x%zx) is mapped without %s "
+                       "access (cuMemSetAccess)", what, ptr, bytes, prot & PROT_WRITE ? "read-write" : "read");
+  return CUDA_SUCCESS;
+}
+// cuda.h, cuMemcpyDtoDAsync: "Copies from device memory to device memory. \p dstDevice and \p
+// srcDevice are the base pointers of the destination and source, respectively. \p ByteCount
+// specifies the number of bytes to copy. Note that this function is asynchronous and can
+// optionally be associated to a stream by passing a non-zero \p hStream argument." The fake
+// moves the bytes at once (nothing may read them before a sync of the stream, which the caller
+// does).
+FAKE_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream hStream) {
+  ENTER(EP_cuMemcpyDtoDAsync);
+  NEED_CTX(d);
+  Stream* s;
+  TRY(get_stream(st, ep_, hStream, &s));
+  if (s->dev != d)
+    return violation(st, R_HANDLE, ep_, CUDA_ERROR_INVALID_HANDLE,
+                     "a stream of device %d's context in device %d's context", s->dev, d);
+  if (bytes == 0) return CUDA_SUCCESS;
+  TRY(device_memory(st, ep_, "srcDevice", src, bytes, d, PROT_READ));
+  TRY(device_memory(st, ep_, "dstDevice", dst, bytes, d, PROT_READ | PROT_WRITE));
+  if (src < dst + bytes && dst < src + bytes)
+    return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE,
+                     "the ranges [0x%llx, +0x%zx) and [0x%llx, +0x%zx) overlap", dst, bytes, src, bytes);
+  // Rule 12 — legacy-stream work while a blocking stream captures is an implicit dependency.
+  if (s->legacy && blocking_captures(st, s->dev, true) > 0)
+    return violation(st, R_CAPTURE, ep_, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+                     "copy on the legacy stream while a blocking stream of its context is capturing "
+                     "(capture invalidated)");
+  if (s->cap.status != CU_STREAM_CAPTURE_STATUS_NONE)
+    return violation(st, R_CAPTURE, ep_, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                     "a copy into a capture (the fake does not model captured copies)");
+  push_work(*s);
+  std::memmove(reinterpret_cast<void*>(static_cast<uintptr_t>(dst)),
+               reinterpret_cast<const void*>(static_cast<uintptr_t>(src)), bytes);
   return CUDA_SUCCESS;
 }
 
@@ -1370,6 +1431,7 @@ const ProcEntry kProcs[] = {
     P("cuCtxSetCurrent", 4000, cuCtxSetCurrent), P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
     P("cuCtxGetDevice", 2000, cuCtxGetDevice), P("cuCtxGetDevice", 13000, cuCtxGetDevice_v2),
     P("cuCtxSynchronize", 2000, cuCtxSynchronize), P("cuCtxSynchronize", 13000, cuCtxSynchronize_v2),
+    P("cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync),
     P("cuMemGetInfo", 3020, cuMemGetInfo_v2), P("cuMemAlloc", 3020, cuMemAlloc_v2),
     P("cuMemFree", 3020, cuMemFree_v2),
     P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),

@@ -75,6 +75,7 @@ struct Cu {
   PFN_cuMemMap_v10020 MemMap;
   PFN_cuMemUnmap_v10020 MemUnmap;
   PFN_cuMemSetAccess_v10020 MemSetAccess;
+  PFN_cuMemcpyDtoDAsync_v3020 MemcpyDtoDAsync;
   PFN_cuStreamCreate_v2000 StreamCreate;
   PFN_cuStreamDestroy_v4000 StreamDestroy;
   PFN_cuStreamSynchronize_v2000 StreamSynchronize;
@@ -477,6 +478,18 @@ void test_vmm() {
   CUmemAccessDesc peer = access_of(1, CU_MEM_ACCESS_FLAGS_PROT_NONE);  // device 1's view only
   OK(cu.MemSetAccess(r3 + G, G, &peer, 1));
   CHECK(readable(at(r3 + G)));
+
+  // cuMemcpyDtoDAsync: between device memory the context may access, ranges apart; the bytes
+  // move (r3's first G is read-only now, its second G accessible only to device 1).
+  at(r)[G + 100] = 77;
+  OK(cu.MemcpyDtoDAsync(r + 3, r + G + 100, 1, nullptr));
+  CHECK(at(r)[3] == 77);
+  OK(cu.MemcpyDtoDAsync(r, r3, 64, nullptr));  // from read-only memory
+  BAD(cu.MemcpyDtoDAsync(r3, r, 64, nullptr), CUDA_ERROR_INVALID_VALUE, ACCESS);  // into it
+  BAD(cu.MemcpyDtoDAsync(r, r + 32, 64, nullptr), CUDA_ERROR_INVALID_VALUE, ARG);  // overlap
+  BAD(cu.MemcpyDtoDAsync(r + 2 * G, r, 64, nullptr), CUDA_ERROR_INVALID_VALUE, ARG);  // unmapped
+  OK(cu.MemcpyDtoDAsync(r, r, 0, nullptr));  // nothing to copy
+  OK(cu.CtxSynchronize());
 
   // cuMemUnmap: whole mappings only; several adjacent ones at once are fine.
   BAD(cu.MemUnmap(r, G), CUDA_ERROR_INVALID_VALUE, UNMAP);
@@ -948,6 +961,7 @@ int main(int argc, char** argv) {
   resolve(cu.MemMap, "cuMemMap", 10020);
   resolve(cu.MemUnmap, "cuMemUnmap", 10020);
   resolve(cu.MemSetAccess, "cuMemSetAccess", 10020);
+  resolve(cu.MemcpyDtoDAsync, "cuMemcpyDtoDAsync", 3020);
   resolve(cu.StreamCreate, "cuStreamCreate", 2000);
   resolve(cu.StreamDestroy, "cuStreamDestroy", 4000);
   resolve(cu.StreamSynchronize, "cuStreamSynchronize", 2000);

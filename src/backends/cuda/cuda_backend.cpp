@@ -367,6 +367,25 @@ class CudaBackend final : public Backend {
     if (r != CUDA_SUCCESS) fail(call, device, r);
   }
 
+  void copy(int device, void* dst, const void* src, std::size_t bytes, stream_t stream) override {
+    auto call = [&] {
+      return "cuMemcpyDtoDAsync(" + hex(dst) + ", " + hex(src) + ", " + std::to_string(bytes) +
+             ", stream " + hex(stream) + ")";
+    };
+    ContextScope scope = enter(device, call);  // the null stream: this device's default stream
+    const CUresult r = d_.memcpy_dtod_async(reinterpret_cast<CUdeviceptr>(dst),
+                                            reinterpret_cast<CUdeviceptr>(src), bytes,
+                                            static_cast<CUstream>(stream));
+    if (r != CUDA_SUCCESS) fail(call, device, r);
+  }
+
+  void synchronize_device(int device) override {
+    auto call = [&] { return std::string("cuCtxSynchronize()"); };
+    ContextScope scope = enter(device, call);  // the device's primary context
+    const CUresult r = d_.ctx_synchronize();
+    if (r != CUDA_SUCCESS) fail(call, device, r);
+  }
+
   [[nodiscard]] bool is_capturing(int device, stream_t stream) override {
     auto call = [&] { return "cuStreamIsCapturing(stream " + hex(stream) + ")"; };
     ContextScope scope = enter(device, call);

@@ -31,6 +31,7 @@ struct Driver {
   CUresult (*primary_ctx_retain)(CUcontext* context, CUdevice device) = nullptr;
   CUresult (*ctx_get_current)(CUcontext* context) = nullptr;
   CUresult (*ctx_set_current)(CUcontext context) = nullptr;
+  CUresult (*ctx_synchronize)() = nullptr;
   // plain memory
   CUresult (*mem_get_info)(std::size_t* free, std::size_t* total) = nullptr;
   CUresult (*mem_alloc)(CUdeviceptr* ptr, std::size_t bytes) = nullptr;
@@ -50,6 +51,8 @@ struct Driver {
   CUresult (*mem_unmap)(CUdeviceptr ptr, std::size_t size) = nullptr;
   CUresult (*mem_set_access)(CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc* desc,
                              std::size_t count) = nullptr;
+  CUresult (*memcpy_dtod_async)(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes,
+                                CUstream stream) = nullptr;
   // events and streams
   CUresult (*event_create)(CUevent* event, unsigned int flags) = nullptr;
   CUresult (*event_destroy)(CUevent event) = nullptr;

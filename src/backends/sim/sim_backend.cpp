@@ -14,6 +14,7 @@
 #include <array>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -193,6 +194,27 @@ struct Device {
     return it;
   }
 
+  /// Whether [a, a + bytes) is device memory one can read and write: inside a plain allocation,
+  /// or covered by adjacent mappings.
+  [[nodiscard]] bool accessible(std::uintptr_t a, std::size_t bytes) const {
+    auto alloc = allocations.upper_bound(a);
+    if (alloc != allocations.begin()) {
+      --alloc;
+      if (a - alloc->first < alloc->second && bytes <= alloc->second - (a - alloc->first)) return true;
+    }
+    auto it = mappings.upper_bound(a);
+    if (it == mappings.begin()) return false;
+    --it;
+    std::uintptr_t at = a;
+    const std::uintptr_t end = a + bytes;
+    while (it != mappings.end() && it->first <= at && at < it->first + it->second.bytes) {
+      at = it->first + it->second.bytes;
+      if (at >= end) return true;
+      ++it;
+    }
+    return false;
+  }
+
   /// Whether any mapping intersects [a, a + bytes).
   [[nodiscard]] bool mapped_in(std::uintptr_t a, std::size_t bytes) const {
     auto it = mappings.lower_bound(a);
@@ -224,6 +246,8 @@ const char* to_string(SimCall call) noexcept {
     case SimCall::synchronize_event: return "synchronize_event";
     case SimCall::synchronize_stream: return "synchronize_stream";
     case SimCall::set_access: return "set_access";
+    case SimCall::copy: return "copy";
+    case SimCall::synchronize_device: return "synchronize_device";
     case SimCall::count_: return "count_";
   }
   return "unknown";
@@ -684,6 +708,45 @@ void SimBackend::synchronize_stream(int device, stream_t stream) {
   if (s.completed < s.submitted) {
     s.completed = s.submitted;  // held: complete everything submitted so far; stays held
     ++impl_->forced;
+  }
+}
+
+void SimBackend::copy(int device, void* dst, const void* src, std::size_t bytes, stream_t stream) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::copy, bytes);
+  Device& d = impl_->device(device, "copy");
+  if (bytes == 0) return;
+  for (const auto& [what, p] : {std::pair{"source", addr(src)}, std::pair{"destination", addr(dst)}})
+    if (!d.accessible(p, bytes))
+      throw backend_error(prefix("copy", device) + what + " [" + hex(p) + ", +" +
+                          std::to_string(bytes) + ") is not mapped device memory");
+  const std::uintptr_t s = addr(src), t = addr(dst);
+  if (s < t + bytes && t < s + bytes)
+    throw backend_error(prefix("copy", device) + "the source and destination overlap");
+  Stream& st = impl_->streams[stream];
+  if (st.capture_device >= 0)
+    impl_->capture_violation(st, "copy", device, "a copy (not modelled in a capture)");
+  // The work of the stream: done at once unless the stream is held (the bytes move at once;
+  // nothing may read them before a sync, which the caller does).
+  ++st.submitted;
+  if (!st.held) st.completed = st.submitted;
+  if (impl_->options.copy_data) std::memcpy(dst, src, bytes);
+}
+
+void SimBackend::synchronize_device(int device) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::synchronize_device);
+  (void)impl_->device(device, "synchronize_device");
+  // Every stream (the simulator's streams are not per device): capturing ones break, as
+  // cuCtxSynchronize does to a capture; held ones complete what was submitted and stay held.
+  for (auto& [handle, st] : impl_->streams)
+    if (st.capture_device == device)
+      impl_->capture_violation(st, "synchronize_device", device, "synchronizing the device");
+  for (auto& [handle, st] : impl_->streams) {
+    if (st.completed < st.submitted) {
+      st.completed = st.submitted;
+      ++impl_->forced;
+    }
   }
 }
 
