@@ -5,7 +5,7 @@ execute_process(COMMAND ${NM} -D --defined-only ${LIB} OUTPUT_VARIABLE symbols R
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "nm failed on ${LIB}")
 endif()
-foreach(fn stitch_malloc stitch_free stitch_configure stitch_record_stream stitch_empty_cache
+foreach(fn stitch_malloc stitch_free stitch_configure stitch_record_stream stitch_pin stitch_unpin stitch_empty_cache
            stitch_set_memory_fraction stitch_stat stitch_stat_count stitch_stat_key stitch_stats
            stitch_reset_peak_stats stitch_last_error
            stitch_clear_error stitch_record_history stitch_dump_snapshot stitch_memory_summary

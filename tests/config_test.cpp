@@ -389,7 +389,8 @@ TEST(ConfigTable, EveryKeyParsesItsOwnPrintedValue) {
   // out of to_string are set first).
   const Config c = Config::parse(
       "max_split_size_mb:64,garbage_collection_threshold:0.5,expandable_segments:True,"
-      "stitching:True,stitch_before_grow_mb:8,oom_snapshot:/tmp/x.pickle,peer_access:True");
+      "stitching:True,stitch_before_grow_mb:8,stitch_compact:True,oom_snapshot:/tmp/x.pickle,"
+      "peer_access:True");
   for (const detail::KeySpec& key : detail::config_keys()) {
     SCOPED_TRACE(std::string(key.name));
     const std::string value = key.print(c);

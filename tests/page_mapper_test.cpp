@@ -82,10 +82,6 @@ bool slot_holds(const Segment& s, std::size_t slot, unsigned char value) {
   return true;
 }
 
-DeviceCopy host_copy() {  // the simulated device's memory is the host's
-  return [](char* to, const char* from, std::size_t bytes) { std::memcpy(to, from, bytes); };
-}
-
 TEST(PageMapper, RemapKeepsTheDataOfTheKeptSlotsAtTheirAddressesAndFreesTheRest) {
   SimBackend sim;
   PageMapper pages(sim, 0);
@@ -95,7 +91,7 @@ TEST(PageMapper, RemapKeepsTheDataOfTheKeptSlotsAtTheirAddressesAndFreesTheRest)
   for (std::size_t i = 0; i < 4; ++i) fill_slot(seg, i, static_cast<unsigned char>(0x10 + i));
   ASSERT_EQ(sim.usage(0).used, 8 * MiB);
   // Slots 0 and 2-3 hold live data; slot 1 is free.
-  ASSERT_TRUE(pages.remap(Mapping{&seg, 0, 4}, {SlotRun{0, 1}, SlotRun{2, 2}}, host_copy()));
+  ASSERT_TRUE(pages.remap(Mapping{&seg, 0, 4}, {SlotRun{0, 1}, SlotRun{2, 2}}));
   EXPECT_TRUE(slot_holds(seg, 0, 0x10));
   EXPECT_TRUE(slot_holds(seg, 2, 0x12));
   EXPECT_TRUE(slot_holds(seg, 3, 0x13));
@@ -125,7 +121,7 @@ TEST(PageMapper, ARemapThatCannotGetItsPagesChangesNothing) {
   for (std::size_t i = 0; i < 4; ++i) fill_slot(seg, i, static_cast<unsigned char>(0x20 + i));
   const phys_handle_t coarse = seg.pages.handle(0);
   // Two fresh pages needed, one available: out of memory, and everything as it was.
-  EXPECT_FALSE(pages.remap(Mapping{&seg, 0, 4}, {SlotRun{0, 2}}, host_copy()));
+  EXPECT_FALSE(pages.remap(Mapping{&seg, 0, 4}, {SlotRun{0, 2}}));
   EXPECT_EQ(seg.pages.handle(0), coarse);
   EXPECT_EQ(seg.pages.extent(0), 4u);
   EXPECT_EQ(sim.usage(0).physical_handles, 1u);
@@ -133,18 +129,18 @@ TEST(PageMapper, ARemapThatCannotGetItsPagesChangesNothing) {
   for (std::size_t i = 0; i < 4; ++i) EXPECT_TRUE(slot_holds(seg, i, static_cast<unsigned char>(0x20 + i)));
   // A backend error at the scratch mapping: rethrown, everything as it was.
   sim.inject_fault(SimCall::map, 1, SimFault::error);
-  EXPECT_THROW((void)pages.remap(Mapping{&seg, 0, 4}, {SlotRun{1, 1}}, host_copy()), backend_error);
+  EXPECT_THROW((void)pages.remap(Mapping{&seg, 0, 4}, {SlotRun{1, 1}}), backend_error);
   EXPECT_EQ(seg.pages.handle(0), coarse);
   EXPECT_EQ(sim.usage(0).physical_handles, 1u);
   EXPECT_EQ(sim.usage(0).mappings, 1u);
   // An error in the old mapping's unmap, after the copy: rethrown, everything as it was.
   sim.inject_fault(SimCall::unmap, 1, SimFault::error);
-  EXPECT_THROW((void)pages.remap(Mapping{&seg, 0, 4}, {SlotRun{1, 1}}, host_copy()), backend_error);
+  EXPECT_THROW((void)pages.remap(Mapping{&seg, 0, 4}, {SlotRun{1, 1}}), backend_error);
   EXPECT_EQ(seg.pages.handle(0), coarse);
   EXPECT_EQ(sim.usage(0).physical_handles, 1u);
   for (std::size_t i = 0; i < 4; ++i) EXPECT_TRUE(slot_holds(seg, i, static_cast<unsigned char>(0x20 + i)));
   // With nothing kept, the whole mapping goes.
-  ASSERT_TRUE(pages.remap(Mapping{&seg, 0, 4}, {}, host_copy()));
+  ASSERT_TRUE(pages.remap(Mapping{&seg, 0, 4}, {}));
   EXPECT_EQ(seg.pages.handle(0), 0u);
   EXPECT_EQ(sim.usage(0).physical_handles, 0u);
   EXPECT_EQ(sim.usage(0).used, 0u);
@@ -167,13 +163,67 @@ TEST(PageMapper, ARemapOfBorrowedMemoryLeavesTheLendersHandle) {
   borrower.borrows.push_back(Borrow{&lent, 1, 2});
   fill_slot(borrower, 1, 0x44);  // the lender's slot 0, through the second mapping
   ASSERT_TRUE(slot_holds(lender, 0, 0x44));
-  ASSERT_TRUE(pages.remap(Mapping{&borrower, 1, 2}, {SlotRun{1, 1}}, host_copy()));
+  ASSERT_TRUE(pages.remap(Mapping{&borrower, 1, 2}, {SlotRun{1, 1}}));
   EXPECT_TRUE(slot_holds(borrower, 1, 0x44)) << "the data stays at the borrower's address";
   EXPECT_NE(borrower.pages.handle(1), coarse);
   EXPECT_EQ(borrower.pages.handle(2), 0u);
   EXPECT_EQ(lender.pages.handle(0), coarse);
   EXPECT_TRUE(slot_holds(lender, 2, 0x33)) << "the lender's own mapping is untouched";
   EXPECT_EQ(sim.usage(0).physical_handles, 2u) << "the lender's handle stays; one fresh page";
+}
+
+TEST(PageMapper, ARemapThroughHostMemoryNeedsNoRoomAndKeepsTheData) {
+  SimBackend::Options o;
+  o.capacity = 8 * MiB;  // the coarse page and nothing else
+  SimBackend sim(o);
+  PageMapper pages(sim, 0);
+  Segment seg = reserve_range(sim, 4);
+  ASSERT_TRUE(pages.map(seg, 0, 4, 4));
+  for (std::size_t i = 0; i < 4; ++i) fill_slot(seg, i, static_cast<unsigned char>(0x40 + i));
+  ASSERT_EQ(sim.memory_info(0).free, 0u);
+  EXPECT_FALSE(pages.remap(Mapping{&seg, 0, 4}, {SlotRun{1, 2}})) << "no room for fresh pages";
+  // A failure before the old mapping goes changes nothing.
+  sim.inject_fault(SimCall::copy_to_host, 2, SimFault::error);
+  EXPECT_THROW((void)pages.remap(Mapping{&seg, 0, 4}, {SlotRun{1, 1}, SlotRun{3, 1}}, true), backend_error);
+  sim.inject_fault(SimCall::unmap, 1, SimFault::error);
+  EXPECT_THROW((void)pages.remap(Mapping{&seg, 0, 4}, {SlotRun{1, 2}}, true), backend_error);
+  EXPECT_EQ(seg.pages.extent(0), 4u);
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_TRUE(slot_holds(seg, i, static_cast<unsigned char>(0x40 + i)));
+  // Through the host: the old page goes first, so the device needs no room.
+  ASSERT_TRUE(pages.remap(Mapping{&seg, 0, 4}, {SlotRun{1, 2}}, true));
+  EXPECT_TRUE(slot_holds(seg, 1, 0x41));
+  EXPECT_TRUE(slot_holds(seg, 2, 0x42));
+  EXPECT_EQ(seg.pages.handle(0), 0u);
+  EXPECT_EQ(seg.pages.handle(3), 0u);
+  EXPECT_EQ(sim.usage(0).used, 4 * MiB);
+  EXPECT_EQ(sim.call_count(SimCall::copy_from_host), 1u);
+}
+
+TEST(PageMapperDeathTest, LosingTheDataAfterTheOldPageWentAbortsLoudly) {
+  // Past the point where the old mapping is gone, a failure cannot be undone: the process stops
+  // with a message that names the range, never silently.
+  EXPECT_DEATH(
+      {
+        SimBackend sim;
+        PageMapper pages(sim, 0);
+        Segment seg = reserve_range(sim, 4);
+        if (!pages.map(seg, 0, 4, 4)) std::abort();
+        // Device scratch: the fresh pages are mapped at the scratch range (map 1), then over
+        // the kept run once the old mapping is unmapped (map 2), which fails.
+        sim.inject_fault(SimCall::map, 2, SimFault::error);
+        (void)pages.remap(Mapping{&seg, 0, 4}, {SlotRun{0, 1}});
+      },
+      "stitch: fatal: remapping .* failed after their old pages were unmapped");
+  EXPECT_DEATH(
+      {
+        SimBackend sim;
+        PageMapper pages(sim, 0);
+        Segment seg = reserve_range(sim, 4);
+        if (!pages.map(seg, 0, 4, 4)) std::abort();
+        sim.inject_fault(SimCall::create_physical, 1, SimFault::error);
+        (void)pages.remap(Mapping{&seg, 0, 4}, {SlotRun{0, 1}}, true);
+      },
+      "stitch: fatal: creating a fresh page failed while remapping");
 }
 
 }  // namespace

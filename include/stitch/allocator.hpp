@@ -60,6 +60,12 @@ class STITCH_EXPORT Allocator {
   /// Marks `ptr` as used on `stream`: after it is freed, the block is reused only once the work
   /// queued on `stream` up to the free has completed.
   void record_stream(void* ptr, stream_t stream);
+  /// Pins the live allocation at `ptr`: until as many unpin() calls, the physical memory under
+  /// it never moves (stitch_compact leaves its whole page alone), for memory registered with a
+  /// NIC (GPUDirect RDMA) or NCCL, or exported. Throws stitch::invalid_argument for an unknown
+  /// pointer, or an unpin without a pin.
+  void pin(void* ptr);
+  void unpin(void* ptr);
 
   /// Returns every entirely free cached segment of `device` (-1: of every device) to the device,
   /// after waiting for the streams that used them.

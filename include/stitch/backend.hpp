@@ -108,6 +108,12 @@ class STITCH_EXPORT Backend {
   /// throws backend_error: a back end (or a wrapper around one) that does not implement it must
   /// not pretend to have copied.
   virtual void copy(int device, void* dst, const void* src, std::size_t bytes, stream_t stream);
+  /// Copies `bytes` of device memory of `device` at `src` into host memory at `dst`
+  /// (cuMemcpyDtoH), or host memory into device memory (cuMemcpyHtoD); both return once the copy
+  /// is done. Compaction stages live data through the host when the device has no room for
+  /// fresh pages. By default they throw backend_error.
+  virtual void copy_to_host(int device, void* dst, const void* src, std::size_t bytes);
+  virtual void copy_from_host(int device, void* dst, const void* src, std::size_t bytes);
   /// Blocks until all work queued on `device`, on every stream, has completed (cuCtxSynchronize).
   /// Before memory moves under live addresses. By default it throws backend_error, so that a
   /// wrapper that does not forward it cannot skip the sync silently.

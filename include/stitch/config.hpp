@@ -57,6 +57,14 @@ struct STITCH_EXPORT Config {
   /// that live blocks share (maps it a second time). 1: fine pages only where a whole page
   /// does not fit; 0: fine pages always (docs/stitching.md).
   double stitch_fine_above = 1.0;
+  /// stitch_compact:True|False (stitching only; False): when even the last stitch cannot serve a
+  /// request, the live data of partly used coarse pages is copied into fresh one-granule pages
+  /// mapped at the same addresses, so the whole coarse page becomes free to stitch
+  /// (compaction: a device sync and a device copy, only on the path that would otherwise raise
+  /// out of memory). Only ranges made with stitching are compacted. It relies on one rule: while
+  /// an allocation runs, no other host thread launches work that touches stitch memory on that
+  /// device (docs/stitching.md, "Compaction").
+  bool stitch_compact = false;
   /// peer_access:True|False (backend:cuda; False): with True, the memory of expandable
   /// segments and stitching is mapped readable and writable for every device that can access
   /// the owning one peer to peer (cuDeviceCanAccessPeer), so other GPUs' kernels and copies may

@@ -39,6 +39,8 @@ enum class SimCall : int {
   synchronize_stream,
   set_access,  ///< once per map_run, after its maps (cuMemSetAccess over the run)
   copy,        ///< a device-to-device copy (cuMemcpyDtoDAsync)
+  copy_to_host,    ///< cuMemcpyDtoH
+  copy_from_host,  ///< cuMemcpyHtoD
   synchronize_device,
   count_  ///< number of kinds (not a call)
 };
@@ -105,6 +107,8 @@ class STITCH_EXPORT SimBackend : public Backend {
   void synchronize_stream(int device, stream_t stream) override;
   void copy(int device, void* dst, const void* src, std::size_t bytes, stream_t stream) override;
   void synchronize_device(int device) override;
+  void copy_to_host(int device, void* dst, const void* src, std::size_t bytes) override;
+  void copy_from_host(int device, void* dst, const void* src, std::size_t bytes) override;
   [[nodiscard]] bool is_capturing(int device, stream_t stream) override;
 
   // ---- test controls --------------------------------------------------------------------------

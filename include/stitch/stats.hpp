@@ -68,6 +68,12 @@ struct STITCH_EXPORT DeviceStats {
   std::int64_t num_page_borrows = 0;      ///< free parts of partly used coarse pages mapped a
                                           ///< second time into a stitched range (one map each;
                                           ///< lent until that range goes back whole)
+  std::int64_t num_compactions = 0;       ///< coarse pages emptied by compaction (stitch_compact;
+                                          ///< each is one remap of the page's live granules)
+  std::int64_t num_staged_compactions = 0;  ///< of those, staged through host memory (the device
+                                            ///< had no room for the fresh pages)
+  std::int64_t compacted_bytes = 0;       ///< live bytes compaction copied (whole granules)
+  std::int64_t num_device_syncs = 0;      ///< device synchronizations (before compaction)
   std::int64_t max_split_size = -1;       ///< the configured max_split_size (-1: unlimited)
 
   /// Looks a value up by its flat key, e.g. "reserved_bytes.all.peak" or "num_ooms".

@@ -35,6 +35,12 @@ STITCH_API void stitch_free(void* ptr, size_t size, int device, void* stream);
 STITCH_API int stitch_configure(const char* conf);
 /** Marks `ptr` as used on `stream` (see Tensor.record_stream). 0 on success. */
 STITCH_API int stitch_record_stream(void* ptr, void* stream);
+/** Pins the live allocation at `ptr`: until as many stitch_unpin() calls, the physical memory
+ *  under it never moves (stitch_compact leaves its whole page alone), for memory registered with a
+ *  NIC (GPUDirect RDMA) or NCCL, or exported. 0 on success; an unknown pointer, or an unpin
+ *  without a pin, fails. */
+STITCH_API int stitch_pin(void* ptr);
+STITCH_API int stitch_unpin(void* ptr);
 /** Returns cached, entirely free segments of `device` (-1: every device) to the device. */
 STITCH_API int stitch_empty_cache(int device);
 /** Caps `device`'s reserved memory at `fraction` (0..1] of its capacity. 0 on success. */

@@ -118,6 +118,18 @@ void Allocator::record_stream(void* ptr, stream_t stream) {
   throw invalid_argument(fmt::format("record_stream of {}: not a live allocation of stitch", ptr));
 }
 
+void Allocator::pin(void* ptr) {
+  for (int d = 0; d < device_count_; ++d)
+    if (devices_[static_cast<std::size_t>(d)]->pin(ptr, true)) return;
+  throw invalid_argument(fmt::format("pin of {}: not a live allocation of stitch", ptr));
+}
+
+void Allocator::unpin(void* ptr) {
+  for (int d = 0; d < device_count_; ++d)
+    if (devices_[static_cast<std::size_t>(d)]->pin(ptr, false)) return;
+  throw invalid_argument(fmt::format("unpin of {}: not a live allocation of stitch", ptr));
+}
+
 std::optional<BlockInfo> Allocator::find(const void* ptr) const {
   for (int d = 0; d < device_count_; ++d)
     if (auto info = devices_[static_cast<std::size_t>(d)]->find(ptr)) return info;

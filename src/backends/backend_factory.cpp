@@ -17,6 +17,16 @@ void Backend::copy(int device, void*, const void*, std::size_t, stream_t) {
                       "): this back end does not implement device copies");
 }
 
+void Backend::copy_to_host(int device, void*, const void*, std::size_t) {
+  throw backend_error(std::string(name()) + ": copy_to_host (device " + std::to_string(device) +
+                      "): this back end does not implement it");
+}
+
+void Backend::copy_from_host(int device, void*, const void*, std::size_t) {
+  throw backend_error(std::string(name()) + ": copy_from_host (device " + std::to_string(device) +
+                      "): this back end does not implement it");
+}
+
 void Backend::synchronize_device(int device) {
   throw backend_error(std::string(name()) + ": synchronize_device (device " +
                       std::to_string(device) + "): this back end does not implement it");

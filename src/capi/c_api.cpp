@@ -204,6 +204,20 @@ int stitch_record_stream(void* ptr, void* stream) {
   }, 1);
 }
 
+int stitch_pin(void* ptr) {
+  return guarded([&] {
+    allocator().pin(ptr);
+    return 0;
+  }, 1);
+}
+
+int stitch_unpin(void* ptr) {
+  return guarded([&] {
+    allocator().unpin(ptr);
+    return 0;
+  }, 1);
+}
+
 int stitch_empty_cache(int device) {
   return guarded([&] {
     allocator().empty_cache(device);

@@ -220,6 +220,9 @@ constexpr KeySpec kKeys[] = {
        c.stitch_fine_above = f;
      },
      [](const Config& c) { return c.stitching ? fmt::format("{}", c.stitch_fine_above) : std::string(); }},
+    {"stitch_compact", false, "True or False",
+     [](ConfigParser& p, Config& c, const KeySpec& k) { c.stitch_compact = parse_bool(p, k); },
+     [](const Config& c) { return c.stitch_compact ? std::string(py_bool(true)) : std::string(); }},
     {"per_process_memory_fraction", false, "a number in [0, 1]",
      [](ConfigParser& p, Config& c, const KeySpec& k) {
        const std::string v = p.value(k);
@@ -365,6 +368,10 @@ Config Config::parse(std::string_view conf, const Config& base, std::vector<std:
     throw config_error(
         "stitch config: stitching:True requires expandable_segments:True (stitching remaps the "
         "pages of expandable segments)");
+  if (c.stitch_compact && !c.stitching)
+    throw config_error(
+        "stitch config: stitch_compact:True requires stitching:True (compaction frees coarse "
+        "pages for a stitch, in ranges of one-granule slots)");
   c.source = detail::merged_source(base.source, conf);
   return c;
 }

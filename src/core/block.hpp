@@ -114,6 +114,7 @@ struct Block {
   bool small = false;          ///< small pool (<= 1 MiB) or large pool
   bool oversize = false;       ///< counted in oversize_allocations while allocated
   int event_count = 0;         ///< pending: the events still outstanding
+  int pins = 0;                ///< stitch_pin()s not undone: its memory never moves
   std::uint64_t gc_stamp = 0;  ///< pool call counter when it was last freed (GC age)
   std::vector<stream_t> stream_uses;  ///< other streams that used it (record_stream)
   /// Parked: the thread slot that holds it (set and cleared under the device lock).

@@ -244,6 +244,16 @@ bool DeviceAllocator::record_stream(void* ptr, stream_t stream) {
   return true;
 }
 
+bool DeviceAllocator::pin(void* ptr, bool on) {
+  std::lock_guard lock(mutex_);
+  Block* block = live_.find(ptr);
+  if (block == nullptr || block->state != BlockState::allocated) return false;
+  if (!on && block->pins == 0)
+    throw invalid_argument(fmt::format("unpin of {}: the block is not pinned", ptr));
+  block->pins += on ? 1 : -1;
+  return true;
+}
+
 void DeviceAllocator::empty_cache() {
   std::lock_guard lock(mutex_);
   if (!pools_.may_touch_device({})) return;  // a stream may capture: nothing waited for or freed

@@ -12,7 +12,7 @@
 // - ledger.hpp: what is held from the device, and the memory-fraction cap;
 // - plain_segments.hpp: cudaMalloc'd segments; expandable_ranges.hpp: expandable segments;
 // - page_mapper.hpp: the only caller of the virtual-memory API;
-// - stitcher.hpp: virtual-memory stitching.
+// - stitcher.hpp: virtual-memory stitching; compactor.hpp: compaction (stitch_compact).
 // Member functions by file: device_allocator.cpp (entry points, fast path), device_growth.cpp
 // (the out-of-memory ladder), device_oom.cpp (a failed request), device_seed.cpp (replays'
 // start state), device_validate.cpp (the cross-checks of validate()).
@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/block_store.hpp"
+#include "core/compactor.hpp"
 #include "core/device_lock.hpp"
 #include "core/expandable_ranges.hpp"
 #include "core/hot_stats.hpp"
@@ -73,6 +74,10 @@ class DeviceAllocator {
                   std::size_t* actual_size = nullptr);
   /// Adds `stream` as a user of the live block at `ptr`; false if this device does not own it.
   bool record_stream(void* ptr, stream_t stream);
+  /// Pins (`on`) or unpins the live block at `ptr`: while pinned, the physical memory under it
+  /// never moves (compaction leaves its whole mapping alone). Pins count. False if this device
+  /// does not own the block; throws invalid_argument for an unpin without a pin.
+  bool pin(void* ptr, bool on);
   /// Returns every entirely free segment to the device (waits for outstanding events first).
   void empty_cache();
   /// Caps reserved memory at `fraction` of the device's capacity (>= 1: no cap).
@@ -194,6 +199,7 @@ class DeviceAllocator {
   detail::PlainSegments plain_{backend_, device_, config_, store_, ledger_};
   detail::Stitcher stitcher_{store_, pages_, ledger_, stats_};
   detail::ExpandableRanges ranges_{config_, store_, pages_, ledger_, stitcher_};
+  detail::Compactor compactor_{config_, store_, pages_, ledger_, stitcher_, stats_};
   std::atomic<bool> python_frames_{false};  ///< the history takes Python frames
   /// The failure of the request in progress, until malloc hands it to its caller.
   std::unique_ptr<detail::OomCapture> failed_;

@@ -1,6 +1,6 @@
 // core/device_growth.cpp — the per-device slow path: the ladder a request climbs when no cached
 // block fits (garbage collection, new memory, releasing oversize segments, stitching, releasing
-// everything cached and retrying), and the release of everything cached.
+// everything cached and retrying, compaction), and the release of everything cached.
 #include "core/device_allocator.hpp"
 #include "core/size_policy.hpp"
 
@@ -52,6 +52,12 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(BlockPool& pool, stream_t
       // stitched from.
       if (block == nullptr && config_.stitching)
         block = stitcher_.stitch(pool.small, stream, rounded, false);
+      // stitch_compact: the live granules of partly used coarse pages move to fresh pages at
+      // the same addresses, and the pages' free granules go back to the device for this request.
+      if (block == nullptr && config_.stitch_compact && compactor_.compact(stream, rounded)) {
+        block = grow();
+        if (block == nullptr) block = stitcher_.stitch(pool.small, stream, rounded, false);
+      }
     }
   }
   if (block == nullptr) capture_oom(requested, rounded, alloc_size, pool.small, stream);

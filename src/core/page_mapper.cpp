@@ -36,6 +36,15 @@ std::size_t PageMapper::device_free() { return backend_.memory_info(device_).fre
 
 void PageMapper::synchronize(stream_t stream) { backend_.synchronize_stream(device_, stream); }
 
+void PageMapper::synchronize_device(bool peers) {
+  if (!peers) {
+    backend_.synchronize_device(device_);
+    return;
+  }
+  const int n = backend_.device_count();
+  for (int d = 0; d < n; ++d) backend_.synchronize_device(d);
+}
+
 char* PageMapper::reserve(std::size_t bytes, std::size_t alignment) {
   return static_cast<char*>(backend_.reserve(device_, bytes, alignment));
 }
@@ -181,7 +190,8 @@ void PageMapper::retry() noexcept {
 
 namespace stitch::detail {
 
-bool PageMapper::remap(const Mapping& m, const std::vector<SlotRun>& keep, const DeviceCopy& copy) {
+bool PageMapper::remap(const Mapping& m, const std::vector<SlotRun>& keep, bool stage) {
+  if (stage) return remap_through_host(m, keep);
   Segment& s = *m.segment;
   const std::size_t page = s.page;
   STITCH_ASSERT(m.count > 0 && s.pages.extent(m.first) == m.count,
@@ -223,14 +233,30 @@ bool PageMapper::remap(const Mapping& m, const std::vector<SlotRun>& keep, const
   });
   std::size_t offset = 0;
   for (const SlotRun& r : keep) {
-    copy(scratch + offset, s.base + r.first * page, r.count * page);
+    backend_.copy(device_, scratch + offset, s.base + r.first * page, r.count * page, nullptr);
     offset += r.count * page;
   }
+  if (kept != 0) backend_.synchronize_stream(device_, nullptr);
   // 4: the whole mapping goes (throws: nothing changed, the undos run).
   unmap(s.base + m.first * page, m.count * page);
   release_fresh.done();
   s.pages.set(m.first, m.count, 0);
   // 5: the fresh pages over the kept runs. The data has no address until this succeeds.
+  map_over(s, keep, fresh);
+  // 6-7: the scratch range and the old handle go (undos that cannot fail the remap).
+  unmap_scratch.done();
+  if (kept != 0) unmap_or_stray(scratch, kept * page);
+  if (!borrowed) release_or_orphan(old);
+  return true;  // release_scratch runs: the scratch reservation goes back
+}
+
+}  // namespace stitch::detail
+
+namespace stitch::detail {
+
+void PageMapper::map_over(Segment& s, const std::vector<SlotRun>& keep,
+                          const std::vector<MapPiece>& fresh) noexcept {
+  const std::size_t page = s.page;
   std::size_t next = 0;
   for (const SlotRun& r : keep) {
     char* at = s.base + r.first * page;
@@ -249,11 +275,60 @@ bool PageMapper::remap(const Mapping& m, const std::vector<SlotRun>& keep, const
     for (std::size_t k = 0; k < r.count; ++k) s.pages.set(r.first + k, 1, fresh[next + k].handle);
     next += r.count;
   }
-  // 6-7: the scratch range and the old handle go (undos that cannot fail the remap).
-  unmap_scratch.done();
-  if (kept != 0) unmap_or_stray(scratch, kept * page);
+}
+
+bool PageMapper::remap_through_host(const Mapping& m, const std::vector<SlotRun>& keep) {
+  // The device has no room for the fresh pages before the old one goes: the kept data waits in
+  // host memory. 1. copied out; 2. the whole mapping unmapped (an error here changes nothing);
+  // 3. its handle released; 4. fresh pages created and mapped over the kept runs; 5. the data
+  // copied back. From 3 on there is no way back: a failure aborts with a message.
+  Segment& s = *m.segment;
+  const std::size_t page = s.page;
+  STITCH_ASSERT(m.count > 0 && s.pages.extent(m.first) == m.count,
+                "PageMapper::remap: a whole mapping");
+  std::size_t kept = 0;
+  for (const SlotRun& r : keep) kept += r.count;
+  const phys_handle_t old = s.pages.handle(m.first);
+  const bool borrowed = std::any_of(s.borrows.begin(), s.borrows.end(),
+                                    [&](const Borrow& b) { return b.slot == m.first; });
+  std::vector<char> host(kept * page);  // throws std::bad_alloc: nothing changed
+  std::size_t offset = 0;
+  for (const SlotRun& r : keep) {
+    backend_.copy_to_host(device_, host.data() + offset, s.base + r.first * page, r.count * page);
+    offset += r.count * page;
+  }
+  std::vector<MapPiece> fresh;
+  fresh.reserve(kept);
+  unmap(s.base + m.first * page, m.count * page);  // throws: nothing changed
+  s.pages.set(m.first, m.count, 0);
   if (!borrowed) release_or_orphan(old);
-  return true;  // release_scratch runs: the scratch reservation goes back
+  auto fatal = [&](const char* what) {
+    std::fprintf(stderr,
+                 "stitch: fatal: %s while remapping %zu bytes at %p through host memory, after "
+                 "their old pages were released; their data cannot be put back\n",
+                 what, m.count * page, static_cast<void*>(s.base + m.first * page));
+    std::abort();
+  };
+  for (std::size_t i = 0; i < kept; ++i) {
+    phys_handle_t h = 0;
+    try {
+      h = create(page);
+    } catch (...) {
+    }
+    if (h == 0) fatal("creating a fresh page failed");
+    fresh.push_back(MapPiece{h, page});
+  }
+  map_over(s, keep, fresh);
+  offset = 0;
+  for (const SlotRun& r : keep) {
+    try {
+      backend_.copy_from_host(device_, s.base + r.first * page, host.data() + offset, r.count * page);
+    } catch (...) {
+      fatal("copying the data back failed");
+    }
+    offset += r.count * page;
+  }
+  return true;
 }
 
 }  // namespace stitch::detail

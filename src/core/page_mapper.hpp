@@ -10,7 +10,6 @@
 
 #include <cstddef>
 #include <exception>
-#include <functional>
 #include <utility>
 #include <vector>
 
@@ -35,9 +34,6 @@ struct SlotRun {
   std::size_t count;
 };
 
-/// Copies `bytes` from `from` to `to` on the device and waits until the copy is done.
-using DeviceCopy = std::function<void(char* to, const char* from, std::size_t bytes)>;
-
 class PageMapper {
  public:
   PageMapper(Backend& backend, int device) noexcept : backend_(backend), device_(device) {}
@@ -56,6 +52,9 @@ class PageMapper {
   [[nodiscard]] std::size_t device_free();
   /// Waits for the work queued on `stream`: before pages its kernels may use are unmapped.
   void synchronize(stream_t stream);
+  /// Waits for all work on the device and, with `peers`, on every device (which may reach this
+  /// one's memory): before memory moves under live addresses.
+  void synchronize_device(bool peers);
 
   // ---- address ranges -----------------------------------------------------------------------------
   /// Reserves `bytes` of addresses, `alignment` aligned (granularity multiples); nullptr when no
@@ -101,17 +100,28 @@ class PageMapper {
   /// slots in `keep` (runs inside it, in address order), at the same addresses, so that the data
   /// there keeps its address while the mapping's handle is released:
   ///  1. creates the fresh handles; 2. maps them side by side at a scratch range;
-  ///  3. `copy`s each kept run there; 4. unmaps the whole mapping; 5. maps the fresh handles over
-  ///  the kept runs; 6. unmaps and releases the scratch range; 7. releases the old handle (its
-  ///  memory goes back once no other mapping of it is left).
+  ///  3. copies each kept run there (Backend::copy, on the device's null stream, which is then
+  ///  synchronized: a device copy returns before it ends); 4. unmaps the whole mapping; 5. maps
+  ///  the fresh handles over the kept runs; 6. unmaps and releases the scratch range; 7. releases
+  ///  the old handle (its memory goes back once no other mapping of it is left).
   /// The caller has synchronized every stream that could touch the mapping, and no graph is being
   /// captured. All or nothing up to step 4: false when the device is out of memory, a rethrow on
   /// a backend error, nothing changed either way. Between steps 4 and 5 the kept data has no
   /// address: if mapping it back fails it cannot be reached, and the process aborts with a
   /// message. Afterwards the page table maps the kept slots one to a handle, and the others not.
-  bool remap(const Mapping& m, const std::vector<SlotRun>& keep, const DeviceCopy& copy);
+  /// With `stage` (the device has no room for the fresh pages while the old one lives), the kept
+  /// data waits in host memory instead: copied out, the mapping unmapped (all or nothing up to
+  /// here) and its handle released, fresh pages created and mapped, the data copied back; a
+  /// failure after the release aborts with a message.
+  bool remap(const Mapping& m, const std::vector<SlotRun>& keep, bool stage = false);
 
  private:
+  /// Maps `fresh` (one-slot handles, in order) over the kept runs of `s`; aborts on a failure
+  /// (the data under them has no other address).
+  void map_over(Segment& s, const std::vector<SlotRun>& keep,
+                const std::vector<MapPiece>& fresh) noexcept;
+  bool remap_through_host(const Mapping& m, const std::vector<SlotRun>& keep);
+
   Backend& backend_;
   const int device_;
   std::vector<phys_handle_t> orphans_;

@@ -341,33 +341,25 @@ bool Stitcher::map_reused_pages(Block* target, std::size_t count) {
   return true;
 }
 
-Block* Stitcher::stitch(bool small, stream_t stream, std::size_t rounded, bool own_only) {
-  BlockPool& pool = store_.pool(small);
+Stitcher::Supply Stitcher::supply(stream_t stream, std::size_t pages, bool own_only) {
+  Supply sup;
   const std::size_t page = pages_.granularity();
-  const std::size_t pages = round_up(rounded, page) / page;
-
   // 1. Candidates: whole pages inside free blocks of one-granule-page ranges, by stream.
-  std::vector<Run> own;
-  std::map<stream_t, std::vector<Run>> others;
-  free_page_runs(stream, own, own_only ? nullptr : &others, true);
-  std::map<stream_t, std::size_t> other_pages;
-  std::size_t own_total = 0, other_total = 0;
-  for (const Run& r : own) own_total += r.count;
-  for (const auto& [s, runs] : others)
+  free_page_runs(stream, sup.own, own_only ? nullptr : &sup.others, true);
+  for (const Run& r : sup.own) sup.own_total += r.count;
+  for (const auto& [s, runs] : sup.others)
     for (const Run& r : runs) {
-      other_pages[s] += r.count;
-      other_total += r.count;
+      sup.other_pages[s] += r.count;
+      sup.other_total += r.count;
     }
   // 2. Fresh pages the device (and the memory fraction) may still give.
-  std::size_t fresh_limit = own_only ? 0 : pages_.device_free() / page;
-  fresh_limit = std::min(fresh_limit, ledger_.room() / page);
+  sup.fresh_limit = own_only ? 0 : pages_.device_free() / page;
+  sup.fresh_limit = std::min(sup.fresh_limit, ledger_.room() / page);
 
   // 3. Too few: the free parts of partly used coarse pages are mapped here a second time
   // (borrowed; they cannot move, a live block shares their page). The requesting stream's
   // first, most granules first.
-  std::vector<Lendable> borrow;
-  std::size_t borrowed = 0;
-  const std::size_t found = own_total + fresh_limit + other_total;
+  const std::size_t found = sup.found();
   if (found < pages) {
     std::vector<Lendable> runs = lendable_runs(stream, own_only);
     std::stable_sort(runs.begin(), runs.end(), [&](const Lendable& a, const Lendable& b) {
@@ -375,12 +367,35 @@ Block* Stitcher::stitch(bool small, stream_t stream, std::size_t rounded, bool o
       return a_own != b_own ? a_own : a.count > b.count;
     });
     for (Lendable r : runs) {
-      if (found + borrowed >= pages) break;
-      r.count = std::min(r.count, pages - found - borrowed);
-      borrow.push_back(r);
-      borrowed += r.count;
+      if (found + sup.borrowed >= pages) break;
+      r.count = std::min(r.count, pages - found - sup.borrowed);
+      sup.borrow.push_back(r);
+      sup.borrowed += r.count;
     }
   }
+  return sup;
+}
+
+bool Stitcher::could_stitch(stream_t stream, std::size_t rounded) {
+  const std::size_t page = pages_.granularity();
+  const std::size_t pages = round_up(rounded, page) / page;
+  const Supply sup = supply(stream, pages, false);
+  return sup.found() + sup.borrowed >= pages;
+}
+
+Block* Stitcher::stitch(bool small, stream_t stream, std::size_t rounded, bool own_only) {
+  BlockPool& pool = store_.pool(small);
+  const std::size_t page = pages_.granularity();
+  const std::size_t pages = round_up(rounded, page) / page;
+  Supply sup = supply(stream, pages, own_only);
+  std::vector<Run>& own = sup.own;
+  std::map<stream_t, std::vector<Run>>& others = sup.others;
+  const std::map<stream_t, std::size_t>& other_pages = sup.other_pages;
+  const std::size_t own_total = sup.own_total, other_total = sup.other_total;
+  const std::size_t fresh_limit = sup.fresh_limit;
+  const std::vector<Lendable>& borrow = sup.borrow;
+  const std::size_t borrowed = sup.borrowed;
+  const std::size_t found = sup.found();
   if (own_total + other_total + borrowed == 0) return nullptr;  // only fresh pages: growing failed already
   if (own_only && own_total + borrowed < pages) return nullptr;
   if (found + borrowed < pages) return nullptr;

@@ -44,6 +44,9 @@ class Stitcher {
   /// (stitch_reuse_pages). False when the device or the memory fraction cannot give the fresh
   /// pages; nothing changed then.
   bool map_reused_pages(Block* target, std::size_t count);
+  /// Whether a stitch of `rounded` bytes for `stream` (from every stream, fresh pages included)
+  /// would find enough pages. Plans only: nothing moves.
+  [[nodiscard]] bool could_stitch(stream_t stream, std::size_t rounded);
 
  private:
   /// A page moved out of its segment: where it was (its first slot), its physical handle and
@@ -63,6 +66,18 @@ class Stitcher {
     std::size_t first;
     std::size_t count;
   };
+  /// What a stitch of `pages` granules for `stream` can take (own_only: the stream's own pages
+  /// and borrowed memory alone): steps 1-3 of stitch().
+  struct Supply {
+    std::vector<PageRun> own;
+    std::map<stream_t, std::vector<PageRun>> others;
+    std::map<stream_t, std::size_t> other_pages;
+    std::size_t own_total = 0, other_total = 0, fresh_limit = 0;
+    std::vector<Lendable> borrow;
+    std::size_t borrowed = 0;
+    [[nodiscard]] std::size_t found() const noexcept { return own_total + fresh_limit + other_total; }
+  };
+  Supply supply(stream_t stream, std::size_t pages, bool own_only);
   /// Every run of free granules on coarse pages that live blocks share (of `stream` only with
   /// `own_only`). A borrowed mapping's free part may be borrowed again (a third mapping).
   std::vector<Lendable> lendable_runs(stream_t stream, bool own_only) const;

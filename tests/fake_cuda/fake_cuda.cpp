@@ -52,7 +52,7 @@ constexpr u64 kLegacyKey = 0x100;  // streams-map key of device d's legacy strea
   X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuMemGetInfo) X(cuMemAlloc)         \
   X(cuMemFree) X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree)       \
   X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemcpyDtoDAsync) \
-  X(cuStreamCreate)                                                                              \
+  X(cuMemcpyDtoH) X(cuMemcpyHtoD) X(cuStreamCreate)                                              \
   X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamBeginCapture)             \
   X(cuStreamEndCapture) X(cuStreamIsCapturing) X(cuThreadExchangeStreamCaptureMode)              \
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)      \
@@ -1222,6 +1222,34 @@ FAKE_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src,
   return CUDA_SUCCESS;
 }
 
+// cuda.h, cuMemcpyDtoH / cuMemcpyHtoD: "Copies from device to host memory" / "from host memory to
+// device memory"; synchronous for the host (pageable memory). The legacy stream's work comes
+// first, as the synchronous copies are ordered on it.
+FAKE_EXPORT CUresult CUDAAPI cuMemcpyDtoH(void* dstHost, CUdeviceptr src, size_t bytes) {
+  ENTER(EP_cuMemcpyDtoH);
+  NEED_CTX(d);
+  if (bytes == 0) return CUDA_SUCCESS;
+  NEED_PTR(dstHost);
+  TRY(device_memory(st, ep_, "srcDevice", src, bytes, d, PROT_READ));
+  if (blocking_captures(st, d, true) > 0)
+    return violation(st, R_CAPTURE, ep_, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+                     "a synchronous copy while a blocking stream of its context is capturing (capture invalidated)");
+  std::memcpy(dstHost, reinterpret_cast<const void*>(static_cast<uintptr_t>(src)), bytes);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dst, const void* srcHost, size_t bytes) {
+  ENTER(EP_cuMemcpyHtoD);
+  NEED_CTX(d);
+  if (bytes == 0) return CUDA_SUCCESS;
+  NEED_PTR(srcHost);
+  TRY(device_memory(st, ep_, "dstDevice", dst, bytes, d, PROT_READ | PROT_WRITE));
+  if (blocking_captures(st, d, true) > 0)
+    return violation(st, R_CAPTURE, ep_, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+                     "a synchronous copy while a blocking stream of its context is capturing (capture invalidated)");
+  std::memcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(dst)), srcHost, bytes);
+  return CUDA_SUCCESS;
+}
+
 // ==== streams =======================================================================================
 FAKE_EXPORT CUresult CUDAAPI cuStreamCreate(CUstream* phStream, unsigned int Flags) {
   ENTER(EP_cuStreamCreate);
@@ -1431,7 +1459,8 @@ const ProcEntry kProcs[] = {
     P("cuCtxSetCurrent", 4000, cuCtxSetCurrent), P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
     P("cuCtxGetDevice", 2000, cuCtxGetDevice), P("cuCtxGetDevice", 13000, cuCtxGetDevice_v2),
     P("cuCtxSynchronize", 2000, cuCtxSynchronize), P("cuCtxSynchronize", 13000, cuCtxSynchronize_v2),
-    P("cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync),
+    P("cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync), P("cuMemcpyDtoH", 3020, cuMemcpyDtoH),
+    P("cuMemcpyHtoD", 3020, cuMemcpyHtoD),
     P("cuMemGetInfo", 3020, cuMemGetInfo_v2), P("cuMemAlloc", 3020, cuMemAlloc_v2),
     P("cuMemFree", 3020, cuMemFree_v2),
     P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),

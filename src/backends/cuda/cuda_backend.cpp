@@ -379,6 +379,24 @@ class CudaBackend final : public Backend {
     if (r != CUDA_SUCCESS) fail(call, device, r);
   }
 
+  void copy_to_host(int device, void* dst, const void* src, std::size_t bytes) override {
+    auto call = [&] {
+      return "cuMemcpyDtoH(" + hex(dst) + ", " + hex(src) + ", " + std::to_string(bytes) + ")";
+    };
+    ContextScope scope = enter(device, call);
+    const CUresult r = d_.memcpy_dtoh(dst, reinterpret_cast<CUdeviceptr>(src), bytes);
+    if (r != CUDA_SUCCESS) fail(call, device, r);
+  }
+
+  void copy_from_host(int device, void* dst, const void* src, std::size_t bytes) override {
+    auto call = [&] {
+      return "cuMemcpyHtoD(" + hex(dst) + ", " + hex(src) + ", " + std::to_string(bytes) + ")";
+    };
+    ContextScope scope = enter(device, call);
+    const CUresult r = d_.memcpy_htod(reinterpret_cast<CUdeviceptr>(dst), src, bytes);
+    if (r != CUDA_SUCCESS) fail(call, device, r);
+  }
+
   void synchronize_device(int device) override {
     auto call = [&] { return std::string("cuCtxSynchronize()"); };
     ContextScope scope = enter(device, call);  // the device's primary context

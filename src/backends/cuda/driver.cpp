@@ -53,6 +53,8 @@ STITCH_SAME_ABI(mem_map, PFN_cuMemMap_v10020);
 STITCH_SAME_ABI(mem_unmap, PFN_cuMemUnmap_v10020);
 STITCH_SAME_ABI(mem_set_access, PFN_cuMemSetAccess_v10020);
 STITCH_SAME_ABI(memcpy_dtod_async, PFN_cuMemcpyDtoDAsync_v3020);
+STITCH_SAME_ABI(memcpy_dtoh, PFN_cuMemcpyDtoH_v3020);
+STITCH_SAME_ABI(memcpy_htod, PFN_cuMemcpyHtoD_v3020);
 STITCH_SAME_ABI(event_create, PFN_cuEventCreate_v2000);
 STITCH_SAME_ABI(event_destroy, PFN_cuEventDestroy_v4000);
 STITCH_SAME_ABI(event_record, PFN_cuEventRecord_v2000);
@@ -115,6 +117,8 @@ class Loader {
     get("cuMemUnmap", 10020, d_.mem_unmap);
     get("cuMemSetAccess", 10020, d_.mem_set_access);
     get("cuMemcpyDtoDAsync", 3020, d_.memcpy_dtod_async);
+    get("cuMemcpyDtoH", 3020, d_.memcpy_dtoh);
+    get("cuMemcpyHtoD", 3020, d_.memcpy_htod);
     get("cuEventCreate", 2000, d_.event_create);
     get("cuEventDestroy", 4000, d_.event_destroy);
     get("cuEventRecord", 2000, d_.event_record);

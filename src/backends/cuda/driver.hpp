@@ -53,6 +53,8 @@ struct Driver {
                              std::size_t count) = nullptr;
   CUresult (*memcpy_dtod_async)(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes,
                                 CUstream stream) = nullptr;
+  CUresult (*memcpy_dtoh)(void* dst, CUdeviceptr src, std::size_t bytes) = nullptr;
+  CUresult (*memcpy_htod)(CUdeviceptr dst, const void* src, std::size_t bytes) = nullptr;
   // events and streams
   CUresult (*event_create)(CUevent* event, unsigned int flags) = nullptr;
   CUresult (*event_destroy)(CUevent event) = nullptr;

@@ -247,6 +247,8 @@ const char* to_string(SimCall call) noexcept {
     case SimCall::synchronize_stream: return "synchronize_stream";
     case SimCall::set_access: return "set_access";
     case SimCall::copy: return "copy";
+    case SimCall::copy_to_host: return "copy_to_host";
+    case SimCall::copy_from_host: return "copy_from_host";
     case SimCall::synchronize_device: return "synchronize_device";
     case SimCall::count_: return "count_";
   }
@@ -730,6 +732,28 @@ void SimBackend::copy(int device, void* dst, const void* src, std::size_t bytes,
   // nothing may read them before a sync, which the caller does).
   ++st.submitted;
   if (!st.held) st.completed = st.submitted;
+  if (impl_->options.copy_data) std::memcpy(dst, src, bytes);
+}
+
+void SimBackend::copy_to_host(int device, void* dst, const void* src, std::size_t bytes) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::copy_to_host, bytes);
+  Device& d = impl_->device(device, "copy_to_host");
+  if (bytes == 0) return;
+  if (!d.accessible(addr(src), bytes))
+    throw backend_error(prefix("copy_to_host", device) + "source [" + hex(addr(src)) + ", +" +
+                        std::to_string(bytes) + ") is not mapped device memory");
+  if (impl_->options.copy_data) std::memcpy(dst, src, bytes);
+}
+
+void SimBackend::copy_from_host(int device, void* dst, const void* src, std::size_t bytes) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::copy_from_host, bytes);
+  Device& d = impl_->device(device, "copy_from_host");
+  if (bytes == 0) return;
+  if (!d.accessible(addr(dst), bytes))
+    throw backend_error(prefix("copy_from_host", device) + "destination [" + hex(addr(dst)) +
+                        ", +" + std::to_string(bytes) + ") is not mapped device memory");
   if (impl_->options.copy_data) std::memcpy(dst, src, bytes);
 }
 

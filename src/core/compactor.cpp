@@ -1,0 +1,126 @@
+// core/compactor.cpp — Compactor: choosing the coarse pages to empty, emptying them through the
+// page mapper's remap, and the bookkeeping of the granules they free.
+#include "core/compactor.hpp"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/assert.hpp"
+#include "stitch/errors.hpp"
+
+namespace stitch::detail {
+
+std::vector<Compactor::Candidate> Compactor::candidates() const {
+  std::vector<Candidate> out;
+  const std::size_t granule = pages_.granularity();
+  for (Segment* s = store_.segments(); s != nullptr; s = s->next) {
+    if (!s->expandable || s->page != granule) continue;  // ranges made with stitching only
+    const PageTable& t = s->pages;
+    // Per slot: live (a block other than a free one touches it), or frozen (pinned or lent).
+    std::vector<std::uint8_t> mark(t.stored(), 0);
+    constexpr std::uint8_t kLive = 1, kFrozen = 2;
+    for (const Block* b = s->head; b != nullptr; b = b->next) {
+      if (b->state == BlockState::free || b->state == BlockState::unmapped) continue;
+      const auto offset = static_cast<std::size_t>(b->ptr - s->base);
+      const std::size_t first = offset / s->page;
+      const std::size_t last = std::min((offset + b->size - 1) / s->page + 1, mark.size());
+      const std::uint8_t m = b->state == BlockState::lent || b->pins > 0 ? kLive | kFrozen : kLive;
+      for (std::size_t i = first; i < last; ++i) mark[i] |= m;
+    }
+    for (std::size_t i = 0; i < t.stored();) {
+      const std::size_t n = t.extent(i);
+      if (t.handle(i) == 0 || n == 0) {
+        ++i;
+        continue;
+      }
+      const bool borrowed = std::any_of(s->borrows.begin(), s->borrows.end(),
+                                        [&](const Borrow& b) { return b.slot == i; });
+      Candidate c{Mapping{s, i, n}, {}, 0, 0};
+      bool frozen = borrowed;
+      for (std::size_t k = i; k < i + n; ++k) {
+        frozen = frozen || (mark[k] & kFrozen) != 0;
+        if ((mark[k] & kLive) == 0) {
+          ++c.free;
+          continue;
+        }
+        ++c.live;
+        if (!c.keep.empty() && c.keep.back().first + c.keep.back().count == k) {
+          ++c.keep.back().count;
+        } else {
+          c.keep.push_back(SlotRun{k, 1});
+        }
+      }
+      if (n > 1 && !frozen && c.free > 0) out.push_back(std::move(c));
+      i += n;
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+    // a.free / a.live > b.free / b.live, without dividing (a wholly free page first).
+    const std::uint64_t l = static_cast<std::uint64_t>(a.free) * b.live;
+    const std::uint64_t r = static_cast<std::uint64_t>(b.free) * a.live;
+    if (l != r) return l > r;
+    return a.free > b.free;
+  });
+  return out;
+}
+
+bool Compactor::empty(const Candidate& c, bool stage) {
+  Segment& s = *c.mapping.segment;
+  const std::size_t page = s.page;
+  if (!pages_.remap(c.mapping, c.keep, stage)) return false;
+  // Booked as what happened: the whole mapping unmapped, the kept runs mapped again.
+  ledger_.unmapped(s, s.base + c.mapping.first * page, c.mapping.count * page);
+  for (const SlotRun& r : c.keep) ledger_.mapped(s, s.base + r.first * page, r.count * page);
+  // The free granules between the kept runs are unmapped now: they leave their free blocks.
+  auto unmap_free = [&](std::size_t first, std::size_t last) {
+    if (first >= last) return;
+    char* at = s.base + first * page;
+    Block* b = s.head;
+    while (!(b->ptr <= at && at < b->ptr + b->size)) b = b->next;
+    STITCH_ASSERT(b->is_free() && b->ptr + b->size >= s.base + last * page,
+                  "compaction: free granules lie in one free block");
+    store_.take_pages(b, first * page, last * page, BlockState::unmapped);
+  };
+  std::size_t next = c.mapping.first;
+  for (const SlotRun& r : c.keep) {
+    unmap_free(next, r.first);
+    next = r.first + r.count;
+  }
+  unmap_free(next, c.mapping.first + c.mapping.count);
+  ++stats_.num_compactions;
+  if (stage) ++stats_.num_staged_compactions;
+  stats_.compacted_bytes += static_cast<std::int64_t>(c.live * page);
+  return true;
+}
+
+bool Compactor::compact(stream_t stream, std::size_t rounded) {
+  bool emptied = false;
+  bool synced = false;
+  try {
+    while (!stitcher_.could_stitch(stream, rounded)) {
+      // The fresh pages for a page's live granules come from the device (and the fraction).
+      const std::size_t granule = pages_.granularity();
+      const std::size_t room = std::min(pages_.device_free(), ledger_.room()) / granule;
+      const std::vector<Candidate> all = candidates();
+      if (all.empty()) return false;
+      // The best page whose fresh pages the device can give now; else the best one, its live
+      // data staged through host memory (its own release makes the room).
+      auto it = std::find_if(all.begin(), all.end(), [&](const Candidate& c) { return c.live <= room; });
+      const bool stage = it == all.end();
+      if (stage) it = all.begin();
+      if (!synced) {
+        // Kernels of any stream (of any device with peer access) may still use these pages.
+        pages_.synchronize_device(config_.peer_access);
+        ++stats_.num_device_syncs;
+        synced = true;
+      }
+      if (!empty(*it, stage)) return false;
+      emptied = true;
+    }
+  } catch (const backend_error&) {
+    return false;  // the page being emptied is as it was; the request fails with the report
+  }
+  return emptied;
+}
+
+}  // namespace stitch::detail
