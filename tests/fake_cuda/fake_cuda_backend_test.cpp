@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <set>
 #include <vector>
 
 #include "stitch/allocator.hpp"
@@ -94,6 +95,68 @@ class FakeCuda : public ::testing::Test {
   unsigned long long violations_ = 0;
   stitch_fake_cuda_usage baseline_[2]{};
 };
+
+TEST_F(FakeCuda, CompactionMovesLiveDataThroughTheDriversCopies) {
+  // A live 3 MiB block at the start of every 20 MiB coarse page, the rest of each page freed,
+  // the device full: one request for every granule no live block touches is served by
+  // compaction (the first page staged through host memory with cuMemcpyDtoH/HtoD, the others
+  // copied with cuMemcpyDtoDAsync after one cuCtxSynchronize), every block's data at its address.
+  const std::size_t granule = 2 * MiB, small = 3 * MiB, big = 17 * MiB;
+  const auto before = [&](const char* ep) { return f_->calls(ep); };
+  const unsigned long long dtod = before("cuMemcpyDtoDAsync"), dtoh = before("cuMemcpyDtoH"),
+                           htod = before("cuMemcpyHtoD"), sync = before("cuCtxSynchronize");
+  {
+    auto a = make(",expandable_segments:True,stitching:True,stitch_compact:True");
+    std::vector<std::pair<void*, std::size_t>> live;
+    std::vector<void*> gaps;
+    for (int i = 0; i < 1000; ++i) {
+      void* p = nullptr;
+      void* q = nullptr;
+      try {
+        p = a->allocate(small);
+        live.emplace_back(p, small);
+        q = a->allocate(big);
+        gaps.push_back(q);
+      } catch (const out_of_memory&) {
+        break;
+      }
+    }
+    ASSERT_GT(live.size(), 50u);
+    for (;;) {  // the rest of the device, in granules: not a byte free
+      try {
+        live.emplace_back(a->allocate(granule), granule);
+      } catch (const out_of_memory&) {
+        break;
+      }
+    }
+    for (void* q : gaps) a->deallocate(q);
+    for (std::size_t i = 0; i < live.size(); ++i)
+      fill(live[i].first, live[i].second, static_cast<unsigned>(i));
+    std::set<std::uintptr_t> touched;
+    for (const auto& [p, n] : live)
+      for (auto g = reinterpret_cast<std::uintptr_t>(p) / granule;
+           g <= (reinterpret_cast<std::uintptr_t>(p) + n - 1) / granule; ++g)
+        touched.insert(g);
+    const std::size_t total = a->backend().memory_info(0).total;
+    const std::size_t want = (total / granule - touched.size()) * granule;
+    void* p = nullptr;
+    ASSERT_NO_THROW(p = a->allocate(want));
+    fill(p, want, 77);
+    EXPECT_TRUE(intact(p, want, 77));
+    for (std::size_t i = 0; i < live.size(); ++i)
+      EXPECT_TRUE(intact(live[i].first, live[i].second, static_cast<unsigned>(i))) << i;
+    EXPECT_GT(a->stat(0, "num_compactions").value_or(0), 0);
+    EXPECT_GE(a->stat(0, "num_staged_compactions").value_or(0), 1);
+    a->validate();
+    a->deallocate(p);
+    for (const auto& [q, n] : live) a->deallocate(q);
+  }
+  EXPECT_GT(before("cuMemcpyDtoDAsync"), dtod);
+  EXPECT_GT(before("cuMemcpyDtoH"), dtoh);
+  EXPECT_GT(before("cuMemcpyHtoD"), htod);
+  EXPECT_EQ(before("cuCtxSynchronize"), sync + 1) << "one device sync for the request";
+  expect_nothing_held();
+}
 
 TEST_F(FakeCuda, TheAllocatorRunsOnTheFakeDriverInEveryMode) {
   for (const char* conf : kConfigs) {
