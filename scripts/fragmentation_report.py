@@ -136,6 +136,9 @@ COST_SOURCES = {
     "cuMemAddressReserve": "kvcached `benchmarks/bench_vmm` (8 GB reservation, A100-80GB)",
     "cuMemAddressFree": "not published; taken equal to cuMemAddressReserve",
     "cudaStreamSynchronize": "not published; an estimate for a stream with no work queued (a real sync also waits for the queued kernels)",
+    "cuMemcpyDtoDAsync": "compaction's copies: about 1 ms per 2 GiB on an H200 (the device's copy bandwidth, read and write); per call an estimate; the GPU check measures it",
+    "cuMemcpyDtoH/HtoD": "compaction's staging through pageable host memory: an estimate of 12.5 GB/s each way",
+    "cuCtxSynchronize": "not published; an estimate for a device with no work queued, as for a stream",
 }
 
 
@@ -190,7 +193,7 @@ def render_totals(w, reports, configs, labels):
         rows = [x for r in reports for x in r["configs"] if x["config"] == c]
         maps = sum(x["maps"] for x in rows)
         unmaps = sum(x["unmaps"] for x in rows)
-        syncs = sum(x["stream_syncs"] for x in rows)
+        syncs = sum(x["stream_syncs"] + x.get("device_syncs", 0) for x in rows)
         est = sum(x.get("estimated_device_us", 0.0) for x in rows) / 1000.0
         w(f"| {labels[c]}: {config_name(c)} | {maps:,} | {unmaps:,} | {syncs:,} | {est:,.1f} | "
           f"{best[c]} of {n_cap} |")
@@ -272,8 +275,10 @@ def render(reports, readme_rows, plots_dir, out_path, command):
     w("  retries, as PyTorch's does), i.e. the GPU this workload needs under this configuration;")
     w("- **cudaMalloc**, **maps**, **unmaps** and **syncs**: the cost: segments allocated from the")
     w("  driver, page ranges mapped and unmapped (expandable segments and stitching map pages with")
-    w("  cuMemMap instead of allocating segments), and stream synchronizations, on the unlimited")
-    w("  (1 TiB) device;")
+    w("  cuMemMap instead of allocating segments), and stream (and device) synchronizations, on the")
+    w("  unlimited (1 TiB) device;")
+    w("- **copied**: the live bytes compaction (`stitch_compact:True`) copied to free coarse pages,")
+    w("  on the unlimited device: with room it never runs;")
     w("- **est. device ms**: the device time those calls would take at the costs below (see")
     w("  [Estimated device time](#estimated-device-time)), on the unlimited device;")
     w("- **OOMs**: requests that failed on the unlimited device: 0 unless the trace is broken.")
@@ -411,14 +416,15 @@ def render(reports, readme_rows, plots_dir, out_path, command):
                      f"({human(r.get('cached_at_start', 0))} of it cached)")
         w(f"{r['events']:,} events; {start}.")
         w("")
-        w("| config | peak requested | peak reserved | reserved / requested | min capacity | cudaMalloc | maps | unmaps | syncs | est. device ms | OOMs |")
-        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        w("| config | peak requested | peak reserved | reserved / requested | min capacity | cudaMalloc | maps | unmaps | syncs | copied | est. device ms | OOMs |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for c in r["configs"]:
             mc = c.get("min_capacity", "unset")
             mc_text = "—" if mc == "unset" else ("does not fit" if mc is None else human(mc))
             w(f"| {labels[c['config']]}: {config_name(c['config'])} | {human(c['peak_requested'])} | "
               f"{human(c['peak_reserved'])} | {c['reserved_over_requested']:.3f} | {mc_text} | "
-              f"{c['device_allocs']:,} | {c['maps']:,} | {c['unmaps']:,} | {c['stream_syncs']:,} | "
+              f"{c['device_allocs']:,} | {c['maps']:,} | {c['unmaps']:,} | "
+              f"{c['stream_syncs'] + c.get('device_syncs', 0):,} | {human(c.get('compacted_bytes', 0))} | "
               f"{est_ms(c)} | {c['ooms']} |")
         rec = r.get("recorded_peak_reserved")
         by = r.get("recorded_by", "PyTorch")

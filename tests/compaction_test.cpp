@@ -265,6 +265,22 @@ TEST(Compaction, AFaultInItsCallsKeepsEveryBlockAndReportsOutOfMemory) {
   }
 }
 
+TEST(Compaction, TheOomReportNamesItWhenItWouldHaveServed) {
+  // Stitching alone fails; the what-if replays the recorded history with compaction on and says
+  // so, with what it would have copied.
+  Fragmented f("backend:sim,expandable_segments:True,stitching:True,record_history:True");
+  fill_pages(f, /*at_start=*/true);
+  try {
+    (void)f.alloc->allocate(f.free_of_live() * kGranule);
+    ADD_FAILURE() << "stitching alone served it";
+  } catch (const out_of_memory& e) {
+    const std::string report = e.what();
+    EXPECT_NE(report.find("stitch_compact:True (compaction copying"), std::string::npos) << report;
+    EXPECT_NE(report.find("would have served this request"), std::string::npos) << report;
+  }
+  f.expect_intact();
+}
+
 TEST(Compaction, TheKeyNeedsStitching) {
   EXPECT_THROW((void)Config::parse("expandable_segments:True,stitch_compact:True"), config_error);
   EXPECT_EQ(Config::parse(kCompact).to_string().find("stitch_compact:True") != std::string::npos, true);

@@ -23,6 +23,7 @@ Replay::Replay(const DeviceWorkload& workload, const Setup& setup) : workload_(w
   SimBackend::Options so;
   so.capacity = setup.capacity;
   so.granularity = setup.granularity;
+  so.copy_data = false;  // compaction's copies are counted, not made: the replay holds no data
   sim_ = std::make_shared<SimBackend>(so);
   Config config = setup.config;
   config.backend = BackendKind::sim;

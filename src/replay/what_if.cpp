@@ -74,6 +74,8 @@ std::vector<std::string> what_if_changes(const Config& config) {
   std::vector<std::string> changes;
   if (!config.expandable_segments) changes.emplace_back("expandable_segments:True");
   if (!config.stitching) changes.emplace_back("expandable_segments:True,stitching:True");
+  if (!config.stitch_compact)
+    changes.emplace_back("expandable_segments:True,stitching:True,stitch_compact:True");
   return changes;
 }
 
@@ -102,6 +104,7 @@ WhatIfOutcome replay_what_if(const OomFacts& facts, const WhatIfInput& input,
     }
   }
   outcome.served = replay.try_allocate(facts.requested, input.stream);
+  outcome.copied = static_cast<std::size_t>(replay.stats().compacted_bytes);
   return outcome;
 }
 
@@ -144,7 +147,9 @@ std::string format_what_if(const WhatIfResult& r) {
     std::vector<std::string> failed;
     for (const WhatIfOutcome& c : r.candidates) {
       if (c.served) {
-        served.push_back(c.change);
+        served.push_back(c.copied == 0 ? c.change
+                                       : fmt::format("{} (compaction copying {} of live data)",
+                                                     c.change, detail::format_size(c.copied)));
       } else if (c.failed_at != SIZE_MAX) {
         failed.push_back(fmt::format("{} (fails earlier, at event {})", c.change, c.failed_at + 1));
       } else {
@@ -152,9 +157,9 @@ std::string format_what_if(const WhatIfResult& r) {
       }
     }
     if (r.candidates.empty()) {
-      out += fmt::format("no configuration change to check (expandable segments and stitching "
-                         "are on, or the device lacks the virtual-memory API they need); "
-                         "checked: {}, the request fails as here.", how);
+      out += fmt::format("no configuration change to check (expandable segments, stitching and "
+                         "compaction are on, or the device lacks the virtual-memory API they "
+                         "need); checked: {}, the request fails as here.", how);
     } else if (served.empty()) {
       out += fmt::format("no configuration change serves this request (checked {}: {}; the "
                          "request fails with each).", fmt::join(failed, " and "), how);

@@ -24,6 +24,7 @@ struct WhatIfOutcome {
   bool served = false;  ///< the failing request was served
   /// The workload failed before the request, at this event (SIZE_MAX: it did not).
   std::size_t failed_at = SIZE_MAX;
+  std::size_t copied = 0;  ///< live bytes compaction copied in the replay (stitch_compact)
 };
 
 /// The result of a check.

@@ -114,6 +114,9 @@ const char* cost_name(CostCall call) noexcept {
     case CostCall::address_reserve: return "cuMemAddressReserve";
     case CostCall::address_free: return "cuMemAddressFree";
     case CostCall::stream_synchronize: return "cudaStreamSynchronize";
+    case CostCall::device_copy: return "cuMemcpyDtoDAsync";
+    case CostCall::host_copy: return "cuMemcpyDtoH/HtoD";
+    case CostCall::device_synchronize: return "cuCtxSynchronize";
     case CostCall::count_: break;
   }
   return "?";
@@ -135,6 +138,11 @@ CallCounts CallCounts::of(const SimBackend& sim) {
   put(CostCall::address_reserve, SimCall::reserve);
   put(CostCall::address_free, SimCall::release_reservation);
   put(CostCall::stream_synchronize, SimCall::synchronize_stream);
+  put(CostCall::device_copy, SimCall::copy);
+  put(CostCall::host_copy, SimCall::copy_to_host);
+  c.calls[static_cast<std::size_t>(CostCall::host_copy)] += sim.call_count(SimCall::copy_from_host);
+  c.bytes[static_cast<std::size_t>(CostCall::host_copy)] += sim.call_bytes(SimCall::copy_from_host);
+  put(CostCall::device_synchronize, SimCall::synchronize_device);
   return c;
 }
 
@@ -152,6 +160,11 @@ CostModel CostModel::published() {
   set(CostCall::address_reserve, 19.0);
   set(CostCall::address_free, 19.0);
   set(CostCall::stream_synchronize, 10.0);
+  // Copies by bandwidth: on the device about 1 ms per 2 GiB (H200), through pageable host
+  // memory about 12.5 GB/s; a device sync with nothing queued as a stream's.
+  m.costs[static_cast<std::size_t>(CostCall::device_copy)] = CallCost{5.0, 1000.0 / 2048.0};
+  m.costs[static_cast<std::size_t>(CostCall::host_copy)] = CallCost{10.0, 80.0};
+  set(CostCall::device_synchronize, 10.0);
   return m;
 }
 

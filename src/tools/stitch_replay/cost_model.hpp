@@ -28,6 +28,9 @@ enum class CostCall : int {
   address_reserve,
   address_free,
   stream_synchronize,
+  device_copy,         ///< compaction's copies on the device (cuMemcpyDtoDAsync)
+  host_copy,           ///< compaction's staging through the host (cuMemcpyDtoH and HtoD)
+  device_synchronize,  ///< before compaction (cuCtxSynchronize)
   count_
 };
 inline constexpr std::size_t kCostCalls = static_cast<std::size_t>(CostCall::count_);

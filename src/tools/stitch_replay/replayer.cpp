@@ -69,6 +69,9 @@ ReplayResult replay(const DeviceWorkload& trace, const ReplayOptions& options) {
     r.maps = static_cast<std::int64_t>(sim.call_count(SimCall::map));
     r.unmaps = static_cast<std::int64_t>(sim.call_count(SimCall::unmap));
     r.stream_syncs = static_cast<std::int64_t>(sim.call_count(SimCall::synchronize_stream));
+    r.compactions = s.num_compactions;
+    r.compacted_bytes = s.compacted_bytes;
+    r.device_syncs = static_cast<std::int64_t>(sim.call_count(SimCall::synchronize_device));
     r.device_allocs = static_cast<std::int64_t>(sim.call_count(SimCall::allocate));
     r.device_frees = static_cast<std::int64_t>(sim.call_count(SimCall::deallocate));
     r.ooms = run.failures();

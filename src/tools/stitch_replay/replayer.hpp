@@ -60,6 +60,9 @@ struct ReplayResult {
   std::int64_t maps = 0;                  ///< page-range maps (expandable segments)
   std::int64_t unmaps = 0;
   std::int64_t stream_syncs = 0;          ///< synchronize_stream calls (page moves, releases)
+  std::int64_t compactions = 0;           ///< coarse pages emptied by compaction (stitch_compact)
+  std::int64_t compacted_bytes = 0;       ///< the live bytes it copied (the replay moves none)
+  std::int64_t device_syncs = 0;          ///< device synchronizations (before compaction)
   std::size_t ooms = 0;                   ///< requests that failed
   std::size_t seeded_segments = 0;        ///< warm start: segments and runs made for the start
   CallCounts calls;                       ///< the device calls, for the cost model

@@ -166,12 +166,14 @@ std::string format_json(const std::vector<TraceReport>& reports) {
       out += fmt::format("{}{{\"label\":\"{}\",\"config\":\"{}\",\"capacity\":{},\"peak_requested\":{},"
                          "\"peak_reserved\":{},\"reserved_over_requested\":{:.6f},\"peak_unallocated\":{},"
                          "\"largest_free_at_worst\":{},\"device_allocs\":{},\"device_frees\":{},"
-                         "\"maps\":{},\"unmaps\":{},\"stream_syncs\":{},\"ooms\":{},"
+                         "\"maps\":{},\"unmaps\":{},\"stream_syncs\":{},\"compactions\":{},"
+                         "\"compacted_bytes\":{},\"device_syncs\":{},\"ooms\":{},"
                          "\"events_per_second\":{:.0f}",
                          j ? "," : "", config_label(j), detail::json_escape(r.config), r.capacity,
                          r.peak_requested, r.peak_reserved, r.reserved_over_requested(), r.peak_unallocated,
                          r.largest_free_at_worst, r.device_allocs, r.device_frees, r.maps, r.unmaps,
-                         r.stream_syncs, r.ooms, r.events_per_second());
+                         r.stream_syncs, r.compactions, r.compacted_bytes, r.device_syncs, r.ooms,
+                         r.events_per_second());
       out += fmt::format(",\"estimated_device_us\":{:.1f},\"calls\":{{", t.costs.estimate_us(r.calls));
       for (std::size_t c = 0; c < kCostCalls; ++c)
         out += fmt::format("{}\"{}\":{}", c ? "," : "", cost_name(static_cast<CostCall>(c)), r.calls.calls[c]);
