@@ -139,6 +139,29 @@ TEST(PageMapper, ARemapThatCannotGetItsPagesChangesNothing) {
   EXPECT_EQ(seg.pages.handle(0), coarse);
   EXPECT_EQ(sim.usage(0).physical_handles, 1u);
   for (std::size_t i = 0; i < 4; ++i) EXPECT_TRUE(slot_holds(seg, i, static_cast<unsigned char>(0x20 + i)));
+  // No address space for the scratch range, a failed device copy, or a failed sync of the copy:
+  // each changes nothing.
+  SimBackend roomy;
+  PageMapper more(roomy, 0);
+  Segment big = reserve_range(roomy, 8);
+  ASSERT_TRUE(more.map(big, 0, 4, 4));
+  fill_slot(big, 1, 0x5c);
+  const phys_handle_t coarse2 = big.pages.handle(0);
+  for (const auto& [call, fault] : {std::pair{SimCall::reserve, SimFault::out_of_memory},
+                                    std::pair{SimCall::copy, SimFault::error},
+                                    std::pair{SimCall::synchronize_stream, SimFault::error}}) {
+    roomy.inject_fault(call, 1, fault);
+    if (fault == SimFault::out_of_memory) {
+      EXPECT_FALSE(more.remap(Mapping{&big, 0, 4}, {SlotRun{1, 1}})) << to_string(call);
+    } else {
+      EXPECT_THROW((void)more.remap(Mapping{&big, 0, 4}, {SlotRun{1, 1}}), backend_error) << to_string(call);
+    }
+    EXPECT_EQ(big.pages.handle(0), coarse2) << to_string(call);
+    EXPECT_TRUE(slot_holds(big, 1, 0x5c)) << to_string(call);
+    EXPECT_EQ(roomy.usage(0).physical_handles, 1u) << to_string(call);
+    EXPECT_EQ(roomy.usage(0).reservations, 1u) << to_string(call);
+    EXPECT_EQ(roomy.usage(0).mappings, 1u) << to_string(call);
+  }
   // With nothing kept, the whole mapping goes.
   ASSERT_TRUE(pages.remap(Mapping{&seg, 0, 4}, {}));
   EXPECT_EQ(seg.pages.handle(0), 0u);
