@@ -3,11 +3,11 @@
 #
 # On a machine with one GPU: builds stitch in Release with the CUDA back end (sm_90) into
 # build-gpu, runs the whole ctest suite (CUDA tests included), runs stitch_gpu_bench (stitch vs
-# cudaMalloc, cudaMallocAsync and PyTorch's allocator; raw VMM costs; the cost of a stitch, its
-# own step line "stitch-cost", from the same run and JSON) and writes OUTDIR/report.md
-# next to the raw numbers (gpu_bench*.json) and the logs. Meant to finish within 8 minutes on an
-# H200. It goes on past a failing step, records it in the report, and exits non-zero at the end
-# if any step failed (1) or no GPU was found (2).
+# cudaMalloc, cudaMallocAsync and PyTorch's allocator; raw VMM costs; the cost of a stitch and of
+# a compaction, their own step lines "stitch-cost" and "compaction-cost", from the same run and
+# JSON) and writes OUTDIR/report.md next to the raw numbers (gpu_bench*.json) and the logs.
+# Meant to finish within 8 minutes on an H200. It goes on past a failing step, records it in the
+# report, and exits non-zero at the end if any step failed (1) or no GPU was found (2).
 #
 #   scripts/gpu-check.sh OUTDIR            run the check
 #   scripts/gpu-check.sh --fetch-deps [D]  (on a machine with Debian's package lists) download the
@@ -281,6 +281,7 @@ elif [ $have_gpu = no ]; then
   if [ $rc -eq 0 ]; then
     record bench skipped $((SECONDS - t0)) "$(head -1 "$BENCH_LOG")"
     record stitch-cost skipped 0 "needs a GPU"
+    record compaction-cost skipped 0 "needs a GPU"
   else
     record bench "$(status_of_rc $rc)" $((SECONDS - t0)) "rc=$rc without a GPU (expected 0)"
   fi
@@ -321,6 +322,15 @@ else
   case "$sc" in
     ok$'\t'*|failed$'\t'*) record stitch-cost "${sc%%$'\t'*}" 0 "${sc#*$'\t'}" ;;
     *) record stitch-cost failed 0 "no status (no benchmark JSON or python3): $(echo "$sc" | tail -1)" ;;
+  esac
+  # The same for compaction_cost/* (benchmarks/gpu/compaction_cost.cpp): the copy bandwidth, and
+  # a whole compaction's time per GiB with its driver calls.
+  cc=""
+  [ ${#bench_json[@]} -gt 0 ] && [ -n "$PYTHON" ] &&
+    cc=$(timeout 30 "$PYTHON" "$ROOT/scripts/gpu_report.py" --compaction-cost-status "${bench_json[@]}" 2>&1)
+  case "$cc" in
+    ok$'\t'*|failed$'\t'*) record compaction-cost "${cc%%$'\t'*}" 0 "${cc#*$'\t'}" ;;
+    *) record compaction-cost failed 0 "no status (no benchmark JSON or python3): $(echo "$cc" | tail -1)" ;;
   esac
 fi
 

@@ -6,18 +6,19 @@ step log, the ctest log and nvidia-smi's output) into one markdown report. Stand
                 [--nvidia-smi F] [--no-gpu REASON] [--costs-out costs.json]
   gpu_report.py --self-test FIXTURE.json     # checks the report built from a hand-made JSON
   gpu_report.py --stitch-cost-status F ...   # 'STATUS<TAB>DETAIL' of the stitch_cost benchmarks
+  gpu_report.py --compaction-cost-status F ...   # the same for the compaction_cost benchmarks
 
 Benchmark names (see benchmarks/gpu/gpu_bench.cpp): pair/<peer>/<size>, mixed/<peer>,
-changing/<peer>, vmm/<call>/<size>, stitch_cost/<op>/<N>pages (its section: gpu_report_stitch.py,
-number formats: gpu_report_format.py); Google Benchmark appends /real_time, /manual_time,
+changing/<peer>, vmm/<call>/<size>, stitch_cost/<op>/<N>pages (its section: gpu_report_stitch.py),
+compaction_cost/<op>/<label> (gpu_report_compaction.py; number formats: gpu_report_format.py); Google Benchmark appends /real_time, /manual_time,
 /iterations:N, /repeats:N and, for aggregates, _median etc. (the median is used).
 Time per operation is 1e9 / items_per_second (one item = one allocator call); ratios are
 stitch ÷ peer, so below 1 is better for stitch, for time and for peak reserved bytes alike.
 
---costs-out writes the measured VMM call costs as a stitch-replay cost file (`stitch-replay
+--costs-out writes the measured call costs as a stitch-replay cost file (`stitch-replay
 --costs FILE`): per call, the cost per call and per MiB fitted to the vmm/<call>/<size> medians
-(least squares over the sizes, neither below 0); calls it did not measure keep the published
-figures there.
+(least squares over the sizes, neither below 0), and compaction's copies and device sync
+(gpu_report_compaction.measured_costs); calls it did not measure keep the published figures there.
 """
 import argparse
 import json
@@ -27,6 +28,7 @@ import sys
 import tempfile
 
 from gpu_report_format import fmt_bytes, fmt_ns, fmt_ratio, ratio
+import gpu_report_compaction
 import gpu_report_stitch
 
 PEERS = ["cudaMalloc", "cudaMallocAsync", "torch", "torch_expandable", "stitch", "stitch_expandable"]
@@ -328,7 +330,8 @@ def fit_cost(points):
 
 
 def measured_costs(res):
-    """{call: {"per_call_us", "per_mib_us"}} from the vmm rows, for stitch-replay --costs."""
+    """{call: {"per_call_us", "per_mib_us"}} from the vmm and compaction_cost rows, for
+    stitch-replay --costs."""
     costs = {}
     for call in VMM_CALLS:
         if call == "cycle":
@@ -343,6 +346,7 @@ def measured_costs(res):
         if points:
             per_call, per_mib = fit_cost(points)
             costs[call] = {"per_call_us": round(per_call, 3), "per_mib_us": round(per_mib, 4)}
+    costs.update(gpu_report_compaction.measured_costs(res, fit_cost))
     return costs
 
 
@@ -428,6 +432,7 @@ def build_report(res, steps, ctest_log, smi_path, no_gpu):
                                      for c, v in sorted(costs.items())) + ".")
             lines.append("")
         gpu_report_stitch.section(res, lines)
+        gpu_report_compaction.section(res, lines)
 
     if res.notes:
         lines.append("## Input problems")
@@ -536,6 +541,31 @@ def self_test(fixture):
         expect(st, "failed\t1 of 4 failed; stitch_cost/stitch/32pages: the request was not served",
                "stitch cost status")
 
+        # The compaction cost section, from synthetic compaction_cost entries
+        # (gpu_report_compaction.py), its status line and its stitch-replay costs.
+        cc = os.path.join(tmp, "compaction_cost.json")
+        with open(cc, "w") as f:
+            json.dump({"context": {}, "benchmarks": gpu_report_compaction.SELF_TEST_BENCHMARKS}, f)
+        ns = argparse.Namespace(bench_json=[cc], steps=None, ctest_log=None, nvidia_smi=None,
+                                no_gpu=None, out=out)
+        text = generate(ns)
+        for needle, what in gpu_report_compaction.SELF_TEST_EXPECT:
+            expect(text, needle, what)
+        st = compaction_cost_status([cc])
+        expect(st, "failed\t1 of 6 failed; compaction_cost/compact/full: the request was served "
+               "without compaction", "compaction cost status")
+        res = Results()
+        res.add_file(cc)
+        costs = measured_costs(res)
+        # (4 MiB, 4 µs) and (1024 MiB, 500 µs): 496/1020 µs per MiB, 2.055 µs per call.
+        dtod = costs.get("cuMemcpyDtoDAsync", {})
+        if abs(dtod.get("per_mib_us", 0) - 0.4863) > 0.0001 or abs(dtod.get("per_call_us", 0) - 2.055) > 0.001:
+            failures.append(f"cost file: cuMemcpyDtoDAsync fitted as {dtod}")
+        if costs.get("cuCtxSynchronize") != {"per_call_us": 20.0, "per_mib_us": 0.0}:
+            failures.append(f"cost file: cuCtxSynchronize as {costs.get('cuCtxSynchronize')}")
+        if "cuMemcpyDtoH/HtoD" not in costs:
+            failures.append("cost file: no staging copy")
+
         # No device: the bench binary's stub JSON.
         stub = os.path.join(tmp, "stub.json")
         with open(stub, "w") as f:
@@ -565,6 +595,15 @@ def stitch_cost_status(paths):
     return f"{state}\t{detail}"
 
 
+def compaction_cost_status(paths):
+    """'STATUS<TAB>DETAIL' of the compaction_cost benchmarks in the JSON file(s), for gpu-check.sh."""
+    res = Results()
+    for p in paths:
+        res.add_file(p)
+    state, detail = gpu_report_compaction.status(res)
+    return f"{state}\t{detail}"
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="markdown report to write")
@@ -578,11 +617,16 @@ def main(argv):
     ap.add_argument("--self-test", metavar="FIXTURE", help="check the report built from FIXTURE")
     ap.add_argument("--stitch-cost-status", nargs="+", metavar="JSON",
                     help="print 'STATUS<TAB>DETAIL' of the stitch_cost benchmarks and exit")
+    ap.add_argument("--compaction-cost-status", nargs="+", metavar="JSON",
+                    help="print 'STATUS<TAB>DETAIL' of the compaction_cost benchmarks and exit")
     args = ap.parse_args(argv)
     if args.self_test:
         return self_test(args.self_test)
     if args.stitch_cost_status:
         print(stitch_cost_status(args.stitch_cost_status))
+        return 0
+    if args.compaction_cost_status:
+        print(compaction_cost_status(args.compaction_cost_status))
         return 0
     if not args.out:
         ap.error("--out is required")

@@ -19,6 +19,7 @@
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
 #include "stitch/sim_backend.hpp"
+#include "support/compaction_scenario.hpp"
 #include "support/data_pattern.hpp"
 
 namespace stitch {
@@ -198,6 +199,48 @@ TEST(Compaction, SeveralStreams) {
   Fragmented f(kCompact);
   fill_random(f, 7, 3);
   expect_the_promise(f);
+}
+
+TEST(Compaction, TheGpuScenarioOnTheSimulatedDevice) {
+  // tests/cuda/cuda_compaction_test.cu and benchmarks/gpu/compaction_cost.cpp step by step, with
+  // the sizes a 2 MiB-granule GPU gets: a live block at the start of every coarse page under a
+  // 1 GiB cap, the cap at what is reserved (staged) or one coarse page above it (fresh pages).
+  for (const bool room : {false, true}) {
+    SCOPED_TRACE(room ? "a coarse page of room" : "no room");
+    SimBackend::Options o;
+    o.capacity = 4096 * MiB;
+    auto sim = std::make_shared<SimBackend>(o);
+    Allocator alloc(Config::parse(std::string("backend:sim,") + test::kCompactionConf), sim);
+    const std::size_t cap = test::scenario_cap(sim->memory_info(0).free, kGranule, 1024 * MiB);
+    ASSERT_EQ(cap, 1024 * MiB);
+    test::CoarsePages f = test::fill_coarse_pages(
+        alloc, nullptr, kGranule, cap, room ? test::coarse_page(kGranule) : 0,
+        [&](const test::ScenarioBlock& b) { write_pattern(b.ptr, b.size, 1000 + b.index); });
+    ASSERT_GE(f.live.size(), 40u);
+    const std::size_t want = f.free_of_live();
+    ASSERT_GT(want, f.cap / 2) << "most of the cap is free of live data";
+    const auto stat = [&](const char* k) { return alloc.stat(0, k).value_or(-1); };
+    const std::int64_t compactions = stat("num_compactions"), staged = stat("num_staged_compactions");
+    const std::int64_t copied = stat("compacted_bytes"), syncs = stat("num_device_syncs");
+    void* big = nullptr;
+    ASSERT_NO_THROW(big = alloc.allocate(want)) << want / MiB << " MiB free of live data under "
+                                                << f.cap / MiB << " MiB";
+    EXPECT_GT(stat("num_compactions"), compactions);
+    EXPECT_EQ(stat("num_staged_compactions") - staged, room ? 0 : 1);
+    EXPECT_GT(stat("compacted_bytes"), copied);
+    EXPECT_LE(stat("compacted_bytes") - copied, static_cast<std::int64_t>(f.live_bytes()));
+    EXPECT_EQ(stat("num_device_syncs"), syncs + 1);
+    EXPECT_LE(stat("reserved_bytes.all.current"), static_cast<std::int64_t>(f.cap));
+    for (const test::ScenarioBlock& b : f.live)
+      EXPECT_TRUE(pattern_intact(b.ptr, b.size, 1000 + b.index)) << "the block at " << b.ptr;
+    write_pattern(big, want, 99);
+    EXPECT_TRUE(pattern_intact(big, want, 99));
+    EXPECT_NO_THROW(alloc.validate());
+    alloc.deallocate(big);
+    for (const test::ScenarioBlock& b : f.live) alloc.deallocate(b.ptr);
+    alloc.empty_cache();
+    EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+  }
 }
 
 TEST(Compaction, WithRoomNothingMovesAndNothingSyncs) {

@@ -20,6 +20,8 @@
 //                       of 200 cycles)
 //   stitch_cost/<op>/<N>pages  what a stitch of N granules costs, and its dissolving, next to an
 //                       expandable-segment grow and cudaMalloc of the same bytes (stitch_cost.cpp)
+//   compaction_cost/... the device's copy bandwidth, compaction's copies and a whole compaction
+//                       per GiB with its driver calls (compaction_cost.cpp)
 // Counters: peak_reserved (bytes), peak_segments (cudaMalloc'ed segments, where known), bytes.
 // The driver API is reached through the CUDA back end's entry-point table
 // (backends/cuda/driver.hpp, opened with dlopen and cuGetProcAddress): libcuda is never linked.
@@ -52,6 +54,7 @@
 #include "gpu_bench_config.h"  // generated: STITCH_BENCH_TORCH_NOTE, STITCH_BENCH_TORCH_VERSION
 #include "peers.hpp"
 #include "stitch/stitch.hpp"
+#include "compaction_cost.hpp"
 #include "stitch_cost.hpp"
 
 namespace stitch_bench {
@@ -535,6 +538,7 @@ void register_all() {
     }
   }
   register_stitch_cost(g_stream);
+  register_compaction_cost(g_stream);
 }
 
 void add_context() {

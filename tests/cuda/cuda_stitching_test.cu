@@ -19,38 +19,7 @@ using namespace stitch::test;
 
 const std::string kStitchConf = std::string("backend:cuda,") + kScenarioConf;
 
-/// Device free memory once the CUDA context and the test kernels are loaded (lazy module
-/// loading maps their code on first launch), so that it can be compared at the end.
-std::size_t settled_free_memory(cudaStream_t s, MismatchCounter& counter) {
-  void* p = nullptr;
-  cuda_check(cudaMalloc(&p, kMiB), "cudaMalloc");
-  launch_spin(1000, s);
-  launch_fill(p, kMiB, 1, s);
-  const std::uint64_t bad = counter.count(p, kMiB, 1, s);
-  cuda_check(cudaFree(p), "cudaFree");
-  if (bad != 0) throw std::runtime_error("warm-up kernels wrote a wrong pattern");
-  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  std::size_t free = 0, total = 0;
-  cuda_check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
-  return free;
-}
-
 std::uint32_t seed_of(const ScenarioBlock& b) { return 1000 + b.index; }
-
-/// Checks every kept block on the device; returns how many differ.
-int count_damaged(const std::vector<ScenarioBlock>& blocks, MismatchCounter& counter,
-                  cudaStream_t s) {
-  int damaged = 0;
-  for (const ScenarioBlock& b : blocks) {
-    const std::uint64_t bad = counter.count(b.ptr, b.size, seed_of(b), s);
-    if (bad != 0) {
-      ++damaged;
-      ADD_FAILURE() << "live block " << b.ptr << " (" << b.size << " bytes): " << bad
-                    << " bytes differ from its pattern";
-    }
-  }
-  return damaged;
-}
 
 /// Frees everything, empties the cache: reserved must be 0.
 void give_everything_back(stitch::Allocator& alloc, std::vector<void*> ptrs,
@@ -62,38 +31,6 @@ void give_everything_back(stitch::Allocator& alloc, std::vector<void*> ptrs,
   EXPECT_EQ(stat(alloc, "reserved_bytes.all.current"), 0);
   EXPECT_NO_THROW(alloc.validate());
 }
-
-/// The device's free memory is back within two granules of `start`.
-void expect_memory_back(std::size_t start, std::size_t granule) {
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::size_t free = 0, total = 0;
-  ASSERT_EQ(cudaMemGetInfo(&free, &total), cudaSuccess);
-  const std::size_t diff = free > start ? free - start : start - free;
-  EXPECT_LE(diff, 2 * granule) << "device free memory " << free << " at the end, " << start
-                               << " at the start";
-}
-
-/// "" when the allocator can stitch on device 0, else why not.
-std::string vmm_missing(stitch::Allocator& alloc) {
-  return alloc.backend().supports_virtual_memory(0)
-             ? ""
-             : "device 0 has no virtual memory management (stitching needs it)";
-}
-
-/// Whether `stream` still has work queued (cudaStreamQuery), clearing the not-ready error.
-bool busy(cudaStream_t stream) {
-  const cudaError_t e = cudaStreamQuery(stream);
-  (void)cudaGetLastError();
-  return e == cudaErrorNotReady;
-}
-
-struct Event {
-  cudaEvent_t e = nullptr;
-  Event() { cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"); }
-  ~Event() { (void)cudaEventDestroy(e); }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-};
 
 // ---- the adversarial case with kernels ----------------------------------------------------------
 
@@ -136,7 +73,7 @@ TEST(CudaStitching, ScatteredHolesServeALargeRequestWithKernels) {
     // (written before the stitch) are intact: the moved pages alias none of them.
     launch_fill(big, want, 999, s);
     EXPECT_EQ(counter.count(big, want, 999, s), 0u) << "the stitched block does not read back";
-    EXPECT_EQ(count_damaged(f.kept, counter, s), 0);
+    EXPECT_EQ(count_damaged(f.kept, seed_of, counter, s), 0);
     CUDA_OK(cudaGetLastError());
     std::printf("stitched %zu bytes out of %zu freed blocks; %zu live blocks intact; cap %zu, "
                 "granule %zu\n",
@@ -231,7 +168,7 @@ TEST(CudaStitching, PagesPendingOnASlowStreamAreLeftAloneUntilARequestNeedsThem)
     CUDA_OK(cudaStreamSynchronize(b));
     CUDA_OK(cudaGetLastError());
     EXPECT_EQ(counter.count(big1, want1, 777, a), 0u) << "stream B's late writes reached the stitched block";
-    EXPECT_EQ(count_damaged(f.kept, counter, a), 0);
+    EXPECT_EQ(count_damaged(f.kept, seed_of, counter, a), 0);
     std::printf("stitched %zu bytes (stream B %s); then %zu bytes after waiting for B (%s)\n",
                 want1, busy_after_stitch ? "still running" : "ALREADY DONE: window not exercised",
                 want2, busy_before_wait ? "B was still running" : "B HAD FINISHED: wait not exercised");

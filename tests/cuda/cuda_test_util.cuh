@@ -2,7 +2,8 @@
 // without a GPU (REQUIRE_CUDA_DEVICE), CUDA error checks, the pattern kernels (fill a block from
 // a seed, verify it on the host or count mismatches on the device), a slow kernel, streams, and
 // stat() for the allocator's flat stats. Included by each tests/cuda/*.cu file of
-// stitch_cuda_tests; kernels have internal linkage, host helpers are inline.
+// stitch_cuda_tests; kernels have internal linkage, host helpers are inline. Also the steps the
+// stitching and compaction tests share (settled free memory, data checks, memory given back).
 #pragma once
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -201,6 +202,72 @@ struct LiveBlock {
   void* ptr = nullptr;
   std::size_t size = 0;
   std::uint32_t seed = 0;
+};
+
+// ---- test steps shared by the stitching and compaction tests ---------------------------------
+
+/// Device free memory once the CUDA context and the test kernels are loaded (lazy module
+/// loading maps their code on first launch), so that it can be compared at the end.
+inline std::size_t settled_free_memory(cudaStream_t s, MismatchCounter& counter) {
+  void* p = nullptr;
+  cuda_check(cudaMalloc(&p, kMiB), "cudaMalloc");
+  launch_spin(1000, s);
+  launch_fill(p, kMiB, 1, s);
+  const std::uint64_t bad = counter.count(p, kMiB, 1, s);
+  cuda_check(cudaFree(p), "cudaFree");
+  if (bad != 0) throw std::runtime_error("warm-up kernels wrote a wrong pattern");
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  std::size_t free = 0, total = 0;
+  cuda_check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return free;
+}
+
+/// The device's free memory is back within two granules of `start`.
+inline void expect_memory_back(std::size_t start, std::size_t granule) {
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::size_t free = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free, &total), cudaSuccess);
+  const std::size_t diff = free > start ? free - start : start - free;
+  EXPECT_LE(diff, 2 * granule) << "device free memory " << free << " at the end, " << start
+                               << " at the start";
+}
+
+/// Checks every block of `blocks` (each with .ptr and .size) on the device against the pattern
+/// of `seed_of(block)`; returns how many differ (each one a test failure).
+template <class Blocks, class SeedOf>
+int count_damaged(const Blocks& blocks, SeedOf&& seed_of, MismatchCounter& counter, cudaStream_t s) {
+  int damaged = 0;
+  for (const auto& b : blocks) {
+    const std::uint64_t bad = counter.count(b.ptr, b.size, seed_of(b), s);
+    if (bad != 0) {
+      ++damaged;
+      ADD_FAILURE() << "live block " << b.ptr << " (" << b.size << " bytes): " << bad
+                    << " bytes differ from its pattern";
+    }
+  }
+  return damaged;
+}
+
+/// "" when the allocator can stitch on device 0, else why not.
+inline std::string vmm_missing(stitch::Allocator& alloc) {
+  return alloc.backend().supports_virtual_memory(0)
+             ? ""
+             : "device 0 has no virtual memory management (stitching needs it)";
+}
+
+/// Whether `stream` still has work queued (cudaStreamQuery), clearing the not-ready error.
+inline bool busy(cudaStream_t stream) {
+  const cudaError_t e = cudaStreamQuery(stream);
+  (void)cudaGetLastError();
+  return e == cudaErrorNotReady;
+}
+
+struct Event {
+  cudaEvent_t e = nullptr;
+  Event() { cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"); }
+  ~Event() { (void)cudaEventDestroy(e); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
 };
 
 }  // namespace
