@@ -484,7 +484,7 @@ std::vector<std::string> all_pytorch_keys() {
                            "num_device_alloc", "num_device_free", "num_invalid_frees",
                            "num_stitches", "stitched_bytes", "num_page_reuses", "num_page_borrows",
                            "num_immediate_reuses", "num_compactions", "num_staged_compactions",
-                           "compacted_bytes", "num_device_syncs", "max_split_size"})
+                           "num_compactions_refused", "compacted_bytes", "num_device_syncs", "max_split_size"})
     keys.emplace_back(name);
   return keys;
 }

@@ -243,6 +243,23 @@ TEST(Compaction, TheGpuScenarioOnTheSimulatedDevice) {
   }
 }
 
+TEST(Compaction, AHopelessRequestMovesNothing) {
+  // One granule more than every granule free of live data: emptying every page could not serve
+  // it, so no page moves, nothing syncs, and the request fails with the report at once. The
+  // promise's own size, asked next, is still served.
+  Fragmented f(kCompact);
+  fill_pages(f, /*at_start=*/true);
+  const std::size_t want = f.free_of_live() * kGranule;
+  const std::size_t copies = f.sim->call_count(SimCall::copy) + f.sim->call_count(SimCall::copy_to_host);
+  EXPECT_THROW((void)f.alloc->allocate(want + kGranule), out_of_memory);
+  EXPECT_EQ(f.stat("num_compactions"), 0);
+  EXPECT_EQ(f.stat("num_device_syncs"), 0);
+  EXPECT_EQ(f.stat("num_compactions_refused"), 1);
+  EXPECT_EQ(f.sim->call_count(SimCall::copy) + f.sim->call_count(SimCall::copy_to_host), copies);
+  f.expect_intact();
+  expect_the_promise(f);
+}
+
 TEST(Compaction, WithRoomNothingMovesAndNothingSyncs) {
   Fragmented f(kCompact);
   ASSERT_TRUE(f.add(100 * MiB));

@@ -72,6 +72,8 @@ struct STITCH_EXPORT DeviceStats {
                                           ///< each is one remap of the page's live granules)
   std::int64_t num_staged_compactions = 0;  ///< of those, staged through host memory (the device
                                             ///< had no room for the fresh pages)
+  std::int64_t num_compactions_refused = 0;  ///< requests compaction left alone: emptying every
+                                             ///< movable page could not have served them
   std::int64_t compacted_bytes = 0;       ///< live bytes compaction copied (whole granules)
   std::int64_t num_device_syncs = 0;      ///< device synchronizations (before compaction)
   std::int64_t max_split_size = -1;       ///< the configured max_split_size (-1: unlimited)

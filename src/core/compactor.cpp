@@ -96,13 +96,27 @@ bool Compactor::empty(const Candidate& c, bool stage) {
 bool Compactor::compact(stream_t stream, std::size_t rounded) {
   bool emptied = false;
   bool synced = false;
+  const std::size_t granule = pages_.granularity();
+  const std::size_t needed = round_up(rounded, granule) / granule;
   try {
-    while (!stitcher_.could_stitch(stream, rounded)) {
+    for (bool first = true;; first = false) {
+      const std::size_t reach = stitcher_.pages_within_reach(stream, rounded);
+      if (reach >= needed) break;
       // The fresh pages for a page's live granules come from the device (and the fraction).
-      const std::size_t granule = pages_.granularity();
       const std::size_t room = std::min(pages_.device_free(), ledger_.room()) / granule;
       const std::vector<Candidate> all = candidates();
       if (all.empty()) return false;
+      if (first) {
+        // Nothing moves for a request that emptying every candidate could not serve: each page
+        // emptied adds at most its free granules to what a stitch finds (an upper bound: a
+        // page's free start may be counted already, as borrowable).
+        std::size_t freeable = 0;
+        for (const Candidate& c : all) freeable += c.free;
+        if (reach + freeable < needed) {
+          ++stats_.num_compactions_refused;
+          return false;
+        }
+      }
       // The best page whose fresh pages the device can give now; else the best one, its live
       // data staged through host memory (its own release makes the room).
       auto it = std::find_if(all.begin(), all.end(), [&](const Candidate& c) { return c.live <= room; });

@@ -36,7 +36,7 @@ constexpr std::array<std::pair<const char*, Stat DeviceStats::*>, 2> kSingles{{
     {"oversize_allocations", &DeviceStats::oversize_allocations},
     {"oversize_segments", &DeviceStats::oversize_segments},
 }};
-constexpr std::array<ScalarKey, 16> kScalars{{
+constexpr std::array<ScalarKey, 17> kScalars{{
     {"num_alloc_retries", &DeviceStats::num_alloc_retries, Origin::torch},
     {"num_ooms", &DeviceStats::num_ooms, Origin::torch},
     {"num_sync_all_streams", &DeviceStats::num_sync_all_streams, Origin::torch},
@@ -50,6 +50,7 @@ constexpr std::array<ScalarKey, 16> kScalars{{
     {"num_immediate_reuses", &DeviceStats::num_immediate_reuses, Origin::stitch},
     {"num_compactions", &DeviceStats::num_compactions, Origin::stitch},
     {"num_staged_compactions", &DeviceStats::num_staged_compactions, Origin::stitch},
+    {"num_compactions_refused", &DeviceStats::num_compactions_refused, Origin::stitch},
     {"compacted_bytes", &DeviceStats::compacted_bytes, Origin::stitch},
     {"num_device_syncs", &DeviceStats::num_device_syncs, Origin::stitch},
     {"max_split_size", &DeviceStats::max_split_size, Origin::torch},

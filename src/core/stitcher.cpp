@@ -376,11 +376,15 @@ Stitcher::Supply Stitcher::supply(stream_t stream, std::size_t pages, bool own_o
   return sup;
 }
 
+std::size_t Stitcher::pages_within_reach(stream_t stream, std::size_t rounded) {
+  const std::size_t page = pages_.granularity();
+  const Supply sup = supply(stream, round_up(rounded, page) / page, false);
+  return sup.found() + sup.borrowed;
+}
+
 bool Stitcher::could_stitch(stream_t stream, std::size_t rounded) {
   const std::size_t page = pages_.granularity();
-  const std::size_t pages = round_up(rounded, page) / page;
-  const Supply sup = supply(stream, pages, false);
-  return sup.found() + sup.borrowed >= pages;
+  return pages_within_reach(stream, rounded) >= round_up(rounded, page) / page;
 }
 
 Block* Stitcher::stitch(bool small, stream_t stream, std::size_t rounded, bool own_only) {

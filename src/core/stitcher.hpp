@@ -47,6 +47,9 @@ class Stitcher {
   /// Whether a stitch of `rounded` bytes for `stream` (from every stream, fresh pages included)
   /// would find enough pages. Plans only: nothing moves.
   [[nodiscard]] bool could_stitch(stream_t stream, std::size_t rounded);
+  /// The granules such a stitch would find, up to what it needs: whole free pages, fresh pages,
+  /// then borrowed ones (at most the shortfall). Plans only: nothing moves.
+  [[nodiscard]] std::size_t pages_within_reach(stream_t stream, std::size_t rounded);
 
  private:
   /// A page moved out of its segment: where it was (its first slot), its physical handle and
