@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -103,7 +104,9 @@ TEST(StatsExact, AFreeOnAnotherStreamIsFreeOnceThatStreamIsDone) {
 /// other threads, bad frees (unknown pointers, wrong sizes), one out-of-memory per thread, and
 /// every block's data checked before it is freed. Each thread ends by freeing what it holds on
 /// other streams. Then, with no allocation after those frees, every current statistic must be
-/// exact.
+/// exact. With stitch_compact:True the threads follow compaction's rule (docs/stitching.md): no
+/// thread touches block data while another allocates (data work under a shared lock, stitch_malloc
+/// under an exclusive one); frees and record_stream stay concurrent.
 class StatsExactTorture : public ::testing::TestWithParam<const char*> {};
 
 struct Held {
@@ -124,8 +127,18 @@ TEST_P(StatsExactTorture, EveryCurrentStatisticIsExactAfterAManyThreadRun) {
   std::mutex inbox_mutex[kThreads];
   std::deque<Held> inbox[kThreads];
   std::atomic<int> broken{0}, ooms{0}, rejected{0}, records{0}, cross{0};
+  // Compaction's rule: block data is not touched while an allocation runs.
+  const bool compacts = std::string(GetParam()).find("stitch_compact:True") != std::string::npos;
+  std::shared_mutex data_work;
+  auto data_lock = [&] { return compacts ? std::shared_lock(data_work) : std::shared_lock<std::shared_mutex>(); };
+  auto malloc_ = [&](std::size_t size, stream_t stream) {
+    std::unique_lock<std::shared_mutex> lock;
+    if (compacts) lock = std::unique_lock(data_work);
+    return stitch_malloc(size, 0, stream);
+  };
 
   auto check = [&](const Held& b) {
+    const auto lock = data_lock();
     bool ok = true;
     test::pattern_offsets(b.size, [&](std::size_t off) {
       std::uint64_t v = 0;
@@ -142,16 +155,17 @@ TEST_P(StatsExactTorture, EveryCurrentStatisticIsExactAfterAManyThreadRun) {
     const std::size_t rounded[] = {512, 4096, 65536, MiB, 2 * MiB, 6 * MiB, 12 * MiB};
     for (int op = 0; op < 4000; ++op) {
       if (op == 2000) {  // one request the device can never serve
-        if (stitch_malloc(std::size_t{1} << 40, 0, S(3 * t + 1)) == nullptr) ++ooms;
+        if (malloc_(std::size_t{1} << 40, S(3 * t + 1)) == nullptr) ++ooms;
         continue;
       }
       const unsigned r = static_cast<unsigned>(rng() % 100);
       if (r < 45 || own.empty()) {
         const std::size_t size = rounded[rng() % 7] - rng() % 512;
         const int s = 3 * t + 1 + static_cast<int>(rng() % 3);
-        void* p = stitch_malloc(size, 0, S(s));
+        void* p = malloc_(size, S(s));
         if (p == nullptr) continue;  // the small device is full for now
         const Held b{p, size, s, rng()};
+        const auto lock = data_lock();
         test::pattern_offsets(size, [&](std::size_t off) {
           const std::uint64_t v = test::mix(b.seed + off);
           std::memcpy(static_cast<char*>(p) + off, &v, 8);
@@ -215,6 +229,11 @@ TEST_P(StatsExactTorture, EveryCurrentStatisticIsExactAfterAManyThreadRun) {
   EXPECT_GT(records.load(), 0);
   EXPECT_GT(cross.load(), 0);
   EXPECT_EQ(stitch_stat(0, "num_invalid_frees"), rejected.load());
+  if (compacts) {
+    std::printf("compaction: %lld pages, %lld refused requests\n",
+                static_cast<long long>(stitch_stat(0, "num_compactions")),
+                static_cast<long long>(stitch_stat(0, "num_compactions_refused")));
+  }
   // No allocation came after the last frees: the readers see them completed.
   expect_nothing_held(a.stats(0), "after every block was freed");
   EXPECT_NO_THROW(a.validate());  // segment, reserved and inactive_split as the recount gives
@@ -229,7 +248,9 @@ TEST_P(StatsExactTorture, EveryCurrentStatisticIsExactAfterAManyThreadRun) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, StatsExactTorture,
                          ::testing::Values("backend:sim", "backend:sim,expandable_segments:True",
-                                           "backend:sim,expandable_segments:True,stitching:True"));
+                                           "backend:sim,expandable_segments:True,stitching:True",
+                                           "backend:sim,expandable_segments:True,stitching:True,"
+                                           "stitch_compact:True"));
 
 }  // namespace
 }  // namespace stitch
