@@ -91,6 +91,16 @@ record() {
   say "$1: $2${4:+ ($4)}"
 }
 remaining() { echo $((BUDGET - (SECONDS - START))); }
+# cost_status STEP FLAG: records STEP from `gpu_report.py FLAG JSON...` ('STATUS<TAB>DETAIL').
+cost_status() {
+  local st=""
+  [ ${#bench_json[@]} -gt 0 ] && [ -n "$PYTHON" ] &&
+    st=$(timeout 30 "$PYTHON" "$ROOT/scripts/gpu_report.py" "$2" "${bench_json[@]}" 2>&1)
+  case "$st" in
+    ok$'\t'*|failed$'\t'*) record "$1" "${st%%$'\t'*}" 0 "${st#*$'\t'}" ;;
+    *) record "$1" failed 0 "no status (no benchmark JSON or python3): $(echo "$st" | tail -1)" ;;
+  esac
+}
 # limit WANTED RESERVE: WANTED seconds, or less so that RESERVE seconds stay for later steps.
 limit() {
   local r=$(($(remaining) - $2))
@@ -314,24 +324,11 @@ else
     [ -s "$OUT/gpu_bench_torch_expandable.json" ] && bench_json+=("$OUT/gpu_bench_torch_expandable.json")
     record bench-torch-expandable "$(status_of_rc $rc)" $((SECONDS - t0)) "PyTorch with expandable_segments:True"
   fi
-  # The stitch_cost/* benchmarks (benchmarks/gpu/stitch_cost.cpp) ran above, in the same binary
-  # with fixed iteration counts: their own line, from the JSON.
-  sc=""
-  [ ${#bench_json[@]} -gt 0 ] && [ -n "$PYTHON" ] &&
-    sc=$(timeout 30 "$PYTHON" "$ROOT/scripts/gpu_report.py" --stitch-cost-status "${bench_json[@]}" 2>&1)
-  case "$sc" in
-    ok$'\t'*|failed$'\t'*) record stitch-cost "${sc%%$'\t'*}" 0 "${sc#*$'\t'}" ;;
-    *) record stitch-cost failed 0 "no status (no benchmark JSON or python3): $(echo "$sc" | tail -1)" ;;
-  esac
-  # The same for compaction_cost/* (benchmarks/gpu/compaction_cost.cpp): the copy bandwidth, and
-  # a whole compaction's time per GiB with its driver calls.
-  cc=""
-  [ ${#bench_json[@]} -gt 0 ] && [ -n "$PYTHON" ] &&
-    cc=$(timeout 30 "$PYTHON" "$ROOT/scripts/gpu_report.py" --compaction-cost-status "${bench_json[@]}" 2>&1)
-  case "$cc" in
-    ok$'\t'*|failed$'\t'*) record compaction-cost "${cc%%$'\t'*}" 0 "${cc#*$'\t'}" ;;
-    *) record compaction-cost failed 0 "no status (no benchmark JSON or python3): $(echo "$cc" | tail -1)" ;;
-  esac
+  # The stitch_cost/* and compaction_cost/* benchmarks (benchmarks/gpu/stitch_cost.cpp,
+  # compaction_cost.cpp) ran above, in the same binary with fixed iteration counts: a line each,
+  # from the JSON (the cost of a stitch; compaction's copy bandwidth and its time per GiB).
+  cost_status stitch-cost --stitch-cost-status
+  cost_status compaction-cost --compaction-cost-status
 fi
 
 # ---- 7b. PyTorch end to end: the example trains with each allocator; a deliberate OOM ---------------

@@ -11,7 +11,7 @@ stitch-replay's cost file. Used by gpu_report.py; standard library only.
   compaction_cost/copies/room          the same, timed as the summed device time of its copies
                                        (bytes_per_second: the bandwidth of compaction's copies)
 """
-from gpu_report_format import fmt_bytes, fmt_ns, num3
+from gpu_report_format import error_lines, fmt_bytes, fmt_ns, num3
 
 GOAL = 0.5  # compaction's copies at half the device's copy bandwidth or more
 CALLS = ["sync_device", "create", "reserve", "map", "copy", "sync_stream", "unmap",
@@ -199,12 +199,9 @@ def section(res, lines):
                 lines.append(f"| {CALL_NAMES[call]} | {n:.3g} | {fmt_ns(ns)} | {fmt_ns(ns / n)} | "
                              f"{share_s} |")
             lines.append("")
-    errors = [(op, label, row["error"]) for op, rows in sorted(ops.items())
-              for label, row in sorted(rows.items()) if row["error"]]
-    for op, label, err in errors:
-        lines.append(f"- `compaction_cost/{op}/{label}` failed: {err}")
-    if errors:
-        lines.append("")
+    error_lines(lines, [(f"compaction_cost/{op}/{label}", row["error"])
+                        for op, rows in sorted(ops.items())
+                        for label, row in sorted(rows.items()) if row["error"]])
 
 
 def status(res):

@@ -1,5 +1,6 @@
-"""scripts/gpu_report_format.py — how the GPU report writes numbers: times, byte counts and
-stitch ÷ peer ratios (shared by gpu_report.py and gpu_report_stitch.py). Standard library only."""
+"""scripts/gpu_report_format.py — how the GPU report writes numbers: times, byte counts,
+stitch ÷ peer ratios and failed benchmarks (shared by gpu_report.py, gpu_report_stitch.py and
+gpu_report_compaction.py). Standard library only."""
 import math
 
 
@@ -49,3 +50,11 @@ def ratio(a, b):
     if b <= 0 or math.isnan(a) or math.isnan(b):
         return None
     return a / b
+
+
+def error_lines(lines, failures):
+    """Appends one line per failed benchmark ((name, error) pairs), then a blank line if any."""
+    for name, err in failures:
+        lines.append(f"- `{name}` failed: {err}")
+    if failures:
+        lines.append("")

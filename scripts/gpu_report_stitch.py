@@ -6,7 +6,7 @@ Each row's time is the mean host time of one call (Google Benchmark manual time)
 free_ns is the mean time of what gives the memory back (dissolving the stitched range, the
 grow's unmap, cudaFree); source_runs is the unmap calls per stitch.
 """
-from gpu_report_format import fmt_bytes, fmt_ns, fmt_ratio, ratio
+from gpu_report_format import error_lines, fmt_bytes, fmt_ns, fmt_ratio, ratio
 
 OPS = ["stitch", "grow", "cudaMalloc"]
 
@@ -116,12 +116,9 @@ def section(res, lines):
         lines.append(f"| {pages} | " + " | ".join(
             fmt_ratio(ratio(a, b), "faster", "slower") for a, b in pairs) + " |")
     lines.append("")
-    errors = [(pages, op, row["error"]) for pages, ops in sorted(by_pages.items())
-              for op, row in sorted(ops.items()) if row["error"]]
-    for pages, op, err in errors:
-        lines.append(f"- `stitch_cost/{op}/{pages}pages` failed: {err}")
-    if errors:
-        lines.append("")
+    error_lines(lines, [(f"stitch_cost/{op}/{pages}pages", row["error"])
+                        for pages, ops in sorted(by_pages.items())
+                        for op, row in sorted(ops.items()) if row["error"]])
 
 
 def status(res):

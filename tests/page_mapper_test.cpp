@@ -222,31 +222,26 @@ TEST(PageMapper, ARemapThroughHostMemoryNeedsNoRoomAndKeepsTheData) {
   EXPECT_EQ(sim.call_count(SimCall::copy_from_host), 1u);
 }
 
+/// A remap of a 4-granule page that keeps its first granule (`stage`: through host memory), with
+/// the `nth` call of `call` failing.
+void remap_with_a_fault(SimCall call, int nth, bool stage) {
+  SimBackend sim;
+  PageMapper pages(sim, 0);
+  Segment seg = reserve_range(sim, 4);
+  if (!pages.map(seg, 0, 4, 4)) std::abort();
+  sim.inject_fault(call, nth, SimFault::error);
+  (void)pages.remap(Mapping{&seg, 0, 4}, {SlotRun{0, 1}}, stage);
+}
+
 TEST(PageMapperDeathTest, LosingTheDataAfterTheOldPageWentAbortsLoudly) {
   // Past the point where the old mapping is gone, a failure cannot be undone: the process stops
-  // with a message that names the range, never silently.
-  EXPECT_DEATH(
-      {
-        SimBackend sim;
-        PageMapper pages(sim, 0);
-        Segment seg = reserve_range(sim, 4);
-        if (!pages.map(seg, 0, 4, 4)) std::abort();
-        // Device scratch: the fresh pages are mapped at the scratch range (map 1), then over
-        // the kept run once the old mapping is unmapped (map 2), which fails.
-        sim.inject_fault(SimCall::map, 2, SimFault::error);
-        (void)pages.remap(Mapping{&seg, 0, 4}, {SlotRun{0, 1}});
-      },
-      "stitch: fatal: remapping .* failed after their old pages were unmapped");
-  EXPECT_DEATH(
-      {
-        SimBackend sim;
-        PageMapper pages(sim, 0);
-        Segment seg = reserve_range(sim, 4);
-        if (!pages.map(seg, 0, 4, 4)) std::abort();
-        sim.inject_fault(SimCall::create_physical, 1, SimFault::error);
-        (void)pages.remap(Mapping{&seg, 0, 4}, {SlotRun{0, 1}}, true);
-      },
-      "stitch: fatal: creating a fresh page failed while remapping");
+  // with a message that names the range, never silently. Device scratch: the fresh pages are
+  // mapped at the scratch range (map 1), then over the kept run once the old mapping is unmapped
+  // (map 2), which fails. Staged: the fresh page is created after the old one was released.
+  EXPECT_DEATH(remap_with_a_fault(SimCall::map, 2, false),
+               "stitch: fatal: remapping .* failed after their old pages were unmapped");
+  EXPECT_DEATH(remap_with_a_fault(SimCall::create_physical, 1, true),
+               "stitch: fatal: creating a fresh page failed while remapping");
 }
 
 }  // namespace
