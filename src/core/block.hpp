@@ -188,6 +188,19 @@ struct Segment {
   [[nodiscard]] bool wholly_unmapped() const noexcept {
     return head->state == BlockState::unmapped && head->next == nullptr;
   }
+  /// The block that holds `at` (an address of this range). Walks the blocks: for the paths that
+  /// move pages, never for a cache hit.
+  [[nodiscard]] Block* block_at(const char* at) const noexcept {
+    Block* b = head;
+    while (b != nullptr && !(b->ptr <= at && at < b->ptr + b->size)) b = b->next;
+    return b;
+  }
+  /// Whether slot `slot` starts memory this range borrowed (mapped here a second time).
+  [[nodiscard]] bool borrowed_at(std::size_t slot) const noexcept {
+    for (const Borrow& b : borrows)
+      if (b.slot == slot) return true;
+    return false;
+  }
 };
 
 }  // namespace stitch::detail

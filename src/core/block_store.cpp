@@ -47,20 +47,15 @@ Block* BlockStore::add_segment(BlockPool& pool, stream_t stream, char* base, std
   segment->small = pool.small;
   segment->private_pool = pool.owner;
   Block* block = blocks_.create(base, size, stream, segment.get(), pool.small, initial);
-  if (initial == BlockState::free) {
-    try {
+  try {
+    if (initial == BlockState::free) {
       pool.index.insert(block);
-    } catch (...) {
-      blocks_.destroy(block);
-      throw;
-    }
-  } else {
-    try {
+    } else {
       pool.unmapped.insert(block);
-    } catch (...) {
-      blocks_.destroy(block);
-      throw;
     }
+  } catch (...) {
+    blocks_.destroy(block);
+    throw;
   }
   Segment* s = segment.release();
   s->head = block;
@@ -314,11 +309,9 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
     }
     if (!s->borrows.empty() && !s->stitched) broken(device, "a range that is not stitched borrows");
     // Borrowed slots map a lent block's memory a second time: the same handle, the same pieces.
-    std::vector<std::size_t> borrowed_slots;
     for (const Borrow& b : s->borrows) {
       const Block* l = b.block;
       borrowed.push_back(l);
-      borrowed_slots.push_back(b.slot);
       const Segment* from = l->segment;
       const std::size_t first = static_cast<std::size_t>(l->ptr - from->base) / from->page;
       if (l->state != BlockState::lent || l->size != b.count * s->page || from->page != s->page ||
@@ -349,8 +342,7 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
           if (t.handle(k) != t.handle(i) || t.extent(k) != 0)
             broken(device, "a handle's slots disagree");
         count(c.reserved, s->small, static_cast<std::int64_t>(slots * s->page));
-        if (std::find(borrowed_slots.begin(), borrowed_slots.end(), i) == borrowed_slots.end())
-          c.handles.push_back(t.handle(i));
+        if (!s->borrowed_at(i)) c.handles.push_back(t.handle(i));
         i += slots;
       }
     } else {

@@ -33,10 +33,8 @@ std::vector<Compactor::Candidate> Compactor::candidates() const {
         ++i;
         continue;
       }
-      const bool borrowed = std::any_of(s->borrows.begin(), s->borrows.end(),
-                                        [&](const Borrow& b) { return b.slot == i; });
       Candidate c{Mapping{s, i, n}, {}, 0, 0};
-      bool frozen = borrowed;
+      bool frozen = s->borrowed_at(i);
       for (std::size_t k = i; k < i + n; ++k) {
         frozen = frozen || (mark[k] & kFrozen) != 0;
         if ((mark[k] & kLive) == 0) {
@@ -74,10 +72,8 @@ bool Compactor::empty(const Candidate& c, bool stage) {
   // The free granules between the kept runs are unmapped now: they leave their free blocks.
   auto unmap_free = [&](std::size_t first, std::size_t last) {
     if (first >= last) return;
-    char* at = s.base + first * page;
-    Block* b = s.head;
-    while (!(b->ptr <= at && at < b->ptr + b->size)) b = b->next;
-    STITCH_ASSERT(b->is_free() && b->ptr + b->size >= s.base + last * page,
+    Block* b = s.block_at(s.base + first * page);
+    STITCH_ASSERT(b != nullptr && b->is_free() && b->ptr + b->size >= s.base + last * page,
                   "compaction: free granules lie in one free block");
     store_.take_pages(b, first * page, last * page, BlockState::unmapped);
   };
@@ -94,47 +90,43 @@ bool Compactor::empty(const Candidate& c, bool stage) {
 }
 
 bool Compactor::compact(stream_t stream, std::size_t rounded) {
-  bool emptied = false;
-  bool synced = false;
   const std::size_t granule = pages_.granularity();
   const std::size_t needed = round_up(rounded, granule) / granule;
   try {
-    for (bool first = true;; first = false) {
-      const std::size_t reach = stitcher_.pages_within_reach(stream, rounded);
-      if (reach >= needed) break;
+    std::size_t reach = stitcher_.pages_within_reach(stream, rounded);
+    if (reach >= needed) return false;
+    // Emptying a page changes no other candidate (a candidate is never lent or borrowed), so
+    // the list is made once and each page emptied leaves it.
+    std::vector<Candidate> all = candidates();
+    if (all.empty()) return false;
+    // Nothing moves for a request that emptying every candidate could not serve: each page
+    // emptied adds at most its free granules to what a stitch finds (an upper bound: a page's
+    // free start may be counted already, as borrowable).
+    std::size_t freeable = 0;
+    for (const Candidate& c : all) freeable += c.free;
+    if (reach + freeable < needed) {
+      ++stats_.num_compactions_refused;
+      return false;
+    }
+    // Kernels of any stream (of any device with peer access) may still use these pages.
+    pages_.synchronize_device(config_.peer_access);
+    ++stats_.num_device_syncs;
+    for (; reach < needed; reach = stitcher_.pages_within_reach(stream, rounded)) {
+      if (all.empty()) return false;
       // The fresh pages for a page's live granules come from the device (and the fraction).
       const std::size_t room = std::min(pages_.device_free(), ledger_.room()) / granule;
-      const std::vector<Candidate> all = candidates();
-      if (all.empty()) return false;
-      if (first) {
-        // Nothing moves for a request that emptying every candidate could not serve: each page
-        // emptied adds at most its free granules to what a stitch finds (an upper bound: a
-        // page's free start may be counted already, as borrowable).
-        std::size_t freeable = 0;
-        for (const Candidate& c : all) freeable += c.free;
-        if (reach + freeable < needed) {
-          ++stats_.num_compactions_refused;
-          return false;
-        }
-      }
       // The best page whose fresh pages the device can give now; else the best one, its live
       // data staged through host memory (its own release makes the room).
       auto it = std::find_if(all.begin(), all.end(), [&](const Candidate& c) { return c.live <= room; });
       const bool stage = it == all.end();
       if (stage) it = all.begin();
-      if (!synced) {
-        // Kernels of any stream (of any device with peer access) may still use these pages.
-        pages_.synchronize_device(config_.peer_access);
-        ++stats_.num_device_syncs;
-        synced = true;
-      }
       if (!empty(*it, stage)) return false;
-      emptied = true;
+      all.erase(it);
     }
   } catch (const backend_error&) {
     return false;  // the page being emptied is as it was; the request fails with the report
   }
-  return emptied;
+  return true;
 }
 
 }  // namespace stitch::detail

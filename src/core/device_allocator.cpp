@@ -136,11 +136,7 @@ DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t s
 }
 
 void DeviceAllocator::poll_events(detail::ThreadSlot* mine, const stream_t* stream) {
-  if (stream != nullptr) {
-    if (!pools_.may_touch_device({*stream})) return;
-    if (mine != nullptr) reuse_.settle(*mine);
-    record_deferred_events();
-  } else {
+  if (stream == nullptr) {
     // A reader: an allocation polls the events too, but a run may end with cross-stream frees
     // and read its statistics long after their streams finished: those blocks are free.
     // Reading never fails for it: when a query fails, the blocks stay pending (the next
@@ -152,10 +148,12 @@ void DeviceAllocator::poll_events(detail::ThreadSlot* mine, const stream_t* stre
       events_.poll([this](Block* b) { complete_pending(b); });
     } catch (...) {
     }
-    reuse_.note_events(events_.outstanding() != 0);
-    return;
+  } else {
+    if (!pools_.may_touch_device({*stream})) return;
+    if (mine != nullptr) reuse_.settle(*mine);
+    record_deferred_events();
+    events_.poll([this](Block* b) { complete_pending(b); });
   }
-  events_.poll([this](Block* b) { complete_pending(b); });
   reuse_.note_events(events_.outstanding() != 0);
 }
 

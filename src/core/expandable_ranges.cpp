@@ -223,15 +223,11 @@ std::vector<Block*> ExpandableRanges::seed(
   for (const SeedRun& r : runs) {
     if (segment == nullptr || r.size == 0 || r.offset % unit != 0 || r.size % unit != 0) break;
     skip_blocks_until(r.offset);
-    // The unmapped block holding the run: the last one, as runs come in address order.
-    Block* u = segment->head;
-    while (u != nullptr && (u->is_mapped() || u->ptr + u->size <= segment->base + r.offset))
-      u = u->next;
-    if (u == nullptr || u->ptr > segment->base + r.offset ||
-        u->ptr + u->size < segment->base + r.offset + r.size)
-      break;
-    if (!pages_.map(*segment, r.offset / slot, r.size / slot, unit / slot)) break;
+    // The unmapped block holding the run.
     char* at = segment->base + r.offset;
+    Block* u = segment->block_at(at);
+    if (u == nullptr || u->is_mapped() || u->ptr + u->size < at + r.size) break;
+    if (!pages_.map(*segment, r.offset / slot, r.size / slot, unit / slot)) break;
     ledger_.mapped(*segment, at, r.size);
     Block* run = store_.mapped(u, at, r.size, /*merge=*/false);
     std::vector<SeedBlock> inside;

@@ -186,12 +186,7 @@ void PageMapper::retry() noexcept {
   }
 }
 
-}  // namespace stitch::detail
-
-namespace stitch::detail {
-
 bool PageMapper::remap(const Mapping& m, const std::vector<SlotRun>& keep, bool stage) {
-  if (stage) return remap_through_host(m, keep);
   Segment& s = *m.segment;
   const std::size_t page = s.page;
   STITCH_ASSERT(m.count > 0 && s.pages.extent(m.first) == m.count,
@@ -202,10 +197,9 @@ bool PageMapper::remap(const Mapping& m, const std::vector<SlotRun>& keep, bool 
                   "PageMapper::remap: kept runs inside the mapping");
     kept += r.count;
   }
-  const phys_handle_t old = s.pages.handle(m.first);
   // Borrowed memory (mapped here a second time) is its lender's: its handle stays.
-  const bool borrowed = std::any_of(s.borrows.begin(), s.borrows.end(),
-                                    [&](const Borrow& b) { return b.slot == m.first; });
+  const phys_handle_t old = s.borrowed_at(m.first) ? 0 : s.pages.handle(m.first);
+  if (stage) return remap_through_host(m, keep, kept, old);
   // 1-3: fresh pages, mapped at a scratch range, with the kept data copied there. Every step is
   // undone on a failure (the undos run in reverse order of their declaration).
   std::vector<MapPiece> fresh;
@@ -246,13 +240,9 @@ bool PageMapper::remap(const Mapping& m, const std::vector<SlotRun>& keep, bool 
   // 6-7: the scratch range and the old handle go (undos that cannot fail the remap).
   unmap_scratch.done();
   if (kept != 0) unmap_or_stray(scratch, kept * page);
-  if (!borrowed) release_or_orphan(old);
+  if (old != 0) release_or_orphan(old);
   return true;  // release_scratch runs: the scratch reservation goes back
 }
-
-}  // namespace stitch::detail
-
-namespace stitch::detail {
 
 void PageMapper::map_over(Segment& s, const std::vector<SlotRun>& keep,
                           const std::vector<MapPiece>& fresh) noexcept {
@@ -277,20 +267,14 @@ void PageMapper::map_over(Segment& s, const std::vector<SlotRun>& keep,
   }
 }
 
-bool PageMapper::remap_through_host(const Mapping& m, const std::vector<SlotRun>& keep) {
+bool PageMapper::remap_through_host(const Mapping& m, const std::vector<SlotRun>& keep,
+                                    std::size_t kept, phys_handle_t old) {
   // The device has no room for the fresh pages before the old one goes: the kept data waits in
   // host memory. 1. copied out; 2. the whole mapping unmapped (an error here changes nothing);
   // 3. its handle released; 4. fresh pages created and mapped over the kept runs; 5. the data
   // copied back. From 3 on there is no way back: a failure aborts with a message.
   Segment& s = *m.segment;
   const std::size_t page = s.page;
-  STITCH_ASSERT(m.count > 0 && s.pages.extent(m.first) == m.count,
-                "PageMapper::remap: a whole mapping");
-  std::size_t kept = 0;
-  for (const SlotRun& r : keep) kept += r.count;
-  const phys_handle_t old = s.pages.handle(m.first);
-  const bool borrowed = std::any_of(s.borrows.begin(), s.borrows.end(),
-                                    [&](const Borrow& b) { return b.slot == m.first; });
   std::vector<char> host(kept * page);  // throws std::bad_alloc: nothing changed
   std::size_t offset = 0;
   for (const SlotRun& r : keep) {
@@ -301,7 +285,7 @@ bool PageMapper::remap_through_host(const Mapping& m, const std::vector<SlotRun>
   fresh.reserve(kept);
   unmap(s.base + m.first * page, m.count * page);  // throws: nothing changed
   s.pages.set(m.first, m.count, 0);
-  if (!borrowed) release_or_orphan(old);
+  if (old != 0) release_or_orphan(old);
   auto fatal = [&](const char* what) {
     std::fprintf(stderr,
                  "stitch: fatal: %s while remapping %zu bytes at %p through host memory, after "

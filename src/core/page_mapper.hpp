@@ -120,7 +120,10 @@ class PageMapper {
   /// (the data under them has no other address).
   void map_over(Segment& s, const std::vector<SlotRun>& keep,
                 const std::vector<MapPiece>& fresh) noexcept;
-  bool remap_through_host(const Mapping& m, const std::vector<SlotRun>& keep);
+  /// remap with `stage`: `kept` slots in `keep`; `old` is the handle to release (0: borrowed
+  /// memory, whose handle is its lender's).
+  bool remap_through_host(const Mapping& m, const std::vector<SlotRun>& keep, std::size_t kept,
+                          phys_handle_t old);
 
   Backend& backend_;
   const int device_;

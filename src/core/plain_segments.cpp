@@ -20,7 +20,7 @@ Block* PlainSegments::allocate(BlockPool& pool, stream_t stream, std::size_t byt
 }
 
 void PlainSegments::release(Block* block) {
-  STITCH_ASSERT(block->is_free() && !block->is_split() && !block->segment->expandable,
+  STITCH_ASSERT(block->is_free() && whole_plain(block),
                 "PlainSegments::release: a free block over a whole plain segment");
   Segment* segment = block->segment;
   backend_.deallocate(device_, segment->base, segment->size);  // throws: nothing changed
@@ -31,7 +31,7 @@ void PlainSegments::release(Block* block) {
 void PlainSegments::release_free(BlockPool& pool) {
   std::vector<Block*> whole;
   for (Block* b : pool.index)
-    if (!b->is_split() && !b->segment->expandable) whole.push_back(b);
+    if (whole_plain(b)) whole.push_back(b);
   for (Block* b : whole) release(b);
 }
 
@@ -43,8 +43,7 @@ bool PlainSegments::release_oversize(stream_t stream, std::size_t rounded) {
   const std::size_t want = std::max(rounded, max_split);
   auto& index = store_.pool(false).index;
   auto it = index.lower_bound(FreeKey{stream, want, nullptr});
-  if (it != index.end() && (*it)->stream == stream && !(*it)->is_split() &&
-      !(*it)->segment->expandable) {
+  if (it != index.end() && (*it)->stream == stream && whole_plain(*it)) {
     release(*it);
     return true;
   }
@@ -54,7 +53,7 @@ bool PlainSegments::release_oversize(stream_t stream, std::size_t rounded) {
     --it;
     Block* b = *it;
     if (b->stream != stream || b->size < max_split) break;
-    if (b->is_split() || b->segment->expandable) continue;
+    if (!whole_plain(b)) continue;
     victims.push_back(b);
     total += b->size;
   }
@@ -74,7 +73,7 @@ void PlainSegments::collect_garbage() {
   BlockPool& large = store_.pool(false);
   std::vector<Block*> candidates;
   for (Block* b : large.index)
-    if (!b->is_split() && !b->segment->expandable) candidates.push_back(b);
+    if (whole_plain(b)) candidates.push_back(b);
   while (reclaimed < target && !candidates.empty()) {
     double total_age = 0;
     for (Block* b : candidates) total_age += static_cast<double>(large.calls - b->gc_stamp);
@@ -101,7 +100,7 @@ bool PlainSegments::release_one(stream_t stream, std::size_t bytes) {
     for (auto it = pool.index.lower_bound(FreeKey{stream, bytes, nullptr});
          it != pool.index.end() && (*it)->stream == stream && (*it)->size == bytes; ++it) {
       Block* b = *it;
-      if (b->is_split() || b->segment->expandable) continue;
+      if (!whole_plain(b)) continue;
       release(b);
       return true;
     }

@@ -39,6 +39,10 @@ class PlainSegments {
   bool release_one(stream_t stream, std::size_t bytes);
 
  private:
+  /// A (free) block that is a whole plain segment, which may go back to the device.
+  static bool whole_plain(const Block* b) noexcept {
+    return !b->is_split() && !b->segment->expandable;
+  }
   Backend& backend_;
   const int device_;
   const Config& config_;

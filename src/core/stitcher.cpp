@@ -111,8 +111,7 @@ void Stitcher::map_back(const MovedPage& m) noexcept {
     return;
   }
   // Bookkeeping only from here (an allocation failure in it terminates: noexcept).
-  Block* u = segment->head;
-  while (u != nullptr && !(u->ptr <= at && at < u->ptr + u->size)) u = u->next;
+  Block* u = segment->block_at(at);
   STITCH_ASSERT(u != nullptr && !u->is_mapped(), "map_back: the page's place is an unmapped block");
   segment->pages.set(m.index, m.slots, m.handle, m.piece);
   if (m.lent != nullptr) segment->borrows.push_back(Borrow{m.lent, m.index, m.slots});
@@ -528,10 +527,9 @@ Block* Stitcher::stitch(bool small, stream_t stream, std::size_t rounded, bool o
   for (const Lendable& b : borrow) {
     Segment* s = b.segment;
     char* at = s->base + b.first * page;
-    Block* free_block = s->head;
-    while (!(free_block->ptr <= at && at < free_block->ptr + free_block->size))
-      free_block = free_block->next;
-    STITCH_ASSERT(free_block->is_free(), "stitch: borrowed memory lies in a free block");
+    Block* free_block = s->block_at(at);
+    STITCH_ASSERT(free_block != nullptr && free_block->is_free(),
+                  "stitch: borrowed memory lies in a free block");
     const auto base = static_cast<std::size_t>(at - s->base);
     Block* lent = store_.take_pages(free_block, base, base + b.count * page, BlockState::lent);
     segment->borrows.push_back(Borrow{lent, slot, b.count});
