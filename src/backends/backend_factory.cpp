@@ -12,25 +12,26 @@
 
 namespace stitch {
 
+namespace {
+[[noreturn]] void not_implemented(const Backend& b, const char* call, int device) {
+  throw backend_error(std::string(b.name()) + ": " + call + " (device " + std::to_string(device) +
+                      "): this back end does not implement it");
+}
+}  // namespace
+
 void Backend::copy(int device, void*, const void*, std::size_t, stream_t) {
-  throw backend_error(std::string(name()) + ": copy (device " + std::to_string(device) +
-                      "): this back end does not implement device copies");
+  not_implemented(*this, "copy", device);
 }
 
 void Backend::copy_to_host(int device, void*, const void*, std::size_t) {
-  throw backend_error(std::string(name()) + ": copy_to_host (device " + std::to_string(device) +
-                      "): this back end does not implement it");
+  not_implemented(*this, "copy_to_host", device);
 }
 
 void Backend::copy_from_host(int device, void*, const void*, std::size_t) {
-  throw backend_error(std::string(name()) + ": copy_from_host (device " + std::to_string(device) +
-                      "): this back end does not implement it");
+  not_implemented(*this, "copy_from_host", device);
 }
 
-void Backend::synchronize_device(int device) {
-  throw backend_error(std::string(name()) + ": synchronize_device (device " +
-                      std::to_string(device) + "): this back end does not implement it");
-}
+void Backend::synchronize_device(int device) { not_implemented(*this, "synchronize_device", device); }
 
 std::shared_ptr<Backend> make_backend(const Config& config) {
   switch (config.backend) {

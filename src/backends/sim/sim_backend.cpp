@@ -317,6 +317,22 @@ struct SimBackend::Impl {
     }
   }
 
+  /// cuMemcpyDtoH / HtoD: the device side must be mapped device memory; the host side is the
+  /// caller's. Synchronous: done when it returns.
+  void host_copy(SimCall call, int device_index, void* dst, const void* src, std::size_t bytes,
+                 bool device_is_dst) {
+    std::lock_guard lock(mutex);
+    (void)enter(call, bytes);
+    const char* name = to_string(call);
+    Device& d = device(device_index, name);
+    if (bytes == 0) return;
+    const std::uintptr_t at = addr(device_is_dst ? dst : src);
+    if (!d.accessible(at, bytes))
+      throw backend_error(prefix(name, device_index) + (device_is_dst ? "destination [" : "source [") +
+                          hex(at) + ", +" + std::to_string(bytes) + ") is not mapped device memory");
+    if (options.copy_data) std::memcpy(dst, src, bytes);
+  }
+
   Device& device(int index, const char* call) {
     if (index < 0 || index >= static_cast<int>(devices.size())) {
       throw backend_error(std::string("sim: ") + call + ": invalid device " +
@@ -736,25 +752,11 @@ void SimBackend::copy(int device, void* dst, const void* src, std::size_t bytes,
 }
 
 void SimBackend::copy_to_host(int device, void* dst, const void* src, std::size_t bytes) {
-  std::lock_guard lock(impl_->mutex);
-  (void)impl_->enter(SimCall::copy_to_host, bytes);
-  Device& d = impl_->device(device, "copy_to_host");
-  if (bytes == 0) return;
-  if (!d.accessible(addr(src), bytes))
-    throw backend_error(prefix("copy_to_host", device) + "source [" + hex(addr(src)) + ", +" +
-                        std::to_string(bytes) + ") is not mapped device memory");
-  if (impl_->options.copy_data) std::memcpy(dst, src, bytes);
+  impl_->host_copy(SimCall::copy_to_host, device, dst, src, bytes, /*device_is_dst=*/false);
 }
 
 void SimBackend::copy_from_host(int device, void* dst, const void* src, std::size_t bytes) {
-  std::lock_guard lock(impl_->mutex);
-  (void)impl_->enter(SimCall::copy_from_host, bytes);
-  Device& d = impl_->device(device, "copy_from_host");
-  if (bytes == 0) return;
-  if (!d.accessible(addr(dst), bytes))
-    throw backend_error(prefix("copy_from_host", device) + "destination [" + hex(addr(dst)) +
-                        ", +" + std::to_string(bytes) + ") is not mapped device memory");
-  if (impl_->options.copy_data) std::memcpy(dst, src, bytes);
+  impl_->host_copy(SimCall::copy_from_host, device, dst, src, bytes, /*device_is_dst=*/true);
 }
 
 void SimBackend::synchronize_device(int device) {
