@@ -13,7 +13,7 @@
 // faults and holds streams, and Allocator::validate() checks the allocator from the inside.
 //
 // Input: byte 0 picks 1-3 devices and the starting configuration (plain, expandable segments,
-// stitching, stitching with stitch_before_grow_mb), byte 1 the capacity (64/128/256 MiB); then
+// stitching, stitching with stitch_before_grow_mb, stitching with compaction), byte 1 the capacity (64/128/256 MiB); then
 // one operation per opcode byte (Op below) with its argument bytes read in order; a missing byte
 // reads as 0. fuzz/make_capi_seeds.py writes the seed corpus (fuzz/corpus/capi_ops/).
 //
@@ -152,6 +152,8 @@ const char* const kConfigs[] = {
     "record_history:True,max_entries:64",
     "record_history:False",
     "backend:sim",
+    "stitch_compact:True",
+    "stitch_compact:False",
 };
 const char* const kBadConfigs[] = {
     "backend:cuda", "sim_devices:7", "sim_capacity_mb:1", "no_such_key:1", "max_split_size_mb:1",
@@ -594,6 +596,7 @@ const char* const kStartConfigs[] = {
     "backend:sim,expandable_segments:True",
     "backend:sim,expandable_segments:True,stitching:True",
     "backend:sim,expandable_segments:True,stitching:True,stitch_before_grow_mb:8",
+    "backend:sim,expandable_segments:True,stitching:True,stitch_compact:True",
 };
 
 }  // namespace
@@ -609,7 +612,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const int devices = 1 + head % 3;
   const std::size_t capacity = (64 * MiB) << (in.byte() % 3);
   ++g_figures.inputs;
-  Session session(devices, capacity, kStartConfigs[head / 3 % 4]);
+  Session session(devices, capacity, kStartConfigs[head / 3 % std::size(kStartConfigs)]);
   session.run(in);
   return 0;
 }

@@ -13,12 +13,14 @@ import struct
  FAULT, BAD_INPUT, DIAGNOSTICS) = range(12)
 # SimCall kinds (stitch/sim_backend.hpp)
 ALLOCATE, DEALLOCATE, RESERVE, RELEASE_RESERVATION, CREATE_PHYSICAL, RELEASE_PHYSICAL, MAP, UNMAP, \
-    CREATE_EVENT, DESTROY_EVENT, RECORD_EVENT, QUERY_EVENT, SYNC_EVENT, SYNC_STREAM = range(14)
+    CREATE_EVENT, DESTROY_EVENT, RECORD_EVENT, QUERY_EVENT, SYNC_EVENT, SYNC_STREAM, SET_ACCESS, \
+    COPY, COPY_TO_HOST, COPY_FROM_HOST, SYNC_DEVICE = range(19)
 SMALL, MEDIUM, LARGE, HUGE = range(4)  # size classes of size_of()
 
 
 def head(devices, start_config, capacity_step):
-    """devices 1-3; start_config 0 plain, 1 expandable, 2 stitching, 3 stitch_before_grow."""
+    """devices 1-3; start_config 0 plain, 1 expandable, 2 stitching, 3 stitch_before_grow,
+    4 stitching with compaction."""
     return bytes([(devices - 1) + 3 * start_config, capacity_step])
 
 
@@ -62,6 +64,29 @@ def diag(kind, arg=0):
     return bytes([DIAGNOSTICS, kind, arg])
 
 
+def compaction_seed():
+    """Pairs of blocks that fill 20 MiB coarse pages exactly (4 MiB then 16 MiB) on a 256 MiB
+    device, and a last 4 MiB block; every 16 MiB one freed (the fuzzer frees live slot i, moving the last one into it),
+    then 64 MiB requests that only compaction can serve: one plain, then one each with a fault
+    in the device sync, the device copy and the copy out to the host."""
+    out = head(1, 4, 2)
+    live = []
+    for k in range(12):
+        out += malloc(0, 1, HUGE, 3) + malloc(0, 1, HUGE, 15)
+        live += [("head", k), ("tail", k)]
+    out += malloc(0, 1, HUGE, 3)  # 244 MiB in all: 12 MiB of fresh pages left
+    live.append(("head", 12))
+    while any(kind == "tail" for kind, _ in live):
+        i = next(n for n, (kind, _) in enumerate(live) if kind == "tail")
+        out += free(i)
+        live[i] = live[-1]
+        live.pop()
+    out += malloc(0, 1, HUGE, 63)
+    for call in (SYNC_DEVICE, COPY, COPY_TO_HOST):
+        out += fault(call, 1, False) + malloc(0, 1, HUGE, 63)
+    return out + free(0) + free(0) + empty_cache()
+
+
 SEEDS = {
     "plain_two_devices": head(2, 0, 1) + malloc(0, 1, SMALL, 1000) + malloc(1, 2, MEDIUM, 9)
     + malloc(0, 1, LARGE, 30) + record(0, 3) + free(0) + free(0, 1) + empty_cache()
@@ -89,6 +114,7 @@ SEEDS = {
     + malloc(1, 2, HUGE, 5) + configure(4) + configure(8) + configure(9) + fraction(0, 4)
     + malloc(0, 1, HUGE, 60) + configure(11) + configure(16) + malloc(0, 0, SMALL, 3) + free(2)
     + configure(17) + configure(12) + free(0) + free(0) + empty_cache(),
+    "compaction": compaction_seed(),
 }
 
 
