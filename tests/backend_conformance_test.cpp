@@ -383,6 +383,37 @@ TEST_P(BackendConformance, CopiesBetweenMappedRangesAndSynchronizesTheDevice) {
   GetParam().destroy_stream(s);
 }
 
+TEST_P(BackendConformance, CopiesThroughPinnedHostMemoryAsynchronously) {
+  // Sleep's backups: pinned host memory, chunked asynchronous copies out and back in, a sync.
+  if (!b().supports_virtual_memory(0)) GTEST_SKIP() << "no virtual memory support";
+  const std::size_t g = b().granularity(0);
+  auto* va = static_cast<char*>(b().reserve(0, 2 * g, g));
+  ASSERT_NE(va, nullptr);
+  const phys_handle_t h = b().create_physical(0, 2 * g);
+  ASSERT_TRUE(b().map(0, va, 2 * g, h));
+  const bool readable = write(va, 2 * g, 7);
+  auto* host = static_cast<unsigned char*>(b().allocate_host(0, 2 * g));
+  ASSERT_NE(host, nullptr);
+  stream_t s = GetParam().make_stream();
+  b().copy_to_host_async(0, host, va, g, s);  // in two chunks
+  b().copy_to_host_async(0, host + g, va + g, g, s);
+  b().synchronize_stream(0, s);
+  if (readable) {
+    for (std::size_t i = 0; i < 2 * g; i += 4099)
+      ASSERT_EQ(host[i], static_cast<unsigned char>(i * 31 + 7)) << "byte " << i;
+  }
+  // Back in at another place, from host memory changed meanwhile.
+  for (std::size_t i = 0; i < g; ++i) host[i] = static_cast<unsigned char>(i * 31 + 9);
+  b().copy_from_host_async(0, va + g, host, g, s);
+  b().synchronize_stream(0, s);
+  if (readable) expect_pattern(va + g, g, 9);
+  b().deallocate_host(0, host, 2 * g);
+  b().unmap(0, va, 2 * g);
+  b().release_physical(0, h);
+  b().release_reservation(0, va, 2 * g);
+  GetParam().destroy_stream(s);
+}
+
 TEST(BackendDefaults, CopyAndDeviceSyncThrowUnlessImplemented) {
   // A back end (or a wrapper) that does not implement them must not appear to have done them.
   struct Minimal final : Backend {
@@ -409,6 +440,10 @@ TEST(BackendDefaults, CopyAndDeviceSyncThrowUnlessImplemented) {
   char a[8] = {}, b[8] = {};
   EXPECT_THROW(m.copy(0, a, b, 8, nullptr), backend_error);
   EXPECT_THROW(m.synchronize_device(0), backend_error);
+  EXPECT_THROW((void)m.allocate_host(0, 8), backend_error);
+  EXPECT_THROW(m.deallocate_host(0, a, 8), backend_error);
+  EXPECT_THROW(m.copy_to_host_async(0, a, b, 8, nullptr), backend_error);
+  EXPECT_THROW(m.copy_from_host_async(0, a, b, 8, nullptr), backend_error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, BackendConformance,

@@ -114,6 +114,20 @@ class STITCH_EXPORT Backend {
   /// fresh pages. By default they throw backend_error.
   virtual void copy_to_host(int device, void* dst, const void* src, std::size_t bytes);
   virtual void copy_from_host(int device, void* dst, const void* src, std::size_t bytes);
+  /// Pinned (page-locked) host memory of `bytes` in `device`'s context (cuMemHostAlloc), which
+  /// the asynchronous copies below move at full bandwidth: sleep's backups. Returns nullptr when
+  /// the host cannot give it. By default it throws backend_error.
+  [[nodiscard]] virtual void* allocate_host(int device, std::size_t bytes);
+  /// Frees memory of allocate_host() (cuMemFreeHost). By default it throws backend_error.
+  virtual void deallocate_host(int device, void* ptr, std::size_t bytes);
+  /// As copy_to_host() and copy_from_host(), but queued on `stream` (cuMemcpyDtoHAsync /
+  /// cuMemcpyHtoDAsync): they may return before the copy ends; synchronize the stream before
+  /// relying on it. The host side is memory of allocate_host(). By default they throw
+  /// backend_error.
+  virtual void copy_to_host_async(int device, void* dst, const void* src, std::size_t bytes,
+                                  stream_t stream);
+  virtual void copy_from_host_async(int device, void* dst, const void* src, std::size_t bytes,
+                                    stream_t stream);
   /// Blocks until all work queued on `device`, on every stream, has completed (cuCtxSynchronize).
   /// Before memory moves under live addresses. By default it throws backend_error, so that a
   /// wrapper that does not forward it cannot skip the sync silently.

@@ -42,6 +42,10 @@ enum class SimCall : int {
   copy_to_host,    ///< cuMemcpyDtoH
   copy_from_host,  ///< cuMemcpyHtoD
   synchronize_device,
+  allocate_host,         ///< pinned host memory (cuMemHostAlloc); `out_of_memory` returns nullptr
+  deallocate_host,       ///< cuMemFreeHost
+  copy_to_host_async,    ///< cuMemcpyDtoHAsync
+  copy_from_host_async,  ///< cuMemcpyHtoDAsync
   count_  ///< number of kinds (not a call)
 };
 
@@ -64,6 +68,8 @@ struct SimUsage {
   std::size_t reservations = 0;     ///< live reserved ranges
   std::size_t mappings = 0;         ///< live mapped ranges
   std::size_t events = 0;           ///< live events
+  std::size_t host_bytes = 0;       ///< pinned host memory of allocate_host (all devices)
+  std::size_t host_allocations = 0; ///< live allocate_host blocks (all devices)
 };
 
 /// The simulated device. Thread-safe.
@@ -109,6 +115,12 @@ class STITCH_EXPORT SimBackend : public Backend {
   void synchronize_device(int device) override;
   void copy_to_host(int device, void* dst, const void* src, std::size_t bytes) override;
   void copy_from_host(int device, void* dst, const void* src, std::size_t bytes) override;
+  [[nodiscard]] void* allocate_host(int device, std::size_t bytes) override;
+  void deallocate_host(int device, void* ptr, std::size_t bytes) override;
+  void copy_to_host_async(int device, void* dst, const void* src, std::size_t bytes,
+                          stream_t stream) override;
+  void copy_from_host_async(int device, void* dst, const void* src, std::size_t bytes,
+                            stream_t stream) override;
   [[nodiscard]] bool is_capturing(int device, stream_t stream) override;
 
   // ---- test controls --------------------------------------------------------------------------

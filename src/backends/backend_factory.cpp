@@ -33,6 +33,20 @@ void Backend::copy_from_host(int device, void*, const void*, std::size_t) {
 
 void Backend::synchronize_device(int device) { not_implemented(*this, "synchronize_device", device); }
 
+void* Backend::allocate_host(int device, std::size_t) { not_implemented(*this, "allocate_host", device); }
+
+void Backend::deallocate_host(int device, void*, std::size_t) {
+  not_implemented(*this, "deallocate_host", device);
+}
+
+void Backend::copy_to_host_async(int device, void*, const void*, std::size_t, stream_t) {
+  not_implemented(*this, "copy_to_host_async", device);
+}
+
+void Backend::copy_from_host_async(int device, void*, const void*, std::size_t, stream_t) {
+  not_implemented(*this, "copy_from_host_async", device);
+}
+
 std::shared_ptr<Backend> make_backend(const Config& config) {
   switch (config.backend) {
     case BackendKind::sim: {

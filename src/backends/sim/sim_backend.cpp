@@ -250,6 +250,10 @@ const char* to_string(SimCall call) noexcept {
     case SimCall::copy_to_host: return "copy_to_host";
     case SimCall::copy_from_host: return "copy_from_host";
     case SimCall::synchronize_device: return "synchronize_device";
+    case SimCall::allocate_host: return "allocate_host";
+    case SimCall::deallocate_host: return "deallocate_host";
+    case SimCall::copy_to_host_async: return "copy_to_host_async";
+    case SimCall::copy_from_host_async: return "copy_from_host_async";
     case SimCall::count_: return "count_";
   }
   return "unknown";
@@ -267,6 +271,13 @@ struct SimBackend::Impl {
   std::uint64_t fired = 0;
   std::uint64_t forced = 0;
   std::uint64_t invalidations = 0;  ///< captures invalidated
+  std::map<std::uintptr_t, std::size_t> host_blocks;  ///< pinned host memory: address -> bytes
+  std::size_t host_bytes = 0;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl() {
+    for (const auto& [a, bytes] : host_blocks) ::munmap(ptr(a), bytes);
+  }
 
   // CUDA's capture rules: what is not permitted on a capturing stream (or, for returning memory,
   // while any stream of the device captures) invalidates the capture and fails.
@@ -333,6 +344,31 @@ struct SimBackend::Impl {
     if (options.copy_data) std::memcpy(dst, src, bytes);
   }
 
+  /// cuMemcpyDtoHAsync / HtoDAsync: as host_copy, the host side inside memory of
+  /// allocate_host, queued on `stream` (the bytes move at once; done unless the stream is held).
+  void host_copy_async(SimCall call, int device_index, void* dst, const void* src,
+                       std::size_t bytes, bool device_is_dst, stream_t stream) {
+    std::lock_guard lock(mutex);
+    (void)enter(call, bytes);
+    const char* name = to_string(call);
+    Device& d = device(device_index, name);
+    if (bytes == 0) return;
+    const std::uintptr_t at = addr(device_is_dst ? dst : src);
+    if (!d.accessible(at, bytes))
+      throw backend_error(prefix(name, device_index) + (device_is_dst ? "destination [" : "source [") +
+                          hex(at) + ", +" + std::to_string(bytes) + ") is not mapped device memory");
+    const std::uintptr_t host = addr(device_is_dst ? src : dst);
+    auto it = host_blocks.upper_bound(host);
+    if (it == host_blocks.begin() || host + bytes > std::prev(it)->first + std::prev(it)->second)
+      throw backend_error(prefix(name, device_index) + "host memory [" + hex(host) + ", +" +
+                          std::to_string(bytes) + ") is not memory of allocate_host");
+    Stream& st = streams[stream];
+    if (st.capture_device >= 0) capture_violation(st, name, device_index, "a host copy");
+    ++st.submitted;
+    if (!st.held) st.completed = st.submitted;
+    if (options.copy_data) std::memcpy(dst, src, bytes);
+  }
+
   Device& device(int index, const char* call) {
     if (index < 0 || index >= static_cast<int>(devices.size())) {
       throw backend_error(std::string("sim: ") + call + ": invalid device " +
@@ -354,7 +390,8 @@ struct SimBackend::Impl {
     std::erase_if(faults, armed);
     ++fired;
     const bool can_oom = call == SimCall::allocate || call == SimCall::reserve ||
-                         call == SimCall::create_physical || call == SimCall::map;
+                         call == SimCall::create_physical || call == SimCall::map ||
+                         call == SimCall::allocate_host;
     if (fault == SimFault::out_of_memory && can_oom) return true;
     throw backend_error(std::string("sim: injected fault in ") + to_string(call));
   }
@@ -759,6 +796,44 @@ void SimBackend::copy_from_host(int device, void* dst, const void* src, std::siz
   impl_->host_copy(SimCall::copy_from_host, device, dst, src, bytes, /*device_is_dst=*/true);
 }
 
+void* SimBackend::allocate_host(int device, std::size_t bytes) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->enter(SimCall::allocate_host, bytes)) return nullptr;
+  (void)impl_->device(device, "allocate_host");
+  if (bytes == 0) throw backend_error(prefix("allocate_host", device) + "0 bytes");
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  impl_->host_blocks.emplace(addr(p), bytes);
+  impl_->host_bytes += bytes;
+  return p;
+}
+
+void SimBackend::deallocate_host(int device, void* p, std::size_t bytes) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::deallocate_host);
+  (void)impl_->device(device, "deallocate_host");
+  auto it = impl_->host_blocks.find(addr(p));
+  if (it == impl_->host_blocks.end() || it->second != bytes)
+    throw backend_error(prefix("deallocate_host", device) + hex(addr(p)) + " (" +
+                        std::to_string(bytes) + " bytes) is not memory of allocate_host");
+  ::munmap(p, bytes);
+  impl_->host_bytes -= bytes;
+  impl_->host_blocks.erase(it);
+}
+
+void SimBackend::copy_to_host_async(int device, void* dst, const void* src, std::size_t bytes,
+                                    stream_t stream) {
+  impl_->host_copy_async(SimCall::copy_to_host_async, device, dst, src, bytes,
+                         /*device_is_dst=*/false, stream);
+}
+
+void SimBackend::copy_from_host_async(int device, void* dst, const void* src, std::size_t bytes,
+                                      stream_t stream) {
+  impl_->host_copy_async(SimCall::copy_from_host_async, device, dst, src, bytes,
+                         /*device_is_dst=*/true, stream);
+}
+
 void SimBackend::synchronize_device(int device) {
   std::lock_guard lock(impl_->mutex);
   (void)impl_->enter(SimCall::synchronize_device);
@@ -865,6 +940,8 @@ SimUsage SimBackend::usage(int device) const {
   u.reservations = d.reservations.size();
   u.mappings = d.mappings.size();
   u.events = d.events;
+  u.host_bytes = impl_->host_bytes;
+  u.host_allocations = impl_->host_blocks.size();
   return u;
 }
 
