@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "stitch/backend.hpp"
 #include "stitch/block_info.hpp"
@@ -70,6 +71,59 @@ class STITCH_EXPORT Allocator {
   /// Returns every entirely free cached segment of `device` (-1: of every device) to the device,
   /// after waiting for the streams that used them.
   void empty_cache(int device = -1);
+  /// Gives back cached free memory of `device` (-1: of every device) until its reserved memory
+  /// is at most `keep_bytes`, or nothing more can go: empty_cache() that stops when enough has
+  /// gone (in whole free segments, and in the whole pages of free blocks).
+  void trim(int device, std::size_t keep_bytes);
+
+  // ---- region tags, sleep and wake (docs/sleep.md) ---------------------------------------------
+  /// Opens a region on the calling thread: until its end_region(), the thread's allocations from
+  /// this allocator, on every device, carry `tag`. Regions nest (the innermost wins); other
+  /// threads' allocations are not tagged. Tagged memory lies in expandable ranges of its own,
+  /// whatever the configuration says for untagged memory, and its pages never serve another tag.
+  /// `backup`: its live blocks are copied to host memory at every sleep and back at the wake.
+  /// Throws invalid_argument for an empty tag, or one with a comma.
+  void begin_region(std::string_view tag, bool backup = false);
+  /// Closes the calling thread's innermost region of this allocator. Throws invalid_argument
+  /// when none is open.
+  void end_region();
+  /// A region for the life of a scope.
+  class Region {
+   public:
+    Region(Allocator& allocator, std::string_view tag, bool backup = false) : allocator_(allocator) {
+      allocator.begin_region(tag, backup);
+    }
+    ~Region() {
+      try {
+        allocator_.end_region();
+      } catch (...) {
+      }
+    }
+    Region(const Region&) = delete;
+    Region& operator=(const Region&) = delete;
+
+   private:
+    Allocator& allocator_;
+  };
+  /// Puts the tags in `tags` (comma-separated; nullopt: every tag) to sleep on `device` (-1: every
+  /// device): synchronizes the device and its peers, copies the live blocks of regions with
+  /// backup, and of the tags in `backup_tags`, to pinned host memory, then unmaps every page of
+  /// the tags' ranges and gives it back; the addresses stay reserved. A tag asleep already is
+  /// left alone. Throws invalid_argument for a tag never used, stitch::error while a graph is
+  /// being captured on the device, out_of_memory when the host cannot hold the backups, and
+  /// backend_error; each device is all or nothing, and the message says which devices sleep.
+  void sleep(int device = -1, std::optional<std::string_view> tags = std::nullopt,
+             std::string_view backup_tags = {});
+  /// Wakes the tags in `tags` (nullopt: every sleeping tag) on `device` (-1: every device): fresh
+  /// pages at the same addresses, the backups copied back. Throws out_of_memory with the report
+  /// when the device cannot give the pages: nothing changed on that device, the tags stay asleep.
+  void wake(int device = -1, std::optional<std::string_view> tags = std::nullopt);
+  /// What is resident on `device` (-1: every device) as JSON: untagged live and cached memory,
+  /// private pools, each tag awake or asleep, the host backups.
+  [[nodiscard]] std::string residency(int device = -1) const;
+  /// The tag of the calling thread's innermost region of this allocator ("" when none).
+  [[nodiscard]] std::string current_region() const;
+
   /// Caps what `device` may reserve at `fraction` of its capacity (1.0 removes the cap).
   void set_memory_fraction(double fraction, int device);
   /// Applies tunables from a `key:value,...` string. Keys fixed at construction (backend,
@@ -153,11 +207,21 @@ class STITCH_EXPORT Allocator {
   [[noreturn, gnu::noinline]] void fail_allocation(detail::OomCapture* failure);
   /// configure() with config_mutex_ held.
   void configure_locked(std::string_view conf);
+  /// allocate() inside a region of this thread.
+  [[gnu::noinline]] void* allocate_tagged(std::size_t bytes, stream_t stream, int device);
+  /// The id of tag `name` (1..), registered when `create`; 0 when unknown.
+  std::uint16_t tag_id(std::string_view name, bool create);
+  [[nodiscard]] std::string tag_name(std::uint16_t id) const;
+  /// The ids of a comma-separated list of tags, each of which must have been used on some
+  /// device (nullopt: every tag known). Throws invalid_argument naming an unknown one.
+  std::vector<std::uint16_t> tag_list(std::optional<std::string_view> names, const char* what);
 
   mutable std::mutex config_mutex_;  ///< guards config_ (read by snapshots, OOM and free paths)
   Config config_;
   std::shared_ptr<Backend> backend_;
   std::unique_ptr<std::unique_ptr<DeviceAllocator>[]> devices_;
+  mutable std::mutex tags_mutex_;        ///< guards tag_names_
+  std::vector<std::string> tag_names_;   ///< [id - 1]
   int device_count_ = 0;
 };
 

@@ -50,6 +50,9 @@ struct STITCH_EXPORT DeviceStats {
   StatArray requested_bytes;       ///< bytes the callers asked for (before rounding)
   Stat oversize_allocations;       ///< live allocations of at least max_split_size
   Stat oversize_segments;          ///< segments of at least max_split_size
+  /// Bytes of live blocks asleep (stitch_sleep): counted in allocated_bytes, not in
+  /// reserved_bytes, whose pages went back to the device.
+  Stat sleeping_bytes;
 
   std::int64_t num_alloc_retries = 0;     ///< allocations that succeeded only after a cache flush
   std::int64_t num_ooms = 0;              ///< out-of-memory failures
@@ -75,7 +78,10 @@ struct STITCH_EXPORT DeviceStats {
   std::int64_t num_compactions_refused = 0;  ///< requests compaction left alone: emptying every
                                              ///< movable page could not have served them
   std::int64_t compacted_bytes = 0;       ///< live bytes compaction copied (whole granules)
-  std::int64_t num_device_syncs = 0;      ///< device synchronizations (before compaction)
+  std::int64_t num_device_syncs = 0;      ///< device synchronizations (before compaction or a
+                                          ///< sleep)
+  std::int64_t num_sleeps = 0;            ///< stitch_sleep calls that put a range to sleep here
+  std::int64_t num_wakes = 0;             ///< stitch_wake calls that woke a range here
   std::int64_t max_split_size = -1;       ///< the configured max_split_size (-1: unlimited)
 
   /// Looks a value up by its flat key, e.g. "reserved_bytes.all.peak" or "num_ooms".

@@ -43,6 +43,40 @@ STITCH_API int stitch_pin(void* ptr);
 STITCH_API int stitch_unpin(void* ptr);
 /** Returns cached, entirely free segments of `device` (-1: every device) to the device. */
 STITCH_API int stitch_empty_cache(int device);
+/** Gives back cached free memory of `device` (-1: every device) until its reserved memory is at
+ *  most `keep_bytes` or nothing more can go (an empty_cache that stops when enough has gone).
+ *  0 on success. */
+STITCH_API int stitch_trim(int device, size_t keep_bytes);
+
+/* ---- region tags, sleep and wake (docs/sleep.md) ------------------------------------------- */
+/** Opens a region on the calling thread: until its stitch_region_end(), the thread's
+ *  allocations, on every device, carry `tag` (regions nest; the innermost wins; other threads are
+ *  not affected). Tagged memory lies in expandable ranges of its own, whatever the configuration
+ *  says, and its pages never serve another tag. `backup` nonzero: the region's live blocks are
+ *  copied to host memory at every sleep and back at the wake. 0 on success; an empty tag, or one
+ *  with a comma, fails. */
+STITCH_API int stitch_region_begin(const char* tag, int backup);
+/** Closes the calling thread's innermost region; fails when none is open. */
+STITCH_API int stitch_region_end(void);
+/** Puts the tags in `tags` (comma-separated; NULL: every tag) to sleep on `device` (-1: every
+ *  device): synchronizes the device and its peers, copies the live blocks of regions with backup
+ *  and of the tags in `backup_tags` (comma-separated; NULL: none more) to pinned host memory,
+ *  then unmaps every page of the tags' ranges and gives its physical memory back to the device.
+ *  The addresses stay reserved; other blocks' contents are lost. A tag asleep already is left
+ *  alone. Fails for a tag never used, while a graph is being captured on the device, or when the
+ *  host cannot hold the backups; each device is all or nothing and the error says which devices
+ *  sleep. 0 on success. */
+STITCH_API int stitch_sleep(int device, const char* tags, const char* backup_tags);
+/** Wakes the tags in `tags` (NULL: every sleeping tag) on `device` (-1: every device): fresh
+ *  physical memory at the same addresses, the backups copied back, their host memory freed.
+ *  When the device cannot give the memory, fails with the out-of-memory report and nothing
+ *  changes on that device: the tags stay asleep, and the wake may be retried. 0 on success. */
+STITCH_API int stitch_wake(int device, const char* tags);
+/** Writes, as JSON, what is resident on `device` (-1: every device): untagged live and cached
+ *  memory, private pools, each tag awake or asleep, host backups; snprintf-style like
+ *  stitch_memory_summary. Returns the full length; 0 on error. */
+STITCH_API size_t stitch_residency(int device, char* buf, size_t cap);
+
 /** Caps `device`'s reserved memory at `fraction` (0..1] of its capacity. 0 on success. */
 STITCH_API int stitch_set_memory_fraction(double fraction, int device);
 /** A statistic by PyTorch name, e.g. "reserved_bytes.all.peak"; -1 if the key or device is

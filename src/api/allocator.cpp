@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "api/region_stack.hpp"
 #include "config/keys.hpp"
 #include "core/device_allocator.hpp"
 #include "diagnostics/snapshot_writer.hpp"
@@ -43,6 +44,7 @@ void Allocator::throw_bad_device(int device) const {
 DeviceAllocator& Allocator::device(int device) const { return checked_device(device); }
 
 void* Allocator::allocate(std::size_t bytes, stream_t stream, int device) {
+  if (detail::t_open_regions != 0) [[unlikely]] return allocate_tagged(bytes, stream, device);
   const DeviceAllocator::Allocation a = checked_device(device).malloc(bytes, stream);
   if (a.failure != nullptr) [[unlikely]] fail_allocation(a.failure);
   return a.ptr;

@@ -225,6 +225,49 @@ int stitch_empty_cache(int device) {
   }, 1);
 }
 
+int stitch_trim(int device, size_t keep_bytes) {
+  return guarded([&] {
+    allocator().trim(device, keep_bytes);
+    return 0;
+  }, 1);
+}
+
+int stitch_region_begin(const char* tag, int backup) {
+  return guarded([&] {
+    if (tag == nullptr) throw stitch::invalid_argument("stitch_region_begin: tag is NULL");
+    allocator().begin_region(tag, backup != 0);
+    return 0;
+  }, 1);
+}
+
+int stitch_region_end(void) {
+  return guarded([&] {
+    allocator().end_region();
+    return 0;
+  }, 1);
+}
+
+int stitch_sleep(int device, const char* tags, const char* backup_tags) {
+  return guarded([&] {
+    allocator().sleep(device, tags == nullptr ? std::nullopt : std::optional<std::string_view>(tags),
+                      backup_tags == nullptr ? std::string_view() : std::string_view(backup_tags));
+    return 0;
+  }, 1);
+}
+
+int stitch_wake(int device, const char* tags) {
+  return guarded([&] {
+    allocator().wake(device, tags == nullptr ? std::nullopt : std::optional<std::string_view>(tags));
+    return 0;
+  }, 1);
+}
+
+size_t stitch_residency(int device, char* buf, size_t cap) {
+  if (buf != nullptr && cap > 0) buf[0] = '\0';
+  return guarded([&]() -> size_t { return copy_out(allocator().residency(device), buf, cap); },
+                 size_t{0});
+}
+
 int stitch_set_memory_fraction(double fraction, int device) {
   return guarded([&] {
     allocator().set_memory_fraction(fraction, device);

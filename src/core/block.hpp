@@ -115,6 +115,7 @@ struct Block {
   bool oversize = false;       ///< counted in oversize_allocations while allocated
   int event_count = 0;         ///< pending: the events still outstanding
   int pins = 0;                ///< stitch_pin()s not undone: its memory never moves
+  bool backup = false;         ///< tagged, allocated in a region with backup: kept over a sleep
   std::uint64_t gc_stamp = 0;  ///< pool call counter when it was last freed (GC age)
   std::vector<stream_t> stream_uses;  ///< other streams that used it (record_stream)
   /// Parked: the thread slot that holds it (set and cleared under the device lock).
@@ -173,6 +174,10 @@ struct Segment {
   bool expandable = false;     ///< a reserved range whose pages are mapped on demand
   bool stitched = false;       ///< expandable too: a range reserved to fit one request, mapped
                                ///< with pages moved from other ranges (stitcher.cpp)
+  std::uint16_t tag = 0;       ///< the region tag of its pool (0: untagged)
+  /// Asleep (core/sleeper.hpp): its pages are unmapped and given back, its blocks keep their
+  /// addresses and states. Nothing but a wake maps, moves, unmaps or releases anything in it.
+  bool asleep = false;
   /// Expandable: bytes per page slot. A physical handle covers one slot or, for the coarse pages
   /// of a stitching range, several consecutive slots (always mapped and unmapped whole).
   std::size_t page = 0;

@@ -46,6 +46,7 @@ Block* BlockStore::add_segment(BlockPool& pool, stream_t stream, char* base, std
   segment->epoch = stream_epoch;
   segment->small = pool.small;
   segment->private_pool = pool.owner;
+  segment->tag = pool.tag;
   Block* block = blocks_.create(base, size, stream, segment.get(), pool.small, initial);
   try {
     if (initial == BlockState::free) {
@@ -308,6 +309,11 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
       if (s->expandable) broken(device, "a private pool's segment is expandable");
     }
     if (!s->borrows.empty() && !s->stitched) broken(device, "a range that is not stitched borrows");
+    if (s->tag != 0 && !s->expandable) broken(device, "a tagged segment is not expandable");
+    if (s->asleep && (s->tag == 0 || !s->borrows.empty()))
+      broken(device, "an asleep segment is untagged or borrows");
+    if (s->tag != 0 && s->pages.stored() != 0 && const_cast<BlockStore*>(this)->pool_of(s).tag != s->tag)
+      broken(device, "a tagged segment is filed in another tag's pool");
     // Borrowed slots map a lent block's memory a second time: the same handle, the same pieces.
     for (const Borrow& b : s->borrows) {
       const Block* l = b.block;
@@ -379,7 +385,8 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
         // Slots without storage are unmapped: an unmapped block is checked up to the storage.
         const std::size_t end = b->is_mapped() ? last + 1 : std::min(last + 1, s->pages.stored());
         for (std::size_t i = first; i < end; ++i) {
-          if (b->is_mapped() && s->pages.handle(i) == 0)
+          // Asleep, its blocks keep their states over pages given back.
+          if (b->is_mapped() && !s->asleep && s->pages.handle(i) == 0)
             broken(device, "a mapped block lies on an unmapped page");
           if (!b->is_mapped() && s->pages.handle(i) != 0)
             broken(device, "an unmapped block lies on a mapped page");
@@ -408,7 +415,7 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
             broken(device, "two adjacent unmapped blocks");
           if (pool.unmapped.count(const_cast<Block*>(b)) != 1)
             broken(device, "unmapped block missing from the unmapped set");
-          if (s->private_pool == nullptr) ++c.unmapped_blocks[b->small ? 0 : 1];
+          if (s->private_pool == nullptr) ++(s->tag != 0 ? c.tag_unmapped : c.unmapped_blocks[b->small ? 0 : 1]);
           break;
         case BlockState::allocated:
         case BlockState::parked:
@@ -430,6 +437,8 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
         case BlockState::free:
           if (s->private_pool != nullptr) {
             ++c.private_free;
+          } else if (s->tag != 0) {
+            ++c.tag_free;
           } else {
             ++c.free_blocks[b->small ? 0 : 1];
           }
@@ -456,6 +465,14 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
     broken(device, "the free index holds blocks that are not free in any segment");
   if (c.unmapped_blocks[0] != small_.unmapped.size() || c.unmapped_blocks[1] != large_.unmapped.size())
     broken(device, "the unmapped set holds blocks that are not unmapped in any segment");
+  std::size_t tag_free = 0, tag_unmapped = 0;
+  for (const auto& t : tag_pools_) {
+    if (t == nullptr) continue;
+    tag_free += t->small.index.size() + t->large.index.size();
+    tag_unmapped += t->small.unmapped.size() + t->large.unmapped.size();
+  }
+  if (c.tag_free != tag_free || c.tag_unmapped != tag_unmapped)
+    broken(device, "a region tag's pools hold blocks that are not in its segments");
   return c;
 }
 

@@ -75,6 +75,8 @@ struct StoreCount {
   /// The private pool of each segment that has one, and the free blocks in those segments.
   std::vector<const PrivatePool*> private_segments;
   std::size_t private_free = 0;
+  std::size_t tag_free = 0;      ///< free blocks of tagged segments (not a private pool's)
+  std::size_t tag_unmapped = 0;  ///< unmapped blocks of tagged segments (not a private pool's)
   std::vector<phys_handle_t> handles;  ///< every mapped page's handle (not borrowed), sorted
 };
 
@@ -95,10 +97,23 @@ class BlockStore {
 
   // ---- pools, segments, epochs ------------------------------------------------------------------
   BlockPool& pool(bool small) noexcept { return small ? small_ : large_; }
-  /// The pool `segment`'s blocks are filed in: its private pool's, or the device's.
+  /// The pool of region tag `tag` (0: the device's), created at its first use (throws
+  /// std::bad_alloc then).
+  BlockPool& pool(bool small, std::uint16_t tag) {
+    if (tag == 0) return pool(small);
+    if (tag > tag_pools_.size()) tag_pools_.resize(tag);
+    std::unique_ptr<TagPools>& t = tag_pools_[tag - 1];
+    if (t == nullptr) t = std::make_unique<TagPools>(&index_nodes_, tag);
+    return small ? t->small : t->large;
+  }
+  /// The pool `segment`'s blocks are filed in: its private pool's, its tag's, or the device's.
   BlockPool& pool_of(const Segment* segment) noexcept {
-    return segment->private_pool != nullptr ? segment->private_pool->pool(segment->small)
-                                            : pool(segment->small);
+    if (segment->private_pool != nullptr) return segment->private_pool->pool(segment->small);
+    if (segment->tag != 0) {
+      TagPools& t = *tag_pools_[segment->tag - 1];
+      return segment->small ? t.small : t.large;
+    }
+    return pool(segment->small);
   }
   BlockPool& pool_of(const Block* block) noexcept { return pool_of(block->segment); }
   /// The free index's node storage, shared with the private pools' indexes.
@@ -221,6 +236,14 @@ class BlockStore {
   ObjectPool<Block> blocks_;
   BlockPool small_{&index_nodes_, true};
   BlockPool large_{&index_nodes_, false};
+  /// The pools of a region tag (tagged segments that are not a private pool's).
+  struct TagPools {
+    TagPools(NodeStorage* nodes, std::uint16_t tag)
+        : small(nodes, true, nullptr, tag), large(nodes, false, nullptr, tag) {}
+    BlockPool small;
+    BlockPool large;
+  };
+  std::vector<std::unique_ptr<TagPools>> tag_pools_;  ///< [tag - 1], created at first use
   Segment* segments_ = nullptr;
   std::unordered_map<stream_t, std::unique_ptr<std::atomic<std::uint64_t>>> epochs_;
 };

@@ -190,6 +190,8 @@ FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
   if (actual_size != nullptr) *actual_size = block->requested;
   if (expected_size != nullptr && *expected_size != block->requested)
     return FreeStatus::wrong_size;
+  // Asleep: its backup goes (its memory is simply free at the wake).
+  if (block->segment->asleep) sleeper_.forget(block);
   if (stream != nullptr && *stream != block->stream &&
       std::find(block->stream_uses.begin(), block->stream_uses.end(), *stream) ==
           block->stream_uses.end()) {

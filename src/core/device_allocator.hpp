@@ -12,14 +12,20 @@
 // - ledger.hpp: what is held from the device, and the memory-fraction cap;
 // - plain_segments.hpp: cudaMalloc'd segments; expandable_ranges.hpp: expandable segments;
 // - page_mapper.hpp: the only caller of the virtual-memory API;
-// - stitcher.hpp: virtual-memory stitching; compactor.hpp: compaction (stitch_compact).
+// - stitcher.hpp: virtual-memory stitching; compactor.hpp: compaction (stitch_compact);
+// - sleeper.hpp: sleep and wake of region-tagged memory.
 // Member functions by file: device_allocator.cpp (entry points, fast path), device_growth.cpp
 // (the out-of-memory ladder), device_oom.cpp (a failed request), device_seed.cpp (replays'
-// start state), device_validate.cpp (the cross-checks of validate()).
+// start state), device_validate.cpp (the cross-checks of validate()), device_sleep.cpp (tagged
+// allocations, sleep, wake, trim, residency).
 #pragma once
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -36,6 +42,7 @@
 #include "core/plain_segments.hpp"
 #include "core/private_pools.hpp"
 #include "core/ptr_map.hpp"
+#include "core/sleeper.hpp"
 #include "core/stitcher.hpp"
 #include "core/stream_events.hpp"
 #include "diagnostics/recorder.hpp"
@@ -80,6 +87,30 @@ class DeviceAllocator {
   bool pin(void* ptr, bool on);
   /// Returns every entirely free segment to the device (waits for outstanding events first).
   void empty_cache();
+
+  // ---- region tags: sleep and wake (device_sleep.cpp, core/sleeper.hpp) -----------------------
+  /// malloc() of memory of region tag `tag` (named `name` in messages), kept over a sleep when
+  /// `backup`. Throws error while the tag is asleep here, and backend_error where the device has
+  /// no virtual-memory API. An allocation a private-pool route takes is the pool's, untagged.
+  Allocation malloc_tagged(std::size_t size, stream_t stream, std::uint16_t tag, bool backup,
+                           std::string_view name);
+  /// Puts the `tags` used here and awake to sleep (the live blocks of the tags in `backup_tags`
+  /// or allocated with backup keep their contents in host memory). Synchronizes the device and
+  /// its peers first. Throws error while a graph may be captured (a route is underway, or a
+  /// stream of the device captures); see Sleeper::sleep for the rest. Returns whether anything
+  /// was put to sleep.
+  bool sleep(const std::vector<std::uint16_t>& tags, const std::vector<std::uint16_t>& backup_tags);
+  /// Wakes the `tags` asleep here. On out of memory (after releasing the cache and trying again),
+  /// nothing changes and the OOM report is returned (empty: woken, or nothing to wake).
+  std::string wake(const std::vector<std::uint16_t>& tags, const std::string& names);
+  /// Whether `tag` is asleep / was ever used on this device.
+  [[nodiscard]] bool tag_asleep(std::uint16_t tag) const;
+  [[nodiscard]] bool tag_used(std::uint16_t tag) const;
+  /// Gives back cached free memory until reserved memory is at most `keep` bytes or nothing more
+  /// can go (empty_cache that stops when enough has gone).
+  void trim(std::size_t keep);
+  /// What is resident on this device, as a JSON object; `tag_name(tag)` names a tag.
+  [[nodiscard]] std::string residency(const std::function<std::string(std::uint16_t)>& tag_name);
   /// Caps reserved memory at `fraction` of the device's capacity (>= 1: no cap).
   void set_memory_fraction(double fraction);
   /// The cap as a fraction of the device's capacity; 1 without a cap.
@@ -171,8 +202,12 @@ class DeviceAllocator {
   /// segments of its own.
   Block* allocate_slow(BlockPool& pool, stream_t stream, std::size_t rounded, std::size_t requested);
   /// Waits for every outstanding event and returns every free segment and page to the device,
-  /// and the memory of the private pools without uses.
-  void release_cached_blocks();
+  /// and the memory of the private pools without uses; with `keep`, stops once reserved memory
+  /// is at most `keep` bytes.
+  void release_cached_blocks(std::size_t keep = 0);
+  /// Throws error when the device may not be synchronized for `what` (a sleep or a wake): a
+  /// private-pool route is underway, or a stream of the device captures a graph.
+  void refuse_while_capturing(const char* what);
 
   /// Counts a failed request and captures its facts (and a what-if check's input) in failed_
   /// (device_oom.cpp).
@@ -200,6 +235,7 @@ class DeviceAllocator {
   detail::Stitcher stitcher_{store_, pages_, ledger_, stats_};
   detail::ExpandableRanges ranges_{config_, store_, pages_, ledger_, stitcher_};
   detail::Compactor compactor_{config_, store_, pages_, ledger_, stitcher_, stats_};
+  detail::Sleeper sleeper_{backend_, device_, store_, pages_, ledger_, stats_};
   std::atomic<bool> python_frames_{false};  ///< the history takes Python frames
   /// The failure of the request in progress, until malloc hands it to its caller.
   std::unique_ptr<detail::OomCapture> failed_;

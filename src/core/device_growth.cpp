@@ -14,15 +14,17 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(BlockPool& pool, stream_t
   reuse_.settle_all();
   const bool touch = pools_.may_touch_device({stream});
   const bool private_pool = pool.owner != nullptr;
+  // Tagged memory always lies in expandable ranges of its own (a sleep unmaps their pages).
+  const bool ranged = config_.expandable_segments || pool.tag != 0;
   // What new memory is obtained for the request: the segment size, or the request in pages.
   const std::size_t alloc_size =
-      private_pool || !config_.expandable_segments
+      private_pool || !ranged
           ? detail::segment_size(rounded)
           : detail::round_up(rounded, ranges_.page_size(pool.small, ranges_.short_of_memory(rounded)));
   // The device's one source of new memory: a plain segment, or pages of an expandable range.
   auto grow = [&] {
-    return config_.expandable_segments ? ranges_.grow(pool, stream, rounded, !touch)
-                                       : plain_.allocate(pool, stream, alloc_size);
+    return ranged ? ranges_.grow(pool, stream, rounded, !touch)
+                  : plain_.allocate(pool, stream, alloc_size);
   };
   Block* block = nullptr;
   if (!touch) {
@@ -34,14 +36,14 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(BlockPool& pool, stream_t
     // stitch_before_grow_mb: large requests reuse the stream's scattered free pages first.
     if (config_.stitching && config_.stitch_before_grow != 0 &&
         rounded >= config_.stitch_before_grow && ranges_.short_of_memory(rounded))
-      block = stitcher_.stitch(pool.small, stream, rounded, true);
+      block = stitcher_.stitch(pool, stream, rounded, true);
     if (block == nullptr) block = grow();
     if (block == nullptr && plain_.release_oversize(stream, rounded)) block = grow();
     // Stitching comes before the last resort below: it reuses the free pages that the last
     // resort would unmap and give back, without a round trip through the device or a sync of
     // every event.
     if (block == nullptr && config_.stitching)
-      block = stitcher_.stitch(pool.small, stream, rounded, false);
+      block = stitcher_.stitch(pool, stream, rounded, false);
     if (block == nullptr) {
       // Last resort: wait for every outstanding event, return every free segment and page, retry.
       release_cached_blocks();
@@ -51,12 +53,12 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(BlockPool& pool, stream_t
       // Free memory that stays mapped (on pages live blocks share, or freed by the wait) is
       // stitched from.
       if (block == nullptr && config_.stitching)
-        block = stitcher_.stitch(pool.small, stream, rounded, false);
+        block = stitcher_.stitch(pool, stream, rounded, false);
       // stitch_compact: the live granules of partly used coarse pages move to fresh pages at
       // the same addresses, and the pages' free granules go back to the device for this request.
       if (block == nullptr && config_.stitch_compact && compactor_.compact(stream, rounded)) {
         block = grow();
-        if (block == nullptr) block = stitcher_.stitch(pool.small, stream, rounded, false);
+        if (block == nullptr) block = stitcher_.stitch(pool, stream, rounded, false);
       }
     }
   }
@@ -64,16 +66,17 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(BlockPool& pool, stream_t
   return block;
 }
 
-void DeviceAllocator::release_cached_blocks() {
+void DeviceAllocator::release_cached_blocks(std::size_t keep) {
   record_deferred_events();
   if (events_.outstanding() != 0) {
     ++stats_.num_sync_all_streams;
     events_.wait_all([this](Block* b) { complete_pending(b); });
   }
   reuse_.note_events(events_.outstanding() != 0);
-  plain_.release_free(store_.pool(true));
-  plain_.release_free(store_.pool(false));
-  ranges_.release_free_pages();
+  plain_.release_free(store_.pool(true), keep);
+  plain_.release_free(store_.pool(false), keep);
+  ranges_.release_free_pages(keep);
+  if (keep != 0 && ledger_.reserved() <= keep) return;
   pools_.release_unused([this](Block* b) { plain_.release(b); });
 }
 

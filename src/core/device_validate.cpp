@@ -51,6 +51,19 @@ void DeviceAllocator::validate() const {
   check_stat(device_, "active_bytes", stats.active_bytes, c.active_bytes);
   check_stat(device_, "inactive_split_bytes", stats.inactive_split_bytes, c.inactive_bytes);
   check_stat(device_, "requested_bytes", stats.requested_bytes, c.requested);
+  sleeper_.validate();
+  // Allocated memory counts sleeping blocks, reserved memory does not.
+  if (stats.reserved_bytes[kAll].current + stats.sleeping_bytes.current <
+      stats.allocated_bytes[kAll].current)
+    broken(device_, "reserved + sleeping bytes are less than allocated bytes");
+  std::int64_t sleeping = 0;
+  for (const detail::Segment* s = store_.segments(); s != nullptr; s = s->next)
+    if (s->asleep)
+      for (const Block* b = s->head; b != nullptr; b = b->next)
+        if (b->state == detail::BlockState::allocated) sleeping += static_cast<std::int64_t>(b->size);
+  if (sleeping != stats.sleeping_bytes.current)
+    broken(device_, fmt::format("sleeping_bytes is {}, its recount {}", stats.sleeping_bytes.current,
+                                sleeping));
 }
 
 }  // namespace stitch

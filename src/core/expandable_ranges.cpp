@@ -138,7 +138,7 @@ Block* ExpandableRanges::map_front(Block* target, std::size_t bytes, std::size_t
   return store_.mapped(target, target->ptr, bytes, /*merge=*/true);
 }
 
-void ExpandableRanges::unmap_free_pages(Block* block) {
+void ExpandableRanges::unmap_free_pages(Block* block, std::size_t want) {
   // Unmaps the pages lying entirely inside a free block; its partial pages stay mapped as free
   // blocks of their own on either side.
   Segment* segment = block->segment;
@@ -147,6 +147,10 @@ void ExpandableRanges::unmap_free_pages(Block* block) {
   std::size_t first = round_up(offset, page) / page;
   std::size_t last = (offset + block->size) / page;
   segment->pages.whole_handles(first, last);  // a coarse page goes whole or not at all
+  if (want != SIZE_MAX && first < last && (last - first) * page > want) {
+    // The last pages that cover `want`, from the start of the handle holding the first of them.
+    first = segment->pages.head_of(last - (want + page - 1) / page);
+  }
   const std::size_t start = first * page;
   const std::size_t end = last * page;
   if (end <= start) return;
@@ -177,7 +181,7 @@ bool ExpandableRanges::release_if_unmapped(Segment* segment) {
   return true;
 }
 
-void ExpandableRanges::release_free_pages() {
+void ExpandableRanges::release_free_pages(std::size_t keep) {
   // First, ranges whose unmap and pages whose release failed before.
   pages_.retry();
   // Two passes: first the stitched ranges that borrowed memory, whose free pages give lent
@@ -185,14 +189,22 @@ void ExpandableRanges::release_free_pages() {
   for (const bool borrowing : {true, false}) {
     for (Segment* segment = store_.segments(); segment != nullptr;) {
       Segment* next_segment = segment->next;
-      if (segment->expandable && segment->borrows.empty() != borrowing) {
+      // A sleeping range keeps its blocks (and addresses) for its wake: it is never released.
+      if (segment->expandable && !segment->asleep && segment->borrows.empty() != borrowing) {
         std::vector<Block*> candidates;
         for (Block* b = segment->head; b != nullptr; b = b->next)
           if (b->is_free() && b->size >= segment->page) candidates.push_back(b);
         if (!candidates.empty()) {
           // Kernels queued on the segment's stream may still use these pages: wait for them.
           pages_.synchronize(segment->stream);
-          for (Block* b : candidates) unmap_free_pages(b);
+          for (Block* b : candidates) {
+            if (keep == 0) {
+              unmap_free_pages(b);
+              continue;
+            }
+            if (ledger_.reserved() <= keep) return;
+            unmap_free_pages(b, ledger_.reserved() - keep);
+          }
         }
         release_if_unmapped(segment);  // wholly unmapped: the range goes back
       }

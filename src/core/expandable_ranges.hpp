@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -40,8 +41,10 @@ class ExpandableRanges {
   /// device or the memory fraction refuses. `quiet`: no free page moves (a stream may capture).
   Block* grow(BlockPool& pool, stream_t stream, std::size_t rounded, bool quiet);
   /// Unmaps and releases every whole free page, after synchronizing the range's stream, and
-  /// gives wholly unmapped ranges back (pages whose unmap or release failed before first).
-  void release_free_pages();
+  /// gives wholly unmapped ranges back (pages whose unmap or release failed before first); with
+  /// `keep`, only until reserved memory is at most `keep` bytes (the last pages taken from a
+  /// free block's end, whole handles).
+  void release_free_pages(std::size_t keep = 0);
   /// A recorded start state: a new range of `stream` and pool with `runs` (address order) mapped
   /// in the recording's coarse pages, and `blocks` (offsets from the range's start) placed in
   /// them allocated, each handed to `activate` as soon as its run is placed. Returns the blocks
@@ -67,9 +70,10 @@ class ExpandableRanges {
   /// bytes and one-slot handles for the rest, and files them free, merged with free neighbours;
   /// nullptr (nothing changed) when the device or the memory fraction cannot give them.
   Block* map_front(Block* target, std::size_t bytes, std::size_t unit);
-  /// Unmaps the whole pages inside the free `block` (whole handles); its partial pages stay
-  /// mapped as free blocks of their own on either side.
-  void unmap_free_pages(Block* block);
+  /// Unmaps the whole pages inside the free `block` (whole handles), or, with `want`, the fewest
+  /// whole handles at the block's end that cover `want` bytes; its partial pages stay mapped as
+  /// free blocks of their own.
+  void unmap_free_pages(Block* block, std::size_t want = SIZE_MAX);
   /// Returns a wholly unmapped range to the device.
   bool release_if_unmapped(Segment* segment);
 

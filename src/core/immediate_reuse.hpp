@@ -71,12 +71,13 @@ class ImmediateReuse final : public BlockHolder {
   void* take_back(ThreadSlot& s, std::size_t size, std::size_t rounded, stream_t stream,
                   BlockPool& pool);
   /// Whether a free of the allocated `block` (no events) may wait in a slot: reuse on, not
-  /// oversize, not of a private pool, and no free block in front (the filed block would start
+  /// oversize, not of a private pool nor tagged (the lock-free take knows no tags), and no free
+  /// block in front (the filed block would start
   /// elsewhere, so it could not come back).
   [[nodiscard]] bool may_park(const Block* block) const noexcept {
     return enabled_ && block->state == BlockState::allocated && !block->oversize &&
            (block->prev == nullptr || !block->prev->is_free()) &&
-           block->segment->private_pool == nullptr;
+           block->segment->private_pool == nullptr && block->segment->tag == 0;
   }
   /// Parks the freed `block` in the calling thread's slot `s` (empty). No verdict yet: the next
   /// allocation of its size decides it.

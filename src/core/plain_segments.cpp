@@ -28,11 +28,14 @@ void PlainSegments::release(Block* block) {
   store_.remove_segment(segment);
 }
 
-void PlainSegments::release_free(BlockPool& pool) {
+void PlainSegments::release_free(BlockPool& pool, std::size_t keep) {
   std::vector<Block*> whole;
   for (Block* b : pool.index)
     if (whole_plain(b)) whole.push_back(b);
-  for (Block* b : whole) release(b);
+  for (Block* b : whole) {
+    if (keep != 0 && ledger_.reserved() <= keep) return;
+    release(b);
+  }
 }
 
 bool PlainSegments::release_oversize(stream_t stream, std::size_t rounded) {

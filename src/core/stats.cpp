@@ -32,11 +32,17 @@ constexpr std::array<std::pair<const char*, ArrayField>, 9> kArrays{{
     {"inactive_split_bytes", &DeviceStats::inactive_split_bytes},
     {"requested_bytes", &DeviceStats::requested_bytes},
 }};
-constexpr std::array<std::pair<const char*, Stat DeviceStats::*>, 2> kSingles{{
-    {"oversize_allocations", &DeviceStats::oversize_allocations},
-    {"oversize_segments", &DeviceStats::oversize_segments},
+struct SingleKey {
+  const char* name;
+  Stat DeviceStats::*field;
+  Origin origin;
+};
+constexpr std::array<SingleKey, 3> kSingles{{
+    {"oversize_allocations", &DeviceStats::oversize_allocations, Origin::torch},
+    {"oversize_segments", &DeviceStats::oversize_segments, Origin::torch},
+    {"sleeping_bytes", &DeviceStats::sleeping_bytes, Origin::stitch},
 }};
-constexpr std::array<ScalarKey, 17> kScalars{{
+constexpr std::array<ScalarKey, 19> kScalars{{
     {"num_alloc_retries", &DeviceStats::num_alloc_retries, Origin::torch},
     {"num_ooms", &DeviceStats::num_ooms, Origin::torch},
     {"num_sync_all_streams", &DeviceStats::num_sync_all_streams, Origin::torch},
@@ -53,6 +59,8 @@ constexpr std::array<ScalarKey, 17> kScalars{{
     {"num_compactions_refused", &DeviceStats::num_compactions_refused, Origin::stitch},
     {"compacted_bytes", &DeviceStats::compacted_bytes, Origin::stitch},
     {"num_device_syncs", &DeviceStats::num_device_syncs, Origin::stitch},
+    {"num_sleeps", &DeviceStats::num_sleeps, Origin::stitch},
+    {"num_wakes", &DeviceStats::num_wakes, Origin::stitch},
     {"max_split_size", &DeviceStats::max_split_size, Origin::torch},
 }};
 constexpr std::array<const char*, 3> kPools{"all", "small_pool", "large_pool"};
@@ -86,8 +94,8 @@ std::optional<std::int64_t> DeviceStats::get(std::string_view key) const {
   auto [name, rest] = head(key);
   for (const ScalarKey& k : kScalars)
     if (name == k.name && rest.empty()) return this->*k.field;
-  for (const auto& [n, field] : kSingles)
-    if (name == n) return stat_part(this->*field, rest);
+  for (const SingleKey& k : kSingles)
+    if (name == k.name) return stat_part(this->*k.field, rest);
   for (const auto& [n, field] : kArrays) {
     if (name != n) continue;
     auto [pool, which] = head(rest);
@@ -103,9 +111,9 @@ void DeviceStats::for_each(const std::function<void(const std::string&, std::int
     for (std::size_t p = 0; p < kPools.size(); ++p)
       for (std::size_t i = 0; i < kParts.size(); ++i)
         fn(std::string(n) + "." + kPools[p] + "." + kParts[i], part((this->*field)[p], i));
-  for (const auto& [n, field] : kSingles)
+  for (const SingleKey& k : kSingles)
     for (std::size_t i = 0; i < kParts.size(); ++i)
-      fn(std::string(n) + "." + kParts[i], part(this->*field, i));
+      fn(std::string(k.name) + "." + kParts[i], part(this->*k.field, i));
   for (const ScalarKey& k : kScalars) fn(k.name, this->*k.field);
 }
 
@@ -122,6 +130,8 @@ const std::vector<DeviceStats::Key>& DeviceStats::keys() {
       Origin origin = Origin::torch;
       for (const ScalarKey& k : kScalars)
         if (name == k.name) origin = k.origin;
+      for (const SingleKey& k : kSingles)
+        if (name.rfind(std::string(k.name) + ".", 0) == 0) origin = k.origin;
       out.push_back(Key{name.c_str(), origin == Origin::torch, origin != Origin::stitch});
     }
     return out;
@@ -135,21 +145,21 @@ void DeviceStats::values(std::int64_t* out) const {
   for (const auto& [n, field] : kArrays)
     for (std::size_t p = 0; p < kPools.size(); ++p)
       for (std::size_t k = 0; k < kParts.size(); ++k) out[i++] = part((this->*field)[p], k);
-  for (const auto& [n, field] : kSingles)
-    for (std::size_t k = 0; k < kParts.size(); ++k) out[i++] = part(this->*field, k);
+  for (const SingleKey& s : kSingles)
+    for (std::size_t k = 0; k < kParts.size(); ++k) out[i++] = part(this->*s.field, k);
   for (const ScalarKey& k : kScalars) out[i++] = this->*k.field;
 }
 
 void DeviceStats::reset_peak() noexcept {
   for (const auto& [n, field] : kArrays)
     for (Stat& s : this->*field) s.reset_peak();
-  for (const auto& [n, field] : kSingles) (this->*field).reset_peak();
+  for (const SingleKey& k : kSingles) (this->*k.field).reset_peak();
 }
 
 void DeviceStats::reset_accumulated() noexcept {
   for (const auto& [n, field] : kArrays)
     for (Stat& s : this->*field) s.reset_accumulated();
-  for (const auto& [n, field] : kSingles) (this->*field).reset_accumulated();
+  for (const SingleKey& k : kSingles) (this->*k.field).reset_accumulated();
   for (const ScalarKey& k : kScalars)
     if (k.field != &DeviceStats::max_split_size) this->*k.field = 0;
 }

@@ -119,7 +119,7 @@ void Stitcher::map_back(const MovedPage& m) noexcept {
   store_.mapped(u, at, page, /*merge=*/true);
 }
 
-void Stitcher::release_or_keep(bool small, stream_t stream, void* va, std::size_t bytes,
+void Stitcher::release_or_keep(BlockPool& pool, stream_t stream, void* va, std::size_t bytes,
                                std::size_t page) noexcept {
   // Gives back an unused, wholly unmapped stitching range. If that fails, the range is kept as
   // an empty stitched segment (one unmapped block), which release_free_pages releases later,
@@ -129,19 +129,19 @@ void Stitcher::release_or_keep(bool small, stream_t stream, void* va, std::size_
     return;
   } catch (...) {
   }
-  store_.add_range(store_.pool(small), stream, static_cast<char*>(va), bytes, page, true,
+  store_.add_range(pool, stream, static_cast<char*>(va), bytes, page, true,
                    BlockState::unmapped);
 }
 
 
 std::size_t Stitcher::free_page_runs(stream_t stream, std::vector<Run>& own,
                                      std::map<stream_t, std::vector<Run>>* others,
-                                     bool with_borrowed, const Block* skip_a,
-                                     const Block* skip_b) {
+                                     bool with_borrowed, std::uint16_t tag,
+                                     const Block* skip_a, const Block* skip_b) {
   const std::size_t page = pages_.granularity();
   std::size_t total = 0;
   for (bool small : {true, false}) {
-    const BlockPool* p = &store_.pool(small);
+    const BlockPool* p = &store_.pool(small, tag);
     for (Block* b : p->index) {
       const Segment* s = b->segment;
       if (!s->expandable || s->page != page || b == skip_a || b == skip_b) continue;
@@ -159,12 +159,16 @@ std::size_t Stitcher::free_page_runs(stream_t stream, std::vector<Run>& own,
   return total;
 }
 
-std::vector<Stitcher::Lendable> Stitcher::lendable_runs(stream_t stream, bool own_only) const {
+std::vector<Stitcher::Lendable> Stitcher::lendable_runs(stream_t stream, bool own_only,
+                                                        std::uint16_t tag) const {
   // The whole free granules of free blocks that lie on a coarse page reaching out of the block
   // (the part whole_handles leaves behind): at the block's two ends, or the whole block when it
   // lies inside one page. Each run is in one mapping, so it is mapped again with one call.
   const std::size_t page = pages_.granularity();
   std::vector<Lendable> out;
+  // Tagged memory neither lends nor borrows: a sleep unmaps and releases its ranges' handles,
+  // which must not be mapped anywhere else (docs/sleep.md).
+  if (tag != 0) return out;
   for (bool small : {true, false}) {
     const BlockPool* p = &store_.pool(small);
     for (Block* b : p->index) {
@@ -292,7 +296,8 @@ bool Stitcher::map_reused_pages(Block* target, std::size_t count) {
   // cached pages are what the next same-sized request reuses in place; taking even those made
   // every grow steal from blocks about to be reused, and slivers of pages piled up between the
   // holes (ftcourse-finetune: 93 MiB of them at its peak, against 7 MiB; docs/stitching.md).
-  const std::size_t have = free_page_runs(dest->stream, own, nullptr, false, target->prev, target->next);
+  const std::size_t have =
+      free_page_runs(dest->stream, own, nullptr, false, dest->tag, target->prev, target->next);
   const std::size_t reserved_now = ledger_.reserved();
   if (have * page > reserved_now / kReuseSlack) take(std::move(own), count, plan);
   std::size_t reused = 0;
@@ -340,11 +345,12 @@ bool Stitcher::map_reused_pages(Block* target, std::size_t count) {
   return true;
 }
 
-Stitcher::Supply Stitcher::supply(stream_t stream, std::size_t pages, bool own_only) {
+Stitcher::Supply Stitcher::supply(stream_t stream, std::size_t pages, bool own_only,
+                                  std::uint16_t tag) {
   Supply sup;
   const std::size_t page = pages_.granularity();
   // 1. Candidates: whole pages inside free blocks of one-granule-page ranges, by stream.
-  free_page_runs(stream, sup.own, own_only ? nullptr : &sup.others, true);
+  free_page_runs(stream, sup.own, own_only ? nullptr : &sup.others, true, tag);
   for (const Run& r : sup.own) sup.own_total += r.count;
   for (const auto& [s, runs] : sup.others)
     for (const Run& r : runs) {
@@ -360,7 +366,7 @@ Stitcher::Supply Stitcher::supply(stream_t stream, std::size_t pages, bool own_o
   // first, most granules first.
   const std::size_t found = sup.found();
   if (found < pages) {
-    std::vector<Lendable> runs = lendable_runs(stream, own_only);
+    std::vector<Lendable> runs = lendable_runs(stream, own_only, tag);
     std::stable_sort(runs.begin(), runs.end(), [&](const Lendable& a, const Lendable& b) {
       const bool a_own = a.segment->stream == stream, b_own = b.segment->stream == stream;
       return a_own != b_own ? a_own : a.count > b.count;
@@ -377,7 +383,7 @@ Stitcher::Supply Stitcher::supply(stream_t stream, std::size_t pages, bool own_o
 
 std::size_t Stitcher::pages_within_reach(stream_t stream, std::size_t rounded) {
   const std::size_t page = pages_.granularity();
-  const Supply sup = supply(stream, round_up(rounded, page) / page, false);
+  const Supply sup = supply(stream, round_up(rounded, page) / page, false, 0);
   return sup.found() + sup.borrowed;
 }
 
@@ -386,11 +392,10 @@ bool Stitcher::could_stitch(stream_t stream, std::size_t rounded) {
   return pages_within_reach(stream, rounded) >= round_up(rounded, page) / page;
 }
 
-Block* Stitcher::stitch(bool small, stream_t stream, std::size_t rounded, bool own_only) {
-  BlockPool& pool = store_.pool(small);
+Block* Stitcher::stitch(BlockPool& pool, stream_t stream, std::size_t rounded, bool own_only) {
   const std::size_t page = pages_.granularity();
   const std::size_t pages = round_up(rounded, page) / page;
-  Supply sup = supply(stream, pages, own_only);
+  Supply sup = supply(stream, pages, own_only, pool.tag);
   std::vector<Run>& own = sup.own;
   std::map<stream_t, std::vector<Run>>& others = sup.others;
   const std::map<stream_t, std::size_t>& other_pages = sup.other_pages;
@@ -421,7 +426,7 @@ Block* Stitcher::stitch(bool small, stream_t stream, std::size_t rounded, bool o
   auto give_up = [&] {  // nothing of the plan has moved
     unmap_aliases();
     for (phys_handle_t h : fresh) pages_.release_or_orphan(h);
-    release_or_keep(small, stream, va, pages * page, page);
+    release_or_keep(pool, stream, va, pages * page, page);
   };
   Segment table;  // the new range's page table, filled below and moved into its segment
   table.base = va;
@@ -507,12 +512,12 @@ Block* Stitcher::stitch(bool small, stream_t stream, std::size_t rounded, bool o
     // With stray mappings left (a second failure), release_or_keep keeps the range as an empty
     // stitched segment, given back once the stray unmap succeeds.
     unmap_aliases();
-    release_or_keep(small, stream, va, pages * page, page);
+    release_or_keep(pool, stream, va, pages * page, page);
     throw;
   }
   if (!mapped) {  // out of memory while mapping: as above, then no stitch
     unmap_aliases();
-    release_or_keep(small, stream, va, pages * page, page);
+    release_or_keep(pool, stream, va, pages * page, page);
     dissolve_emptied(sources);
     return nullptr;
   }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <vector>
 
@@ -35,17 +36,17 @@ class Stitcher {
   Stitcher(const Stitcher&) = delete;
   Stitcher& operator=(const Stitcher&) = delete;
 
-  /// Stitches a range for `rounded` bytes of `stream` in the small or large pool from free pages
-  /// (own stream, fresh, other streams); with `own_only`, from the stream's own free pages alone.
+  /// Stitches a range for `rounded` bytes of `stream` in `pool` from free pages of its tag (own
+  /// stream, fresh, other streams); with `own_only`, from the stream's own free pages alone.
   /// Returns the range's one free block (in the index); nullptr when the pages are too few.
-  Block* stitch(bool small, stream_t stream, std::size_t rounded, bool own_only);
+  Block* stitch(BlockPool& pool, stream_t stream, std::size_t rounded, bool own_only);
   /// Grows `target` (an unmapped block of a one-granule expandable range) by its first `count`
   /// pages, using the stream's whole free pages first and fresh pages for the rest
   /// (stitch_reuse_pages). False when the device or the memory fraction cannot give the fresh
   /// pages; nothing changed then.
   bool map_reused_pages(Block* target, std::size_t count);
-  /// Whether a stitch of `rounded` bytes for `stream` (from every stream, fresh pages included)
-  /// would find enough pages. Plans only: nothing moves.
+  /// Whether a stitch of `rounded` bytes of untagged memory for `stream` (from every stream,
+  /// fresh pages included) would find enough pages. Plans only: nothing moves.
   [[nodiscard]] bool could_stitch(stream_t stream, std::size_t rounded);
   /// The granules such a stitch would find, up to what it needs: whole free pages, fresh pages,
   /// then borrowed ones (at most the shortfall). Plans only: nothing moves.
@@ -80,18 +81,20 @@ class Stitcher {
     std::size_t borrowed = 0;
     [[nodiscard]] std::size_t found() const noexcept { return own_total + fresh_limit + other_total; }
   };
-  Supply supply(stream_t stream, std::size_t pages, bool own_only);
+  Supply supply(stream_t stream, std::size_t pages, bool own_only, std::uint16_t tag);
   /// Every run of free granules on coarse pages that live blocks share (of `stream` only with
-  /// `own_only`). A borrowed mapping's free part may be borrowed again (a third mapping).
-  std::vector<Lendable> lendable_runs(stream_t stream, bool own_only) const;
-  /// The whole free pages of one-granule expandable ranges (both pools): `stream`'s own in
+  /// `own_only`). A borrowed mapping's free part may be borrowed again (a third mapping). None
+  /// for tagged memory (`tag` not 0).
+  std::vector<Lendable> lendable_runs(stream_t stream, bool own_only, std::uint16_t tag) const;
+  /// The whole free pages of one-granule expandable ranges (both pools of region tag `tag`):
+  /// `stream`'s own in
   /// `own`, other streams' in `others` (when given). Skips `skip_a` and `skip_b`, and, without
   /// `with_borrowed`, ranges that borrow memory (its second mapping may move to another stitched
   /// range only). Returns the pages found.
   std::size_t free_page_runs(stream_t stream, std::vector<PageRun>& own,
                              std::map<stream_t, std::vector<PageRun>>* others,
-                             bool with_borrowed, const Block* skip_a = nullptr,
-                             const Block* skip_b = nullptr);
+                             bool with_borrowed, std::uint16_t tag,
+                             const Block* skip_a = nullptr, const Block* skip_b = nullptr);
   /// Unmaps the runs of `plan` where they are (their handles stay alive), appending each page to
   /// `moved` and each stitched segment touched to `sources`. On a failure, maps every page moved
   /// so far back and rethrows.
@@ -109,7 +112,7 @@ class Stitcher {
   void map_back(const MovedPage& page) noexcept;
   /// Gives back an unused, wholly unmapped stitching range (or keeps it as an empty stitched
   /// segment when that fails).
-  void release_or_keep(bool small, stream_t stream, void* va, std::size_t bytes,
+  void release_or_keep(BlockPool& pool, stream_t stream, void* va, std::size_t bytes,
                        std::size_t page) noexcept;
 
   BlockStore& store_;
