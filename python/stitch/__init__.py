@@ -7,15 +7,24 @@ use from ``STITCH_ALLOC_CONF`` plus any :func:`configure` calls made before it. 
 The statistics mirror ``torch.cuda.memory_stats()`` (which raises under a pluggable allocator):
 :func:`memory_stats`, :func:`memory_allocated`, :func:`memory_reserved`, :func:`memory_summary`,
 :func:`dump_snapshot` (opens in https://pytorch.org/memory_viz), :func:`record_history`.
+
+Region tags, sleep and wake (docs/sleep.md): allocations made inside ``with stitch.region(tag):``
+carry ``tag``; :func:`sleep` gives the tags' memory back to the device (addresses kept, contents
+kept only for regions with ``backup=True`` or tags named in ``backup=``), :func:`wake` maps fresh
+memory at the same addresses, :func:`residency` says what is where, :func:`trim` gives cached
+memory back down to a target.
 """
 
 from __future__ import annotations
 
 import collections as _collections
+import contextlib as _contextlib
 import ctypes as _ctypes
+import json as _json
 import os as _os
 import sys as _sys
-from typing import Any, Optional, Union
+import threading as _threading
+from typing import Any, Iterable, Iterator, Optional, Union
 
 from . import _lib
 from ._lib import LibraryNotFoundError, OutOfMemoryError, StitchError, library_path
@@ -48,10 +57,16 @@ __all__ = [
     "reset_peak_memory_stats",
     "reset_accumulated_memory_stats",
     "get_memory_fraction",
+    "region",
+    "sleep",
+    "wake",
+    "trim",
+    "residency",
     "library_path",
 ]
 
 Device = Union[int, str, Any, None]
+Tags = Union[str, Iterable[str], None]
 Stream = Union[int, Any, None]
 
 
@@ -341,6 +356,158 @@ def reset_peak_memory_stats(device: Device = None) -> None:
     current value."""
     rc = _lib.lib().stitch_reset_peak_stats(_device_index(device))
     _lib.check(rc != 0, "reset_peak_memory_stats")
+
+
+# ---- region tags, sleep and wake (docs/sleep.md) -------------------------------------------------
+
+# The regions this thread opened through region(), innermost last: (tag, backup). Only
+# _suspended_regions() reads it (the library keeps the authoritative stack, per thread too).
+_region_state = _threading.local()
+
+
+def _open_regions() -> "list[tuple[str, bool]]":
+    stack = getattr(_region_state, "stack", None)
+    if stack is None:
+        stack = _region_state.stack = []
+    return stack
+
+
+def _tag_list(tags: Tags, what: str) -> Optional[bytes]:
+    """None, or the comma-separated tags of a str (taken as is: ``"weights,kv"`` names two) or of
+    an iterable of str, as the C API wants them."""
+    if tags is None:
+        return None
+    if isinstance(tags, str):
+        return tags.encode()
+    if isinstance(tags, (bytes, bytearray)):
+        raise TypeError(f"stitch.{what}: tags must be str or an iterable of str, not bytes")
+    items = list(tags)
+    for t in items:
+        if not isinstance(t, str):
+            raise TypeError(f"stitch.{what}: every tag must be a str, got {t!r}")
+    return ",".join(items).encode()
+
+
+class _Region(_contextlib.ContextDecorator):
+    """What :func:`region` returns: opens the region at ``__enter__`` and closes it at
+    ``__exit__``, on the calling thread. Reusable, and usable as a decorator."""
+
+    def __init__(self, tag: str, backup: bool) -> None:
+        if not isinstance(tag, str):
+            raise TypeError(f"stitch.region: tag must be a str, got {tag!r}")
+        self.tag = tag
+        self.backup = bool(backup)
+
+    def __repr__(self) -> str:
+        return f"stitch.region({self.tag!r}, backup={self.backup})"
+
+    def __enter__(self) -> "_Region":
+        _region_begin(self.tag, self.backup)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        stack = _open_regions()
+        if stack:
+            stack.pop()
+        rc = _lib.require("stitch_region_end")()
+        # A failure to close is raised, unless it would hide the exception leaving the block.
+        if rc != 0 and exc is None:
+            _lib.check(True, "region_end")
+        return False
+
+
+def _region_begin(tag: str, backup: bool) -> None:
+    rc = _lib.require("stitch_region_begin")(tag.encode(), 1 if backup else 0)
+    _lib.check(rc != 0, "region_begin")
+    _open_regions().append((tag, backup))
+
+
+def region(tag: str, backup: bool = False) -> _Region:
+    """A context manager: allocations the calling thread makes inside ``with stitch.region(tag):``
+    (on every device) carry ``tag``, so that :func:`sleep` can give their memory back.
+
+    Regions belong to the thread that opens them (other threads' allocations stay untagged) and
+    nest (the innermost tag wins); the ``with`` block must end on the thread it began on. With
+    ``backup=True`` the region's blocks are copied to host memory at every sleep and back at the
+    wake; otherwise their contents are lost by a sleep (a KV cache, scratch space). Freed blocks
+    of a tag stay cached for that tag only. An empty tag, or one with a comma, raises StitchError.
+    Usable as a decorator too.
+    """
+    return _Region(tag, backup)
+
+
+@_contextlib.contextmanager
+def _suspended_regions() -> Iterator[None]:
+    """Closes the regions this thread opened with :func:`region` for the length of the block
+    (allocations inside are untagged) and reopens them, in order, after it. Regions opened from
+    C or C++ (stitch_region_begin) are not seen here and stay open."""
+    stack = _open_regions()
+    saved = list(stack)
+    end = _lib.require("stitch_region_end")
+    for _ in saved:
+        stack.pop()
+        _lib.check(end() != 0, "region_end")
+    try:
+        yield
+    finally:
+        for tag, backup in saved:
+            _region_begin(tag, backup)
+
+
+def sleep(tags: Tags = None, backup: Tags = None, device: Device = -1) -> "dict[str, Any]":
+    """Puts region tags to sleep; returns :func:`residency` of ``device`` afterwards.
+
+    ``tags``: a tag, comma-separated tags, or an iterable of tags; None: every tag. ``backup``
+    (same forms; None: none more): tags whose live blocks are copied to host memory and restored
+    by :func:`wake`, in addition to the regions opened with ``backup=True``; every other block
+    keeps its address but loses its contents. ``device``: an index, "cuda:N", a torch.device, or
+    -1 / None for every device.
+
+    The device is synchronized first; then every page of the tags is unmapped and given back to
+    the device. A tag asleep already is left alone. Allocating under a sleeping tag raises
+    StitchError until it wakes. Raises StitchError, and changes nothing on the device that
+    failed, for a tag never used (the message names it), during a CUDA graph capture, or when the
+    host cannot hold the backups.
+    """
+    dev = _device_index(device, default_all=True)
+    fn = _lib.require("stitch_sleep")
+    rc = fn(dev, _tag_list(tags, "sleep"), _tag_list(backup, "sleep"))
+    _lib.check(rc != 0, "sleep")
+    return residency(dev)
+
+
+def wake(tags: Tags = None, device: Device = -1) -> None:
+    """Wakes sleeping tags (``tags`` as for :func:`sleep`; None: every sleeping tag) on ``device``
+    (-1 / None: every device): fresh memory at the same addresses, the backups copied back.
+
+    Wake the tags one at a time, largest need first (weights, then the KV cache), to keep the
+    peak low. When the device cannot give the memory, raises OutOfMemoryError with stitch's
+    report, and the tags stay asleep on that device (free something and retry).
+    """
+    fn = _lib.require("stitch_wake")
+    rc = fn(_device_index(device, default_all=True), _tag_list(tags, "wake"))
+    _lib.check(rc != 0, "wake")
+
+
+def trim(keep_bytes: int, device: Device = -1) -> None:
+    """Gives cached free memory of ``device`` (-1 / None: every device, each kept to
+    ``keep_bytes``) back to the device until its reserved memory is at most ``keep_bytes``, or
+    nothing more can go: :func:`empty_cache` that stops once enough has gone."""
+    if isinstance(keep_bytes, bool) or not isinstance(keep_bytes, int):
+        raise TypeError("stitch.trim: keep_bytes must be an int")
+    if keep_bytes < 0:
+        raise ValueError("stitch.trim: keep_bytes must be >= 0")
+    rc = _lib.require("stitch_trim")(_device_index(device, default_all=True), keep_bytes)
+    _lib.check(rc != 0, "trim")
+
+
+def residency(device: Device = -1) -> "dict[str, Any]":
+    """What is resident on ``device``, as a dict (the JSON of stitch_residency): reserved,
+    allocated, sleeping and host-backup bytes, the device's free and total memory, the untagged
+    memory, the private pools, and each tag (``state`` "awake" or "asleep", live, cached,
+    reserved and sleeping bytes, segments, host backup). ``device`` -1 / None: every device, as
+    ``{"devices": [...]}``."""
+    return _json.loads(_read_text("stitch_residency", _device_index(device, default_all=True)))
 
 
 def __dir__() -> "list[str]":

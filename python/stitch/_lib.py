@@ -87,6 +87,13 @@ _OPTIONAL = {
     "stitch_reset_accumulated_stats": (ctypes.c_int, [ctypes.c_int]),
     "stitch_memory_fraction": (ctypes.c_double, [ctypes.c_int]),
     "stitch_device_count": (ctypes.c_int, []),
+    # Region tags, sleep and wake (docs/sleep.md).
+    "stitch_trim": (ctypes.c_int, [ctypes.c_int, ctypes.c_size_t]),
+    "stitch_region_begin": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
+    "stitch_region_end": (ctypes.c_int, []),
+    "stitch_sleep": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p]),
+    "stitch_wake": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p]),
+    "stitch_residency": (ctypes.c_size_t, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
 }
 # PyTorch hooks (include/stitch/torch_hooks.h). They THROW C++ exceptions, so they are never
 # called from Python (an exception through ctypes aborts the process): only their addresses are

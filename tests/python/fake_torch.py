@@ -23,6 +23,8 @@ state = types.SimpleNamespace(
     current=None,
     swaps=0,
     pools=[],
+    synchronized=[],  # the device argument of each torch.cuda.synchronize() call
+    captures=[],  # (graph, pool, stream, capture_error_mode) of each torch.cuda.graph block
 )
 
 
@@ -102,6 +104,30 @@ def is_initialized():
 
 def current_device():
     return 0
+
+
+def synchronize(device=None):
+    if not state.cuda_initialized:
+        raise RuntimeError("torch.cuda.synchronize() would initialize CUDA")
+    state.synchronized.append(device)
+
+
+class CUDAGraph:
+    """torch.cuda.CUDAGraph (nothing is captured)."""
+
+
+class graph:
+    """torch.cuda.graph(cuda_graph, pool=None, stream=None, capture_error_mode="global"): a
+    context manager around the capture; the stand-in records its arguments."""
+
+    def __init__(self, cuda_graph, pool=None, stream=None, capture_error_mode="global"):
+        self.args = (cuda_graph, pool, stream, capture_error_mode)
+
+    def __enter__(self):
+        state.captures.append(self.args)
+
+    def __exit__(self, *exc):
+        return False
 
 
 # torch._C's allocator entry points, as a CUDAPluggableAllocator leaves them: each raises.
@@ -215,6 +241,9 @@ memory = types.SimpleNamespace(
 cuda = types.SimpleNamespace(
     is_initialized=is_initialized,
     current_device=current_device,
+    synchronize=synchronize,
+    CUDAGraph=CUDAGraph,
+    graph=graph,
     memory=memory,
     memory_stats=memory_stats,
     memory_allocated=memory_allocated,

@@ -16,6 +16,10 @@ Under :func:`enable`, PyTorch's memory API answers from stitch: ``torch.cuda.mem
 ``_snapshot()`` and ``_dump_snapshot()`` (stitch serves the ``torch._C`` entry points they call;
 see _memory_api.py and docs/python.md).
 
+Sleep and wake (docs/sleep.md): tensors created inside ``with stitch.torch.region("weights"):``
+carry the tag; :func:`sleep` gives their GPU memory back (the tensors keep their addresses),
+:func:`wake` brings it back. :mod:`stitch.torch.memory_saver` is a drop-in for torch_memory_saver.
+
 This module imports torch only when a function is called.
 """
 
@@ -25,6 +29,7 @@ import contextlib
 import functools
 import inspect
 import re
+import sys
 import threading
 from typing import Any, Callable, Optional, TypeVar
 
@@ -39,6 +44,11 @@ __all__ = [
     "mempool",
     "raise_torch_oom",
     "is_stitch_oom",
+    "region",
+    "sleep",
+    "wake",
+    "trim",
+    "residency",
     "ALLOC_HOOK",
     "FREE_HOOK",
     "POOL_ALLOC_HOOK",
@@ -271,3 +281,76 @@ def raise_torch_oom(fn: Optional[F] = None):
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+# ---- sleep and wake for PyTorch (docs/sleep.md) ----------------------------------------------
+
+
+def _synchronize(device: Any) -> None:
+    """torch.cuda.synchronize() before memory goes back, but only when torch is imported already
+    and CUDA initialized (never imports torch, never initializes CUDA). The library synchronizes
+    the device itself; this also waits for PyTorch's non-blocking streams. ``device`` -1 or None
+    (every device) synchronizes the current device only: touching another one would create a
+    CUDA context there."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_initialized():
+        return
+    if device is None or (isinstance(device, int) and device < 0):
+        cuda.synchronize()
+    else:
+        cuda.synchronize(device)
+
+
+def region(tag: str, backup: bool = False):
+    """``stitch.region`` for tensors: tensors the calling thread creates inside
+    ``with stitch.torch.region("weights"):`` carry the tag (under :func:`enable`, where stitch
+    serves every CUDA allocation). ``backup=True``: their contents survive :func:`sleep`
+    (copied to host memory and back). See :func:`stitch.region`.
+
+    Memory that PyTorch routes to a private pool (CUDA graph capture, ``torch.cuda.MemPool``) is
+    the pool's and is not tagged in this version.
+    """
+    import stitch
+
+    return stitch.region(tag, backup)
+
+
+def sleep(tags: Any = None, backup: Any = None, device: Any = -1) -> "dict[str, Any]":
+    """``stitch.sleep`` for PyTorch: ``torch.cuda.synchronize()`` first (only if torch is imported
+    and CUDA initialized), then the tags (None: every tag; a str, comma-separated str or iterable)
+    go to sleep; ``backup`` names more tags whose contents are kept. Returns the residency dict.
+
+    A sleeping tensor keeps its address (``data_ptr()``) but must not be touched until
+    :func:`wake`. Memory PyTorch has freed but stitch still caches for a tag goes back too.
+    """
+    import stitch
+
+    _synchronize(device)
+    return stitch.sleep(tags, backup=backup, device=device)
+
+
+def wake(tags: Any = None, device: Any = -1) -> None:
+    """``stitch.wake`` for PyTorch: the tags (None: every sleeping tag) get fresh memory at the
+    same addresses, backups restored. Wake one tag at a time, weights first, to keep the peak
+    low. Raises stitch.OutOfMemoryError (tags still asleep) when the device has no room."""
+    import stitch
+
+    _synchronize(device)
+    stitch.wake(tags, device=device)
+
+
+def trim(keep_bytes: int, device: Any = -1) -> None:
+    """``stitch.trim`` for PyTorch: ``torch.cuda.synchronize()`` first (as :func:`sleep`), then
+    cached free memory goes back until each device reserves at most ``keep_bytes``."""
+    import stitch
+
+    _synchronize(device)
+    stitch.trim(keep_bytes, device=device)
+
+
+def residency(device: Any = -1) -> "dict[str, Any]":
+    """``stitch.residency``: what is resident, per tag, as a dict."""
+    import stitch
+
+    return stitch.residency(device)

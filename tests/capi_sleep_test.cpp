@@ -1,0 +1,170 @@
+// Sleep and wake through the C API (stitch.h) on the simulated device, as a program drives it:
+// regions of the calling thread, several sleep/wake cycles with defaults, expandable segments and
+// stitching; the memory really comes back (an untagged allocation of nearly the whole device
+// succeeds while asleep); addresses and backed-up contents are kept; every error case returns an
+// error code and says why in stitch_last_error(); a wake without memory fails whole and succeeds
+// later.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "capi/c_api_testing.hpp"
+#include "stitch/config.hpp"
+#include "stitch/sim_backend.hpp"
+#include "stitch/stitch.h"
+#include "support/data_pattern.hpp"
+
+namespace stitch {
+namespace {
+
+using test::pattern_intact;
+using test::write_pattern;
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t kCapacity = 1024 * MiB;
+
+class CapiSleep : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    SimBackend::Options o;
+    o.capacity = kCapacity;
+    sim = std::make_shared<SimBackend>(o);
+    (void)detail::capi_exchange_allocator(std::make_unique<Allocator>(Config::parse(GetParam()), sim));
+  }
+  void TearDown() override { (void)detail::capi_exchange_allocator(nullptr); }
+  static std::string error() { return stitch_last_error(); }
+  static std::int64_t stat(const char* key) { return stitch_stat(0, key); }
+
+  std::shared_ptr<SimBackend> sim;
+};
+
+struct Block {
+  void* ptr;
+  std::size_t size;
+  std::uint64_t seed;
+};
+
+TEST_P(CapiSleep, CyclesKeepAddressesAndBackupsAndGiveTheMemoryBack) {
+  std::vector<Block> weights, kv, untagged;
+  std::uint64_t seed = 0;
+  auto add = [&](std::vector<Block>& to, std::size_t size) {
+    void* p = stitch_malloc(size, 0, nullptr);
+    ASSERT_NE(p, nullptr) << error();
+    write_pattern(p, size, ++seed);
+    to.push_back(Block{p, size, seed});
+  };
+  add(untagged, 40 * MiB);
+  ASSERT_EQ(stitch_region_begin("weights", 1), 0) << error();
+  for (std::size_t s : {100 * MiB, 7 * MiB, MiB / 2}) add(weights, s);
+  ASSERT_EQ(stitch_region_begin("kv_cache", 0), 0) << error();  // nested: the innermost wins
+  for (int i = 0; i < 8; ++i) add(kv, 20 * MiB);
+  ASSERT_EQ(stitch_region_end(), 0);
+  ASSERT_EQ(stitch_region_end(), 0);
+  EXPECT_NE(stitch_region_end(), 0);  // none open
+  EXPECT_NE(error().find("no region"), std::string::npos) << error();
+  const std::int64_t untagged_reserved = 40 * static_cast<std::int64_t>(MiB);
+
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    const std::int64_t allocated = stat("allocated_bytes.all.current");
+    const std::int64_t reserved = stat("reserved_bytes.all.current");
+    ASSERT_EQ(stitch_sleep(-1, nullptr, nullptr), 0) << error();
+    EXPECT_EQ(stat("reserved_bytes.all.current"), untagged_reserved);
+    EXPECT_EQ(stat("allocated_bytes.all.current"), allocated);
+    // Nearly the whole device, untagged, while asleep.
+    const std::size_t big = kCapacity - static_cast<std::size_t>(untagged_reserved) - 24 * MiB;
+    void* p = stitch_malloc(big, 0, nullptr);
+    ASSERT_NE(p, nullptr) << error();
+    std::memset(p, 0x5a, big);
+    // The wake cannot get its memory now: it fails whole, everything stays asleep.
+    EXPECT_NE(stitch_wake(-1, nullptr), 0);
+    EXPECT_NE(error().find("out of memory"), std::string::npos) << error();
+    ASSERT_EQ(stitch_region_begin("weights", 1), 0);
+    EXPECT_EQ(stitch_malloc(MiB, 0, nullptr), nullptr);  // asleep
+    EXPECT_NE(error().find("'weights'"), std::string::npos) << error();
+    ASSERT_EQ(stitch_region_end(), 0);
+    stitch_free(p, big, 0, nullptr);
+    ASSERT_EQ(stitch_empty_cache(0), 0);
+    // Weights first, then the KV cache.
+    ASSERT_EQ(stitch_wake(0, "weights"), 0) << error();
+    ASSERT_EQ(stitch_wake(0, "kv_cache"), 0) << error();
+    EXPECT_EQ(stat("reserved_bytes.all.current"), reserved);
+    for (const Block& b : weights) EXPECT_TRUE(pattern_intact(b.ptr, b.size, b.seed));
+    for (const Block& b : untagged) EXPECT_TRUE(pattern_intact(b.ptr, b.size, b.seed));
+    for (const Block& b : kv) write_pattern(b.ptr, b.size, b.seed);  // lost: written again
+  }
+  EXPECT_EQ(stat("num_sleeps"), 3);
+  EXPECT_EQ(stat("num_wakes"), 6);
+  for (auto* set : {&weights, &kv, &untagged})
+    for (const Block& b : *set) stitch_free(b.ptr, b.size, 0, nullptr);
+  EXPECT_STREQ(stitch_last_error(), stitch_last_error());
+}
+
+TEST_P(CapiSleep, ErrorCasesReturnAnErrorAndSayWhy) {
+  ASSERT_EQ(stitch_region_begin("kv", 0), 0);
+  void* p = stitch_malloc(8 * MiB, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  ASSERT_EQ(stitch_region_end(), 0);
+  EXPECT_NE(stitch_sleep(-1, "kv,nope", nullptr), 0);
+  EXPECT_NE(error().find("'nope'"), std::string::npos) << error();
+  EXPECT_NE(stitch_sleep(-1, "kv", "nope"), 0);
+  EXPECT_NE(stitch_sleep(7, "kv", nullptr), 0);
+  EXPECT_NE(stitch_region_begin(nullptr, 0), 0);
+  EXPECT_NE(stitch_region_begin("", 0), 0);
+  EXPECT_NE(stitch_region_begin("a,b", 0), 0);
+  EXPECT_EQ(stitch_sleep(-1, "kv", nullptr), 0) << error();
+  EXPECT_EQ(stitch_sleep(-1, "kv", nullptr), 0) << error();  // asleep already: nothing changes
+  EXPECT_EQ(stat("num_sleeps"), 1);
+  char buf[4096];
+  const std::size_t n = stitch_residency(0, buf, sizeof buf);
+  ASSERT_GT(n, 0u) << error();
+  ASSERT_LT(n, sizeof buf);
+  EXPECT_NE(std::string(buf).find(R"("tag": "kv", "state": "asleep")"), std::string::npos) << buf;
+  stitch_clear_error();
+  stitch_free(p, 8 * MiB, 0, nullptr);  // freeing a sleeping block works
+  EXPECT_STREQ(stitch_last_error(), "");
+  EXPECT_EQ(stitch_wake(-1, nullptr), 0) << error();
+  EXPECT_EQ(stitch_wake(-1, nullptr), 0) << error();  // nothing asleep: nothing to do
+  EXPECT_EQ(stitch_trim(0, 0), 0);
+  EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
+TEST_P(CapiSleep, RegionsAreScopedToTheirThread) {
+  ASSERT_EQ(stitch_region_begin("weights", 1), 0);
+  void* mine = stitch_malloc(4 * MiB, 0, nullptr);
+  void* theirs = nullptr;
+  std::thread other([&] {
+    EXPECT_NE(stitch_region_end(), 0);  // this thread opened none
+    theirs = stitch_malloc(4 * MiB, 0, nullptr);
+    write_pattern(theirs, 4 * MiB, 77);
+  });
+  other.join();
+  ASSERT_EQ(stitch_region_end(), 0);
+  write_pattern(mine, 4 * MiB, 78);
+  ASSERT_EQ(stitch_sleep(-1, "weights", nullptr), 0) << error();
+  EXPECT_TRUE(pattern_intact(theirs, 4 * MiB, 77));  // untagged: still mapped, still there
+  EXPECT_EQ(stat("sleeping_bytes.current"), static_cast<std::int64_t>(4 * MiB));
+  ASSERT_EQ(stitch_wake(-1, "weights"), 0) << error();
+  EXPECT_TRUE(pattern_intact(mine, 4 * MiB, 78));
+  stitch_free(mine, 4 * MiB, 0, nullptr);
+  stitch_free(theirs, 4 * MiB, 0, nullptr);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, CapiSleep,
+                         ::testing::Values("backend:sim",
+                                           "backend:sim,expandable_segments:True",
+                                           "backend:sim,expandable_segments:True,stitching:True"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           switch (info.index) {
+                             case 0: return std::string("defaults");
+                             case 1: return std::string("expandable");
+                             default: return std::string("stitching");
+                           }
+                         });
+
+}  // namespace
+}  // namespace stitch
