@@ -408,6 +408,58 @@ TEST_P(Sleep, EveryDeviceAndItsPeersAreSynchronized) {
   alloc->validate();
 }
 
+TEST_P(Sleep, AGraphPoolBegunInARegionSleepsWithItsTag) {
+  // As a capture inside a region (torch_memory_saver's cuda_graph): the pool takes the region's
+  // tag, and every allocation into it keeps it, from any thread, inside a region or not.
+  const PoolId id{0, 7};
+  {
+    Allocator::Region r(*alloc, "graph", /*backup=*/true);
+    alloc->begin_allocate_to_pool(0, id, [](stream_t s) { return s == S(3); });
+  }
+  std::vector<Live> graph;
+  for (std::size_t size : {6 * MiB, 300 * KiB, 40 * MiB}) graph.push_back(add(size, S(3)));
+  const Live outside = add(4 * MiB, S(4));  // another stream: not the pool's, untagged
+  alloc->deallocate(graph[1].ptr);  // freed during the capture: stays the pool's
+  graph.erase(graph.begin() + 1);
+  alloc->end_allocate_to_pool(0, id);
+  alloc->empty_cache();  // a graph pool's free pages stay (its replay may use them)
+  alloc->validate();
+  auto private_reserved = [&] {
+    const std::string r = alloc->residency(0);
+    const auto at = r.find(R"("private_pools": {)");
+    const auto key = r.find(R"("reserved_bytes": )", at);
+    return std::stoll(r.substr(key + 18));
+  };
+  const long long pool_reserved = private_reserved();
+  EXPECT_GE(pool_reserved, static_cast<long long>(46 * MiB));
+  const std::int64_t reserved = stat("reserved_bytes.all.current");
+  alloc->sleep(-1, "graph");
+  alloc->validate();
+  EXPECT_EQ(private_reserved(), 0);
+  EXPECT_EQ(stat("reserved_bytes.all.current"), reserved - pool_reserved);
+  EXPECT_TRUE(pattern_intact(outside.ptr, outside.size, outside.seed));
+  {
+    // Allocating into the sleeping pool fails too.
+    alloc->begin_allocate_to_pool(0, id, [](stream_t s) { return s == S(3); });
+    EXPECT_THROW((void)alloc->allocate(MiB, S(3)), error);
+    alloc->end_allocate_to_pool(0, id);
+    alloc->release_pool(0, id);  // (each begin is one use)
+  }
+  alloc->wake(-1, "graph");
+  alloc->validate();
+  expect_intact(graph);  // the region asked for backup
+  EXPECT_EQ(stat("reserved_bytes.all.current"), reserved);
+  // The graph goes: its pool's memory goes back once its blocks are free.
+  alloc->release_pool(0, id);
+  for (const Live& l : graph) alloc->deallocate(l.ptr);
+  alloc->empty_cache();
+  alloc->validate();
+  EXPECT_EQ(private_reserved(), 0) << alloc->residency(0);
+  alloc->deallocate(outside.ptr);
+  alloc->empty_cache();
+  EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, Sleep,
                          ::testing::Values("backend:sim",
                                            "backend:sim,expandable_segments:True",

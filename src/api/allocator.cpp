@@ -189,7 +189,21 @@ double Allocator::memory_fraction(int device) const {
 }
 
 void Allocator::begin_allocate_to_pool(int device, PoolId id, StreamFilter filter) {
-  checked_device(device).begin_allocate_to_pool(id, std::move(filter));
+  // Begun inside a region: the pool (a graph's) carries the region's tag and sleeps with it.
+  std::uint16_t tag = 0;
+  bool backup = false;
+  if (detail::t_open_regions != 0) {
+    const auto& frames = detail::t_regions;
+    for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
+      if (it->owner != this) continue;
+      tag = it->tag;
+      backup = it->backup;
+      break;
+    }
+  }
+  DeviceAllocator& d = checked_device(device);
+  if (tag != 0) d.name_tag(tag, tag_name(tag));
+  d.begin_allocate_to_pool(id, std::move(filter), tag, backup);
 }
 
 void Allocator::end_allocate_to_pool(int device, PoolId id) {

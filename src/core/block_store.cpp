@@ -306,7 +306,8 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
     if (s->epoch == nullptr) broken(device, "a segment has no epoch");
     if (s->private_pool != nullptr) {
       c.private_segments.push_back(s->private_pool);
-      if (s->expandable) broken(device, "a private pool's segment is expandable");
+      if (s->expandable != (s->tag != 0))
+        broken(device, "a private pool's segment is expandable without a tag, or plain with one");
     }
     if (!s->borrows.empty() && !s->stitched) broken(device, "a range that is not stitched borrows");
     if (s->tag != 0 && !s->expandable) broken(device, "a tagged segment is not expandable");

@@ -16,6 +16,7 @@ std::vector<Compactor::Candidate> Compactor::candidates() const {
   for (Segment* s = store_.segments(); s != nullptr; s = s->next) {
     if (!s->expandable || s->page != granule) continue;  // ranges made with stitching only
     if (s->asleep) continue;  // nothing under a sleeping range is mapped
+    if (s->private_pool != nullptr) continue;  // a graph's replay may use its free granules
     const PageTable& t = s->pages;
     // Per slot: live (a block other than a free one touches it), or frozen (pinned or lent).
     std::vector<std::uint8_t> mark(t.stored(), 0);

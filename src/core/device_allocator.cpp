@@ -116,6 +116,7 @@ DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t s
   const bool small = detail::is_small(rounded);
   BlockPool& pool =
       pools_.routing() ? pools_.route(stream, small, store_.pool(small)) : store_.pool(small);
+  if (pool.tag != 0) [[unlikely]] return malloc_in_tagged_pool(pool, mine, size, rounded, stream);
   if (mine != nullptr && mine->block != nullptr) {
     if (void* again = reuse_.take_back(*mine, size, rounded, stream, pool)) {
       recorder_.trace(TraceAction::alloc, again, size, stream);
@@ -262,9 +263,14 @@ void DeviceAllocator::empty_cache() {
 
 // ---- private pools ------------------------------------------------------------------------------
 
-void DeviceAllocator::begin_allocate_to_pool(PoolId id, StreamFilter filter) {
+void DeviceAllocator::begin_allocate_to_pool(PoolId id, StreamFilter filter, std::uint16_t tag,
+                                             bool backup) {
+  if (tag != 0 && !pages_.supported())
+    throw backend_error(fmt::format(
+        "a graph pool begun in a region is tagged: its memory is mapped in pages, and backend:{} "
+        "has no virtual-memory API on device {}", backend_.name(), device_));
   std::lock_guard lock(mutex_);  // settles the threads' parked frees
-  pools_.begin(id, std::move(filter));
+  pools_.begin(id, std::move(filter), tag, backup);
   note_pairs();  // no unlocked reuse while a route is underway
 }
 
@@ -277,7 +283,7 @@ void DeviceAllocator::end_allocate_to_pool(PoolId id) {
 
 void DeviceAllocator::release_pool(PoolId id) {
   std::lock_guard lock(mutex_);
-  if (pools_.release(id)) pools_.release_unused([this](Block* b) { plain_.release(b); });
+  if (pools_.release(id)) release_unused_pools();
 }
 
 // ---- queries ------------------------------------------------------------------------------------

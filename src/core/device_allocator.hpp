@@ -103,6 +103,8 @@ class DeviceAllocator {
   /// Wakes the `tags` asleep here. On out of memory (after releasing the cache and trying again),
   /// nothing changes and the OOM report is returned (empty: woken, or nothing to wake).
   std::string wake(const std::vector<std::uint16_t>& tags, const std::string& names);
+  /// `tag`'s name, for messages about it here.
+  void name_tag(std::uint16_t tag, const std::string& name);
   /// Whether `tag` is asleep / was ever used on this device.
   [[nodiscard]] bool tag_asleep(std::uint16_t tag) const;
   [[nodiscard]] bool tag_used(std::uint16_t tag) const;
@@ -140,8 +142,10 @@ class DeviceAllocator {
 
   // ---- private pools: CUDA graphs and MemPools (core/private_pools.hpp) ------------------------
   /// Routes the allocations on the streams `filter` accepts to private pool `id` (created at the
-  /// first call; each call is one use) until end_allocate_to_pool(id).
-  void begin_allocate_to_pool(PoolId id, StreamFilter filter);
+  /// first call, with region tag `tag` and `backup`; each call is one use) until
+  /// end_allocate_to_pool(id).
+  void begin_allocate_to_pool(PoolId id, StreamFilter filter, std::uint16_t tag = 0,
+                              bool backup = false);
   /// Ends the route to `id` begun last; once no route is left, the events of the blocks freed
   /// meanwhile are recorded at the next allocation (or empty_cache), after the capture itself
   /// has ended. Throws invalid_argument if no route to `id` is underway.
@@ -178,6 +182,12 @@ class DeviceAllocator {
 
   /// Marks the allocated `block` as serving a request of `requested` bytes and counts it.
   [[gnu::always_inline]] inline void activate(Block* block, std::size_t requested) noexcept;
+  /// malloc() from the tagged `pool` (a region tag's, or a tagged graph pool's): refused while the
+  /// tag is asleep. `mine`: the caller's slot, settled first.
+  Allocation malloc_in_tagged_pool(BlockPool& pool, detail::ThreadSlot* mine, std::size_t size,
+                                   std::size_t rounded, stream_t stream);
+  /// Best fit in `pool`, else the out-of-memory ladder; the block activated and entered live.
+  Allocation allocate_from(BlockPool& pool, std::size_t size, std::size_t rounded, stream_t stream);
   /// A placed block of a recorded start state becomes live (device_seed.cpp).
   void seeded(Block* block, const SeedBlock& seed);
   /// A pending block's last event completed: it becomes free.
@@ -205,6 +215,8 @@ class DeviceAllocator {
   /// and the memory of the private pools without uses; with `keep`, stops once reserved memory
   /// is at most `keep` bytes.
   void release_cached_blocks(std::size_t keep = 0);
+  /// Returns the memory of the private pools without uses whose blocks are all free.
+  void release_unused_pools();
   /// Throws error when the device may not be synchronized for `what` (a sleep or a wake): a
   /// private-pool route is underway, or a stream of the device captures a graph.
   void refuse_while_capturing(const char* what);
@@ -236,6 +248,7 @@ class DeviceAllocator {
   detail::ExpandableRanges ranges_{config_, store_, pages_, ledger_, stitcher_};
   detail::Compactor compactor_{config_, store_, pages_, ledger_, stitcher_, stats_};
   detail::Sleeper sleeper_{backend_, device_, store_, pages_, ledger_, stats_};
+  std::vector<std::string> tag_names_;  ///< [tag]: the names tagged allocations gave, for messages
   std::atomic<bool> python_frames_{false};  ///< the history takes Python frames
   /// The failure of the request in progress, until malloc hands it to its caller.
   std::unique_ptr<detail::OomCapture> failed_;

@@ -13,9 +13,10 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(BlockPool& pool, stream_t
   // path may release, move or reuse any free block).
   reuse_.settle_all();
   const bool touch = pools_.may_touch_device({stream});
-  const bool private_pool = pool.owner != nullptr;
-  // Tagged memory always lies in expandable ranges of its own (a sleep unmaps their pages).
-  const bool ranged = config_.expandable_segments || pool.tag != 0;
+  // Tagged memory always lies in expandable ranges of its own (a sleep unmaps their pages), a
+  // tagged graph pool's too; an untagged private pool grows by plain segments of its own.
+  const bool private_pool = pool.owner != nullptr && pool.tag == 0;
+  const bool ranged = pool.tag != 0 || (config_.expandable_segments && pool.owner == nullptr);
   // What new memory is obtained for the request: the segment size, or the request in pages.
   const std::size_t alloc_size =
       private_pool || !ranged
@@ -77,6 +78,18 @@ void DeviceAllocator::release_cached_blocks(std::size_t keep) {
   plain_.release_free(store_.pool(false), keep);
   ranges_.release_free_pages(keep);
   if (keep != 0 && ledger_.reserved() <= keep) return;
+  release_unused_pools();
+}
+
+void DeviceAllocator::release_unused_pools() {
+  // A tagged graph pool's ranges: their free pages, then the wholly unmapped ranges.
+  for (detail::Segment* s = store_.segments(); s != nullptr;) {
+    detail::Segment* next = s->next;
+    if (s->private_pool != nullptr && s->expandable && !s->asleep &&
+        detail::PrivatePools::unused(s->private_pool))
+      ranges_.release_range(s);
+    s = next;
+  }
   pools_.release_unused([this](Block* b) { plain_.release(b); });
 }
 

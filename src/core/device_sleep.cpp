@@ -30,10 +30,6 @@ DeviceAllocator::Allocation DeviceAllocator::malloc_tagged(std::size_t size, str
   detail::UnsettledGuard guard(mutex_);
   if (mine != nullptr) reuse_.flush(*mine);  // its pairs came before this request
   if (mine != nullptr) reuse_.settle(*mine);
-  if (sleeper_.asleep(tag))
-    throw error(fmt::format(
-        "cannot allocate {} bytes under region tag '{}' on device {}: the tag is asleep "
-        "(stitch_wake it first)", size, name, device_));
   if (size >= detail::kMaxRequest) {
     capture_oom(size, size, size, false, stream);
     return {nullptr, failed_.release()};
@@ -41,9 +37,19 @@ DeviceAllocator::Allocation DeviceAllocator::malloc_tagged(std::size_t size, str
   if (events_.outstanding() != 0 || events_.deferred() != 0) poll_events(mine, &stream);
   const std::size_t rounded = detail::round_size(size, config_.roundup_power2_divisions);
   const bool small = detail::is_small(rounded);
-  sleeper_.note_used(tag);
+  if (tag_names_.size() <= tag) tag_names_.resize(std::size_t{tag} + 1);
+  tag_names_[tag] = name;
+  // A route's private pool takes it (a graph's, tagged by the region its capture began in).
   BlockPool& pool = pools_.routing() ? pools_.route(stream, small, store_.pool(small, tag))
                                      : store_.pool(small, tag);
+  if (pool.tag == 0) return allocate_from(pool, size, rounded, stream);  // an untagged graph pool
+  const Allocation a = malloc_in_tagged_pool(pool, nullptr, size, rounded, stream);
+  if (a.ptr != nullptr && pool.owner == nullptr) live_.find(a.ptr)->backup = backup;
+  return a;
+}
+
+DeviceAllocator::Allocation DeviceAllocator::allocate_from(BlockPool& pool, std::size_t size,
+                                                           std::size_t rounded, stream_t stream) {
   Block* block = store_.best_fit(pool, stream, rounded);
   if (block == nullptr) {
     block = allocate_slow(pool, stream, rounded, size);
@@ -51,10 +57,33 @@ DeviceAllocator::Allocation DeviceAllocator::malloc_tagged(std::size_t size, str
   }
   block = store_.take(pool, block, rounded);
   activate(block, size);
-  block->backup = backup && pool.tag != 0;
   live_.insert(block->ptr, block);
   recorder_.trace(TraceAction::alloc, block->ptr, size, stream);
   return {block->ptr, nullptr};
+}
+
+DeviceAllocator::Allocation DeviceAllocator::malloc_in_tagged_pool(BlockPool& pool,
+                                                                   detail::ThreadSlot* mine,
+                                                                   std::size_t size,
+                                                                   std::size_t rounded,
+                                                                   stream_t stream) {
+  if (mine != nullptr) reuse_.settle(*mine);
+  if (sleeper_.asleep(pool.tag))
+    throw error(fmt::format(
+        "cannot allocate {} bytes under region tag '{}' on device {}: the tag is asleep "
+        "(stitch_wake it first)", size, tag_names_.size() > pool.tag ? tag_names_[pool.tag] : "?",
+        device_));
+  sleeper_.note_used(pool.tag);
+  const Allocation a = allocate_from(pool, size, rounded, stream);
+  // A graph pool's blocks are kept over a sleep as its region asked (the region's own: below).
+  if (a.ptr != nullptr) live_.find(a.ptr)->backup = pool.owner != nullptr && pool.owner->backup;
+  return a;
+}
+
+void DeviceAllocator::name_tag(std::uint16_t tag, const std::string& name) {
+  std::lock_guard lock(mutex_);
+  if (tag_names_.size() <= tag) tag_names_.resize(std::size_t{tag} + 1);
+  tag_names_[tag] = name;
 }
 
 bool DeviceAllocator::tag_asleep(std::uint16_t tag) const {

@@ -190,7 +190,10 @@ void ExpandableRanges::release_free_pages(std::size_t keep) {
     for (Segment* segment = store_.segments(); segment != nullptr;) {
       Segment* next_segment = segment->next;
       // A sleeping range keeps its blocks (and addresses) for its wake: it is never released.
-      if (segment->expandable && !segment->asleep && segment->borrows.empty() != borrowing) {
+      // A graph pool's free pages stay: a replay of its graph may use them (release_range, once
+      // the pool has no use).
+      if (segment->expandable && !segment->asleep && segment->private_pool == nullptr &&
+          segment->borrows.empty() != borrowing) {
         std::vector<Block*> candidates;
         for (Block* b = segment->head; b != nullptr; b = b->next)
           if (b->is_free() && b->size >= segment->page) candidates.push_back(b);
@@ -211,6 +214,18 @@ void ExpandableRanges::release_free_pages(std::size_t keep) {
       segment = next_segment;
     }
   }
+}
+
+void ExpandableRanges::release_range(Segment* segment) {
+  pages_.retry();
+  std::vector<Block*> candidates;
+  for (Block* b = segment->head; b != nullptr; b = b->next)
+    if (b->is_free() && b->size >= segment->page) candidates.push_back(b);
+  if (!candidates.empty()) {
+    pages_.synchronize(segment->stream);
+    for (Block* b : candidates) unmap_free_pages(b);
+  }
+  release_if_unmapped(segment);
 }
 
 std::vector<Block*> ExpandableRanges::seed(

@@ -45,6 +45,9 @@ class ExpandableRanges {
   /// `keep`, only until reserved memory is at most `keep` bytes (the last pages taken from a
   /// free block's end, whole handles).
   void release_free_pages(std::size_t keep = 0);
+  /// Unmaps and releases every whole free page of `segment` (a range of a graph pool without
+  /// uses), after synchronizing its stream, and gives it back once wholly unmapped.
+  void release_range(Segment* segment);
   /// A recorded start state: a new range of `stream` and pool with `runs` (address order) mapped
   /// in the recording's coarse pages, and `blocks` (offsets from the range's start) placed in
   /// them allocated, each handed to `activate` as soon as its run is placed. Returns the blocks

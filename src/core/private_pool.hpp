@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <utility>
 
@@ -14,11 +15,17 @@
 namespace stitch::detail {
 
 struct PrivatePool {
-  PrivatePool(PoolId pool_id, PoolAllocator<Block*>::Storage* nodes)
-      : id(pool_id), small(nodes, true, this), large(nodes, false, this) {}
+  PrivatePool(PoolId pool_id, PoolAllocator<Block*>::Storage* nodes, std::uint16_t tag_id = 0,
+              bool keep = false)
+      : id(pool_id), small(nodes, true, this, tag_id), large(nodes, false, this, tag_id),
+        tag(tag_id), backup(keep) {}
   PoolId id;
   BlockPool small;
   BlockPool large;
+  /// The region tag of the thread that created it (0: none): its memory lies in expandable
+  /// ranges of that tag and sleeps with it; `backup`: its live blocks are kept over a sleep.
+  std::uint16_t tag;
+  bool backup;
   int use_count = 1;         ///< begin_allocate_to_pool calls not yet released by release_pool
   std::size_t segments = 0;  ///< segments it holds
   BlockPool& pool(bool is_small) noexcept { return is_small ? small : large; }

@@ -33,8 +33,9 @@ class PrivatePools {
       : backend_(backend), device_(device), nodes_(nodes) {}
 
   /// Routes the allocations on the streams `filter` accepts to pool `id` (created at its first
-  /// route; each begin is one use) until end(id). Throws invalid_argument for an empty filter.
-  void begin(PoolId id, StreamFilter filter);
+  /// route, with region tag `tag` and `backup`; each begin is one use) until end(id). Throws
+  /// invalid_argument for an empty filter.
+  void begin(PoolId id, StreamFilter filter, std::uint16_t tag = 0, bool backup = false);
   /// Ends the route to `id` begun last. Throws invalid_argument if none is underway.
   void end(PoolId id);
   /// Drops one use of pool `id`. True when no route is underway any more, so that the unused
@@ -42,6 +43,8 @@ class PrivatePools {
   bool release(PoolId id);
   /// Whether a route is underway.
   [[nodiscard]] bool routing() const noexcept { return !routes_.empty(); }
+  /// Whether `pool` (a private pool's) is without uses: its memory may go back.
+  [[nodiscard]] static bool unused(const PrivatePool* pool) noexcept { return pool->use_count == 0; }
   /// The pool an allocation of `small` size on `stream` comes from: the newest route's that
   /// accepts the stream, else `device_pool`.
   BlockPool& route(stream_t stream, bool small, BlockPool& device_pool);
@@ -58,9 +61,9 @@ class PrivatePools {
   /// may_touch_device for `block`'s stream and every stream it was used on.
   [[nodiscard]] bool may_touch_device(const Block* block);
 
-  /// Returns the entirely free segments of the pools without uses (through
-  /// `release_segment(block)`), and forgets such a pool once it holds none. No route may be
-  /// underway.
+  /// Returns the entirely free plain segments of the pools without uses (through
+  /// `release_segment(block)`; a tagged pool's expandable ranges are the caller's to release
+  /// first), and forgets such a pool once it holds none. No route may be underway.
   template <typename Release>
   void release_unused(Release&& release_segment) {
     for (auto it = pools_.begin(); it != pools_.end();) {
@@ -69,7 +72,7 @@ class PrivatePools {
         std::vector<Block*> whole;
         for (BlockPool* pool : {&p.small, &p.large})
           for (Block* b : pool->index)
-            if (!b->is_split()) whole.push_back(b);
+            if (!b->is_split() && !b->segment->expandable) whole.push_back(b);
         for (Block* b : whole) release_segment(b);
       }
       if (p.use_count == 0 && p.segments == 0) {

@@ -32,7 +32,6 @@ This module imports torch only when ``cuda_graph`` is used.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from typing import Any, Iterator, Optional
 
 import stitch
@@ -54,13 +53,6 @@ __all__ = [
 ]
 
 _TAG_DEFAULT = "default"
-
-_GRAPH_POOL_WARNING = (
-    "stitch.torch.memory_saver.cuda_graph(): this version of stitch does not tag a CUDA graph's "
-    "private pool, so pause() does not release the graph's memory (only allocations made outside "
-    "the pool, inside the block, carry the tag)"
-)
-
 
 def _known_tags() -> "set[str]":
     """Every tag used so far, on any device."""
@@ -94,16 +86,14 @@ class TorchMemorySaver:
         enable_cpu_backup: bool = False,
     ) -> Iterator[None]:
         """Used in place of ``torch.cuda.graph(cuda_graph, pool, stream, capture_error_mode)``:
-        captures the graph inside a region with ``tag``.
-
-        Limitation: in this version stitch does not tag a graph's private pool. Allocations made
-        during capture go to the pool and are the pool's, untagged, so ``pause(tag)`` does not
-        release the graph's memory (torch_memory_saver's preload mode does). Capturing works
-        normally; a RuntimeWarning says so.
+        captures the graph inside a region with ``tag``. The graph's private pool begins inside
+        the region, so it carries ``tag`` (and ``enable_cpu_backup``): every allocation into it
+        is tagged, and ``pause(tag)`` releases the graph's memory too; the graph replays
+        unchanged after ``resume(tag)``. (Under ``stitch.torch.enable()``, where stitch serves
+        the graph's pool.)
         """
         import torch  # the real torch, only now
 
-        warnings.warn(_GRAPH_POOL_WARNING, RuntimeWarning, stacklevel=3)
         with stitch.region(tag, backup=enable_cpu_backup):
             with torch.cuda.graph(
                 cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode
