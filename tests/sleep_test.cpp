@@ -383,6 +383,17 @@ TEST_P(Sleep, ResidencySaysWhatStaysOnTheDevice) {
   EXPECT_NE(r.find(R"("untagged": {"live_bytes": )"), std::string::npos) << r;
   EXPECT_NE(r.find(R"("sleeping_bytes": )" + std::to_string(stat("sleeping_bytes.current"))),
             std::string::npos) << r;
+  // memory_summary and snapshots show the sleeping ranges as such.
+  const std::string summary = alloc->memory_summary(0);
+  EXPECT_NE(summary.find("Asleep (stitch_sleep)"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("Sleeping tags"), std::string::npos) << summary;
+  bool sleeping = false, awake = false;
+  for (const SegmentSnapshot& s : alloc->snapshot().segments) {
+    if (s.tag == "kv") sleeping = sleeping || s.sleeping;
+    if (s.tag == "weights") awake = awake || !s.sleeping;
+  }
+  EXPECT_TRUE(sleeping);
+  EXPECT_TRUE(awake);
   const std::string all = alloc->residency();
   EXPECT_EQ(all.rfind(R"({"devices": [)", 0), 0u) << all;
   alloc->wake();

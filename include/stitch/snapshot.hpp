@@ -36,6 +36,11 @@ struct SegmentSnapshot {
   bool is_expandable = false;
   /// The private pool (CUDA graph or MemPool) it belongs to; (0, 0) for the device's own pools.
   std::pair<unsigned long long, unsigned long long> pool_id{0, 0};
+  /// stitch only: the region tag of its memory ("" untagged), and whether it sleeps
+  /// (stitch_sleep): its pages went back to the device, its blocks keep their addresses. Written
+  /// to the snapshot only for tagged segments ("tag", "sleeping").
+  std::string tag;
+  bool sleeping = false;
   std::vector<BlockSnapshot> blocks;
 };
 

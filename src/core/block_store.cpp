@@ -247,7 +247,8 @@ const char* snapshot_state(const Block* b) {
 }
 }  // namespace
 
-void BlockStore::snapshot(int device, std::vector<SegmentSnapshot>& out, bool oldest_first) const {
+void BlockStore::snapshot(int device, std::vector<SegmentSnapshot>& out, bool oldest_first,
+                          const std::vector<std::string>* tag_names) const {
   const Segment* first = segments_;  // the list is newest first
   if (oldest_first)
     while (first != nullptr && first->next != nullptr) first = first->next;
@@ -267,6 +268,12 @@ void BlockStore::snapshot(int device, std::vector<SegmentSnapshot>& out, bool ol
         seg.segment_type = s->small ? "small" : "large";
         seg.is_expandable = s->expandable;
         if (s->private_pool != nullptr) seg.pool_id = s->private_pool->id;
+        if (s->tag != 0) {
+          seg.tag = tag_names != nullptr && s->tag < tag_names->size() && !(*tag_names)[s->tag].empty()
+                        ? (*tag_names)[s->tag]
+                        : fmt::format("tag {}", s->tag);
+          seg.sleeping = s->asleep;
+        }
         out.push_back(std::move(seg));
         cur = &out.back();
       }

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <unordered_map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -191,7 +192,9 @@ class BlockStore {
   [[nodiscard]] std::size_t largest_free_block() const;
   /// Every mapped run of every segment as a snapshot segment of `device` (newest segment first,
   /// or oldest first). Lent memory is shown where it is used: in the range that borrowed it.
-  void snapshot(int device, std::vector<SegmentSnapshot>& out, bool oldest_first) const;
+  /// A tagged range's segments carry its tag's name from `tag_names` ([tag]; "tag <n>" without).
+  void snapshot(int device, std::vector<SegmentSnapshot>& out, bool oldest_first,
+                const std::vector<std::string>* tag_names = nullptr) const;
   /// Checks the store's own invariants (tiling, links, states and the sets that hold them,
   /// coalescing, page tables, borrowed memory) and returns the recount; throws stitch::error.
   /// `live(block)`: the block is in the caller's live table.

@@ -304,7 +304,7 @@ std::vector<TraceEntry> DeviceAllocator::snapshot(std::vector<SegmentSnapshot>& 
   std::lock_guard lock(mutex_);
   poll_events(nullptr, nullptr);  // blocks whose streams are done are shown free
   recorder_.trace(TraceAction::snapshot, nullptr, 0, nullptr);
-  store_.snapshot(device_, out, /*oldest_first=*/false);
+  store_.snapshot(device_, out, /*oldest_first=*/false, &tag_names_);
   return recorder_.entries();
 }
 

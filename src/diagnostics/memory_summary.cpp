@@ -58,6 +58,12 @@ SummaryExtras summary_extras(const std::vector<SegmentSnapshot>& segments, int d
   std::map<std::uintptr_t, StreamFree> streams;
   for (const SegmentSnapshot& s : segments) {
     if (s.device != device) continue;
+    if (s.sleeping) {  // its pages went back: nothing of it is cached
+      ++x.sleeping_segments;
+      if (std::find(x.sleeping_tags.begin(), x.sleeping_tags.end(), s.tag) == x.sleeping_tags.end())
+        x.sleeping_tags.push_back(s.tag);
+      continue;
+    }
     ++x.segments;
     for (const BlockSnapshot& b : s.blocks) {
       if (b.state == "inactive") {
@@ -152,6 +158,14 @@ std::string memory_summary(const DeviceStats& stats, int device, const SummaryEx
                                             : fmt::format("Free on stream {:#x}", f.stream);
     line(label, fmt::format("{}, {} (largest {})", blocks_text(f.blocks), format_size(f.bytes),
                             format_size(f.largest)));
+  }
+  if (extras.sleeping_segments > 0 || stats.sleeping_bytes.current > 0) {
+    std::string tags;
+    for (const std::string& t : extras.sleeping_tags) tags += (tags.empty() ? "" : ", ") + t;
+    line("Asleep (stitch_sleep)",
+         fmt::format("{} live in {} range{}", format_size(static_cast<std::size_t>(stats.sleeping_bytes.current)),
+                     extras.sleeping_segments, extras.sleeping_segments == 1 ? "" : "s"));
+    if (!tags.empty()) line("Sleeping tags", tags.size() > 45 ? tags.substr(0, 42) + "..." : tags);
   }
   lines.push_back(rule('='));
 

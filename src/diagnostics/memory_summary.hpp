@@ -29,6 +29,8 @@ struct SummaryExtras {
   std::size_t pending_free_blocks = 0;
   std::size_t segments = 0;             ///< snapshot segments (an expandable segment counts each mapped run)
   std::vector<StreamFree> per_stream;   ///< streams with free blocks, by stream handle
+  std::size_t sleeping_segments = 0;    ///< snapshot segments of sleeping ranges (not counted above)
+  std::vector<std::string> sleeping_tags;  ///< their tags, in order of appearance
 };
 
 /// Computes the extras of `device` from snapshot segments (Allocator::snapshot()).

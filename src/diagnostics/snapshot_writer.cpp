@@ -232,6 +232,12 @@ void emit(Sink& w, const Snapshot& snap, const SnapshotMeta& meta) {
                             PyValue::integer(static_cast<std::int64_t>(s.pool_id.second))}));
     w.key("is_expandable");
     w.boolean(s.is_expandable);
+    if (!s.tag.empty()) {
+      w.key("tag");
+      w.string(s.tag);
+      w.key("sleeping");
+      w.boolean(s.sleeping);
+    }
     w.key("frames");
     emit_frames(w, lookup(segment_frames, s.device, s.address), cache);
     w.key("blocks");

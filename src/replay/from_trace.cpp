@@ -85,7 +85,7 @@ std::vector<StartSegment> held_at_start(int device, const std::vector<TraceEntry
   std::map<std::uintptr_t, Ranges> mapped;                      // stream -> expandable runs
   std::map<std::uintptr_t, bool> run_small;                     // known run start -> small pool
   for (const SegmentSnapshot& s : dump) {
-    if (s.device != device) continue;
+    if (s.device != device || s.sleeping) continue;  // a sleeping range holds no device memory
     const bool small = s.segment_type == "small";
     if (s.is_expandable) {
       add_range(mapped[s.stream], s.address, s.address + s.total_size);

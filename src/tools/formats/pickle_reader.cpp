@@ -878,6 +878,8 @@ class Converter {
     if (const PyValue* t = s.get("segment_type")) out.segment_type = str(*t, path / "segment_type");
     else out.segment_type = "large";
     if (const PyValue* e = s.get("is_expandable")) out.is_expandable = boolean(*e, path / "is_expandable");
+    if (const PyValue* t = s.get("tag"); t != nullptr && t->is_string()) out.tag = str(*t, path / "tag");
+    if (const PyValue* z = s.get("sleeping")) out.sleeping = boolean(*z, path / "sleeping");
     const Path bpath = path / "blocks";
     const auto& blocks = list(required(s, "blocks", path), bpath);
     std::uintptr_t next = out.address;
