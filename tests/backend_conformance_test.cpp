@@ -69,6 +69,8 @@ BackendFactory sim_factory() {
     EXPECT_EQ(u.reservations, 0u);
     EXPECT_EQ(u.mappings, 0u);
     EXPECT_EQ(u.events, 0u);
+    EXPECT_EQ(u.host_allocations, 0u);
+    EXPECT_EQ(u.host_bytes, 0u);
   };
   return f;
 }
@@ -112,6 +114,8 @@ BackendFactory cuda_factory() {
     EXPECT_EQ(u.live_reservations, b.live_reservations);
     EXPECT_EQ(u.live_mappings, b.live_mappings);
     EXPECT_EQ(u.live_events, b.live_events);
+    EXPECT_EQ(u.live_host_allocations, b.live_host_allocations);
+    EXPECT_EQ(u.host_bytes, b.host_bytes);
     EXPECT_EQ(fake->violations(), 0u) << "the fake driver saw a contract violation: "
                                       << fake->last_violation();
   };

@@ -1,7 +1,8 @@
 // tests/fake_cuda/fake_cuda.cpp — the strict fake CUDA driver, libstitch_fake_cuda.so: all
-// exported cu* entry points, the fake devices / primary contexts / memory / streams / events,
-// the contract rules (each check quotes the cuda.h sentence it enforces; rule numbers as in
-// README.md) and the test-control API declared in fake_cuda_control.h.
+// exported cu* entry points, the fake devices / primary contexts / memory (device and pinned
+// host) / streams / events, the contract rules (each check quotes the cuda.h sentence it
+// enforces; rule numbers as in README.md) and the test-control API declared in
+// fake_cuda_control.h.
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -52,7 +53,8 @@ constexpr u64 kLegacyKey = 0x100;  // streams-map key of device d's legacy strea
   X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuMemGetInfo) X(cuMemAlloc)         \
   X(cuMemFree) X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree)       \
   X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemcpyDtoDAsync) \
-  X(cuMemcpyDtoH) X(cuMemcpyHtoD) X(cuStreamCreate)                                              \
+  X(cuMemcpyDtoH) X(cuMemcpyHtoD) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyDtoHAsync)        \
+  X(cuMemcpyHtoDAsync) X(cuStreamCreate)                                                         \
   X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamBeginCapture)             \
   X(cuStreamEndCapture) X(cuStreamIsCapturing) X(cuThreadExchangeStreamCaptureMode)              \
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)      \
@@ -150,6 +152,7 @@ struct Device {
   u64 set_access = 0;
 };
 struct Alloc { size_t length, charged; int dev; };  // cuMemAlloc: mmap length, bytes charged
+struct HostAlloc { size_t length, bytes; int dev; unsigned flags; };  // cuMemHostAlloc: mmap length, bytesize
 struct Handle { int fd; size_t size; int dev; bool released; int maps; };
 struct Reservation { size_t size; int dev; };
 struct Mapping { size_t size; CUmemGenericAllocationHandle handle; int prot = PROT_NONE; };
@@ -185,6 +188,7 @@ struct State {
   Device dev[kMaxDevices];
   size_t pending_capacity[kMaxDevices] = {};  // set_capacity before cuInit (0 = none)
   std::map<uintptr_t, Alloc> allocs;
+  std::map<uintptr_t, HostAlloc> host_allocs;  // cuMemHostAlloc, keyed by address
   std::map<u64, Handle> handles;
   std::map<uintptr_t, Reservation> reservations;
   std::map<uintptr_t, Mapping> mappings;
@@ -535,14 +539,19 @@ void* map_reserved(void* at, size_t size, int extra_flags) {
 }
 
 // cuda.h, cuDevicePrimaryCtxRelease: "The context is automatically reset once the last reference
-// to it is released." The fake then destroys the context's cuMemAlloc memory, streams and
-// events; VMM handles, reservations and mappings are left alone.
+// to it is released." The fake then destroys the context's cuMemAlloc and cuMemHostAlloc memory,
+// streams and events; VMM handles, reservations and mappings are left alone.
 void reset_context(State& st, int d) {
   for (auto it = st.allocs.begin(); it != st.allocs.end();) {
     if (it->second.dev != d) { ++it; continue; }
     munmap(reinterpret_cast<void*>(it->first), it->second.length);
     st.dev[d].used -= it->second.charged;
     it = st.allocs.erase(it);
+  }
+  for (auto it = st.host_allocs.begin(); it != st.host_allocs.end();) {
+    if (it->second.dev != d) { ++it; continue; }
+    munmap(reinterpret_cast<void*>(it->first), it->second.length);
+    it = st.host_allocs.erase(it);
   }
   for (auto& [key, s] : st.streams) {
     if (s.dev != d) continue;
@@ -556,10 +565,12 @@ void reset_context(State& st, int d) {
 
 void reset_all(State& st) {
   for (auto& [p, a] : st.allocs) munmap(reinterpret_cast<void*>(p), a.length);
+  for (auto& [p, a] : st.host_allocs) munmap(reinterpret_cast<void*>(p), a.length);
   for (auto& [p, r] : st.reservations) munmap(reinterpret_cast<void*>(p), r.size);  // + mappings
   for (auto& [id, h] : st.handles)
     if (h.fd >= 0) close(h.fd);
-  st.allocs.clear(); st.handles.clear(); st.reservations.clear(); st.mappings.clear();
+  st.allocs.clear(); st.host_allocs.clear(); st.handles.clear(); st.reservations.clear();
+  st.mappings.clear();
   st.streams.clear(); st.events.clear(); st.faults.clear(); st.last_violation[0] = '\0';
   for (Device& d : st.dev) d = Device{};
   std::fill(std::begin(st.pending_capacity), std::end(st.pending_capacity), 0);
@@ -916,6 +927,60 @@ FAKE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   return CUDA_SUCCESS;
 }
 
+// ==== pinned host memory ============================================================================
+// cuda.h, cuMemHostAlloc: "Allocates \p bytesize bytes of host memory that is page-locked and
+// accessible to the device." The fake: read-write anonymous mmap (page aligned; not locked),
+// owned by the current context (freed with it, as its cuMemAlloc memory is) and charged to no
+// device. The host pointer is what every flag gives the copies, so all three are accepted.
+FAKE_EXPORT CUresult CUDAAPI cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags) {
+  ENTER(EP_cuMemHostAlloc);
+  NEED_CTX(d);
+  NEED_PTR(pp);
+  // cuda.h, cuMemHostAlloc: "The \p Flags parameter enables different options to be specified
+  // that affect the allocation, as follows." (CU_MEMHOSTALLOC_PORTABLE, _DEVICEMAP, _WRITECOMBINED)
+  const unsigned valid = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
+  if ((Flags & ~valid) != 0) return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "Flags = 0x%x", Flags);
+  // cuda.h does not say what a 0-byte request gives; stricter, the fake refuses it as cuMemAlloc
+  // documents: "If \p bytesize is 0, ::cuMemAlloc() returns ::CUDA_ERROR_INVALID_VALUE."
+  if (bytesize == 0) return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "bytesize is 0");
+  const size_t length = round_up(bytesize, kPage);
+  void* p = length < bytesize  // the rounding overflowed
+                 ? MAP_FAILED
+                 : mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {  // rule 11: the host has no room; not a violation
+    note(ep_, "%zu bytes of host memory cannot be mapped -> CUDA_ERROR_OUT_OF_MEMORY", bytesize);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  st.host_allocs[reinterpret_cast<uintptr_t>(p)] = {length, bytesize, d, Flags};
+  *pp = p;
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult CUDAAPI cuMemFreeHost(void* p) {
+  ENTER(EP_cuMemFreeHost);
+  NEED_CTX(d);
+  // Rule 10 — cuda.h, cuMemFreeHost: "Frees the memory space pointed to by \p p, which must have
+  // been returned by a previous call to ::cuMemAllocHost()."; cuMemHostAlloc: "The memory
+  // allocated by this function must be freed with ::cuMemFreeHost()."
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  auto it = st.host_allocs.find(at);
+  if (it == st.host_allocs.end()) {
+    auto below = st.host_allocs.upper_bound(at);
+    const bool interior = below != st.host_allocs.begin() && at < std::prev(below)->first + std::prev(below)->second.length;
+    return violation(st, R_FREE, ep_, CUDA_ERROR_INVALID_VALUE, "%p is %s", p,
+                     interior ? "an interior pointer of a host allocation" : "not from cuMemHostAlloc (or freed)");
+  }
+  // Rule 2 (strict): free under the context that allocated it, unless it is
+  // CU_MEMHOSTALLOC_PORTABLE: "considered as pinned memory by all CUDA contexts, not just the one
+  // that performed the allocation."
+  if ((it->second.flags & CU_MEMHOSTALLOC_PORTABLE) == 0 && it->second.dev != d)
+    return violation(st, R_CONTEXT, ep_, CUDA_ERROR_INVALID_VALUE,
+                     "wrong context: %p was allocated on device %d, current context is device %d",
+                     p, it->second.dev, d);
+  munmap(p, it->second.length);
+  st.host_allocs.erase(it);
+  return CUDA_SUCCESS;
+}
+
 // ==== virtual memory management =====================================================================
 FAKE_EXPORT CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
                                                            CUmemAllocationGranularity_flags option) {
@@ -1188,6 +1253,29 @@ CUresult device_memory(State& st, Ep ep, const char* what, CUdeviceptr ptr, size
                        "access (cuMemSetAccess)", what, ptr, bytes, prot & PROT_WRITE ? "read-write" : "read");
   return CUDA_SUCCESS;
 }
+// The stream of an asynchronous copy in device d's context: a live stream of that context (NULL
+// and CU_STREAM_LEGACY are its legacy stream).
+CUresult copy_stream(State& st, Ep ep, CUstream h, int d, Stream** out) {
+  TRY(get_stream(st, ep, h, out));
+  if ((*out)->dev != d)
+    return violation(st, R_HANDLE, ep, CUDA_ERROR_INVALID_HANDLE,
+                     "a stream of device %d's context in device %d's context", (*out)->dev, d);
+  return CUDA_SUCCESS;
+}
+// Queues an asynchronous copy, its arguments checked, on s: one work item, unless a capture
+// rule forbids it.
+CUresult queue_copy(State& st, Ep ep, Stream& s) {
+  // Rule 12 — legacy-stream work while a blocking stream captures is an implicit dependency.
+  if (s.legacy && blocking_captures(st, s.dev, true) > 0)
+    return violation(st, R_CAPTURE, ep, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+                     "copy on the legacy stream while a blocking stream of its context is capturing "
+                     "(capture invalidated)");
+  if (s.cap.status != CU_STREAM_CAPTURE_STATUS_NONE)
+    return violation(st, R_CAPTURE, ep, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                     "a copy into a capture (the fake does not model captured copies)");
+  push_work(s);
+  return CUDA_SUCCESS;
+}
 // cuda.h, cuMemcpyDtoDAsync: "Copies from device memory to device memory. \p dstDevice and \p
 // srcDevice are the base pointers of the destination and source, respectively. \p ByteCount
 // specifies the number of bytes to copy. Note that this function is asynchronous and can
@@ -1198,27 +1286,47 @@ FAKE_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src,
   ENTER(EP_cuMemcpyDtoDAsync);
   NEED_CTX(d);
   Stream* s;
-  TRY(get_stream(st, ep_, hStream, &s));
-  if (s->dev != d)
-    return violation(st, R_HANDLE, ep_, CUDA_ERROR_INVALID_HANDLE,
-                     "a stream of device %d's context in device %d's context", s->dev, d);
+  TRY(copy_stream(st, ep_, hStream, d, &s));
   if (bytes == 0) return CUDA_SUCCESS;
   TRY(device_memory(st, ep_, "srcDevice", src, bytes, d, PROT_READ));
   TRY(device_memory(st, ep_, "dstDevice", dst, bytes, d, PROT_READ | PROT_WRITE));
   if (src < dst + bytes && dst < src + bytes)
     return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE,
                      "the ranges [0x%llx, +0x%zx) and [0x%llx, +0x%zx) overlap", dst, bytes, src, bytes);
-  // Rule 12 — legacy-stream work while a blocking stream captures is an implicit dependency.
-  if (s->legacy && blocking_captures(st, s->dev, true) > 0)
-    return violation(st, R_CAPTURE, ep_, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
-                     "copy on the legacy stream while a blocking stream of its context is capturing "
-                     "(capture invalidated)");
-  if (s->cap.status != CU_STREAM_CAPTURE_STATUS_NONE)
-    return violation(st, R_CAPTURE, ep_, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
-                     "a copy into a capture (the fake does not model captured copies)");
-  push_work(*s);
+  TRY(queue_copy(st, ep_, *s));
   std::memmove(reinterpret_cast<void*>(static_cast<uintptr_t>(dst)),
                reinterpret_cast<const void*>(static_cast<uintptr_t>(src)), bytes);
+  return CUDA_SUCCESS;
+}
+// cuda.h, cuMemcpyDtoHAsync: "Copies from device to host memory. \p dstHost and \p srcDevice
+// specify the base pointers of the destination and source, respectively. \p ByteCount specifies
+// the number of bytes to copy." / cuMemcpyHtoDAsync: "Copies from host memory to device memory.
+// \p dstDevice and \p srcHost are the base addresses of the destination and source,
+// respectively." (both list ::CUDA_ERROR_INVALID_CONTEXT, _INVALID_VALUE and _INVALID_HANDLE).
+// The device side is checked as for cuMemcpyDtoH / cuMemcpyHtoD, the stream and capture rules
+// are cuMemcpyDtoDAsync's, and the bytes move at once (as there).
+FAKE_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync(void* dstHost, CUdeviceptr src, size_t bytes, CUstream hStream) {
+  ENTER(EP_cuMemcpyDtoHAsync);
+  NEED_CTX(d);
+  Stream* s;
+  TRY(copy_stream(st, ep_, hStream, d, &s));
+  if (bytes == 0) return CUDA_SUCCESS;
+  NEED_PTR(dstHost);
+  TRY(device_memory(st, ep_, "srcDevice", src, bytes, d, PROT_READ));
+  TRY(queue_copy(st, ep_, *s));
+  std::memcpy(dstHost, reinterpret_cast<const void*>(static_cast<uintptr_t>(src)), bytes);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dst, const void* srcHost, size_t bytes, CUstream hStream) {
+  ENTER(EP_cuMemcpyHtoDAsync);
+  NEED_CTX(d);
+  Stream* s;
+  TRY(copy_stream(st, ep_, hStream, d, &s));
+  if (bytes == 0) return CUDA_SUCCESS;
+  NEED_PTR(srcHost);
+  TRY(device_memory(st, ep_, "dstDevice", dst, bytes, d, PROT_READ | PROT_WRITE));
+  TRY(queue_copy(st, ep_, *s));
+  std::memcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(dst)), srcHost, bytes);
   return CUDA_SUCCESS;
 }
 
@@ -1460,7 +1568,9 @@ const ProcEntry kProcs[] = {
     P("cuCtxGetDevice", 2000, cuCtxGetDevice), P("cuCtxGetDevice", 13000, cuCtxGetDevice_v2),
     P("cuCtxSynchronize", 2000, cuCtxSynchronize), P("cuCtxSynchronize", 13000, cuCtxSynchronize_v2),
     P("cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync), P("cuMemcpyDtoH", 3020, cuMemcpyDtoH),
-    P("cuMemcpyHtoD", 3020, cuMemcpyHtoD),
+    P("cuMemcpyHtoD", 3020, cuMemcpyHtoD), P("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync),
+    P("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync), P("cuMemHostAlloc", 2020, cuMemHostAlloc),
+    P("cuMemFreeHost", 2000, cuMemFreeHost),
     P("cuMemGetInfo", 3020, cuMemGetInfo_v2), P("cuMemAlloc", 3020, cuMemAlloc_v2),
     P("cuMemFree", 3020, cuMemFree_v2),
     P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
@@ -1575,6 +1685,11 @@ FAKE_EXPORT int stitch_fake_cuda_get_usage(int device, struct stitch_fake_cuda_u
   out->capacity_bytes = st.dev[device].capacity;
   out->used_bytes = st.dev[device].used;
   for (auto& [p, a] : st.allocs) out->live_allocations += a.dev == device;
+  for (auto& [p, a] : st.host_allocs) {
+    if (a.dev != device) continue;
+    out->live_host_allocations++;
+    out->host_bytes += a.bytes;
+  }
   for (auto& [id, h] : st.handles) out->live_handles += h.dev == device && !h.released;
   for (auto& [p, r] : st.reservations) out->live_reservations += r.dev == device;
   for (auto& [p, m] : st.mappings) out->live_mappings += st.handles.at(m.handle).dev == device;

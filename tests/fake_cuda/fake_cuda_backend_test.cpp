@@ -3,8 +3,8 @@
 // allocator plain, with expandable segments and with stitching (data, bad frees, OOM and
 // recovery, leaks), contexts (never one on a device the program did not use, the caller's
 // restored, threads on other devices), the CUDA defects fixed on this path (cuMemMap out of
-// memory, one cuMemSetAccess per run, peers, strays), held streams, and a fault sweep over every
-// entry point. Every test also asserts that the fake saw no contract violation. Without the fake
+// memory, one cuMemSetAccess per run, peers, strays), held streams, pinned host memory and its
+// asynchronous copies (out of memory, failures named), and a fault sweep over every entry point. Every test also asserts that the fake saw no contract violation. Without the fake
 // every test skips.
 #include <gtest/gtest.h>
 
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "stitch/allocator.hpp"
+#include "stitch/backend.hpp"
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
 #include "support/cuda_driver.hpp"
@@ -69,6 +70,8 @@ class FakeCuda : public ::testing::Test {
       EXPECT_EQ(u.live_reservations, b.live_reservations) << "device " << d;
       EXPECT_EQ(u.live_mappings, b.live_mappings) << "device " << d;
       EXPECT_EQ(u.live_events, b.live_events) << "device " << d;
+      EXPECT_EQ(u.live_host_allocations, b.live_host_allocations) << "device " << d;
+      EXPECT_EQ(u.host_bytes, b.host_bytes) << "device " << d;
     }
   }
   static std::unique_ptr<Allocator> make(const std::string& conf) {
@@ -445,6 +448,62 @@ TEST_F(FakeCuda, AGraphCaptureThroughAPrivatePoolStaysValid) {
       f_->destroy_stream(0, capturing);
       f_->destroy_stream(0, side);
     }
+  }
+  expect_nothing_held();
+}
+
+TEST_F(FakeCuda, PinnedHostMemoryRunsOutAsNullptrAndFailuresNameTheCall) {
+  {
+    auto b = make_backend(Config::parse("backend:cuda"));
+    auto throws_naming = [](const char* call, auto&& fn) {
+      try {
+        fn();
+        ADD_FAILURE() << call << ": no backend_error";
+      } catch (const backend_error& e) {
+        EXPECT_NE(std::string(e.what()).find(call), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("on device 1"), std::string::npos) << e.what();
+      }
+    };
+    // Out of memory is an answer (nullptr); any other failure throws, naming the call.
+    ASSERT_EQ(f_->fail("cuMemHostAlloc", 1, CUDA_ERROR_OUT_OF_MEMORY), 0);
+    EXPECT_EQ(b->allocate_host(1, 4096), nullptr);
+    ASSERT_EQ(f_->fail("cuMemHostAlloc", 1, CUDA_ERROR_UNKNOWN), 0);
+    throws_naming("cuMemHostAlloc(4096 bytes)", [&] { (void)b->allocate_host(1, 4096); });
+    throws_naming("zero-byte request", [&] { (void)b->allocate_host(1, 0); });
+    EXPECT_EQ(f_->usage(1).live_host_allocations, baseline_[1].live_host_allocations);
+
+    auto* host = static_cast<unsigned char*>(b->allocate_host(1, 4096));
+    ASSERT_NE(host, nullptr);
+    EXPECT_EQ(current(), nullptr) << "the caller's (absent) context is restored";
+    EXPECT_EQ(f_->usage(1).live_host_allocations, baseline_[1].live_host_allocations + 1);
+    EXPECT_EQ(f_->usage(1).host_bytes, baseline_[1].host_bytes + 4096);
+    EXPECT_EQ(f_->usage(0).live_host_allocations, baseline_[0].live_host_allocations);
+    auto* dev = static_cast<unsigned char*>(b->allocate(1, 4096));
+    ASSERT_NE(dev, nullptr);
+    std::memset(dev, 5, 4096);  // the fake's device memory is host memory
+    void* stream = f_->make_stream(1);
+    ASSERT_NE(stream, nullptr);
+    b->copy_to_host_async(1, host, dev, 4096, stream);
+    b->synchronize_stream(1, stream);
+    EXPECT_EQ(host[4095], 5);
+    host[7] = 9;
+    b->copy_from_host_async(1, dev, host, 8, nullptr);  // the legacy stream
+    b->synchronize_stream(1, nullptr);
+    EXPECT_EQ(dev[7], 9);
+
+    ASSERT_EQ(f_->fail("cuMemcpyDtoHAsync", 1, CUDA_ERROR_UNKNOWN), 0);
+    throws_naming("cuMemcpyDtoHAsync(", [&] { b->copy_to_host_async(1, host, dev, 4096, stream); });
+    ASSERT_EQ(f_->fail("cuMemcpyHtoDAsync", 1, CUDA_ERROR_UNKNOWN), 0);
+    throws_naming("cuMemcpyHtoDAsync(", [&] { b->copy_from_host_async(1, dev, host, 4096, stream); });
+    ASSERT_EQ(f_->fail("cuMemFreeHost", 1, CUDA_ERROR_UNKNOWN), 0);
+    throws_naming("cuMemFreeHost(", [&] { b->deallocate_host(1, host, 4096); });
+    EXPECT_EQ(f_->usage(1).live_host_allocations, baseline_[1].live_host_allocations + 1)
+        << "a failed free keeps the memory";
+    b->deallocate_host(1, host, 4096);
+    b->deallocate_host(1, nullptr, 0);  // nothing to free
+    b->deallocate(1, dev, 4096);
+    f_->destroy_stream(1, stream);
+    EXPECT_EQ(current(), nullptr);
   }
   expect_nothing_held();
 }

@@ -27,7 +27,7 @@ enum stitch_fake_cuda_rule {
   STITCH_FAKE_CUDA_RULE_ADDRESS_FREE = 7,   /* cuMemAddressFree not of an exact, empty reservation */
   STITCH_FAKE_CUDA_RULE_RELEASED = 8,       /* unknown or released allocation handle */
   STITCH_FAKE_CUDA_RULE_HANDLE = 9,         /* bad / destroyed / foreign stream or event */
-  STITCH_FAKE_CUDA_RULE_FREE = 10,          /* cuMemFree of an unknown or interior pointer */
+  STITCH_FAKE_CUDA_RULE_FREE = 10,          /* cuMemFree(Host) of an unknown or interior pointer */
   STITCH_FAKE_CUDA_RULE_OUT_OF_MEMORY = 11, /* never counted: running out is not a violation */
   STITCH_FAKE_CUDA_RULE_CAPTURE = 12,       /* stream-capture rule broken */
   STITCH_FAKE_CUDA_RULE_NO_VMM = 13,        /* VMM call while STITCH_FAKE_CUDA_NO_VMM=1 */
@@ -75,6 +75,8 @@ struct stitch_fake_cuda_usage {
   unsigned long long live_mappings;     /* cuMemMap not yet unmapped (of this device's handles) */
   unsigned long long live_streams;      /* cuStreamCreate not yet destroyed */
   unsigned long long live_events;       /* cuEventCreate not yet destroyed */
+  unsigned long long live_host_allocations; /* cuMemHostAlloc in this device's context, not freed */
+  unsigned long long host_bytes;        /* their bytes as requested (host memory: not in used_bytes) */
 };
 /* Fills *out for `device`. Returns 0, or -1 (not initialised / bad device / out == NULL). */
 int stitch_fake_cuda_get_usage(int device, struct stitch_fake_cuda_usage* out);

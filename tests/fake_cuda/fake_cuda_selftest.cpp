@@ -76,6 +76,10 @@ struct Cu {
   PFN_cuMemUnmap_v10020 MemUnmap;
   PFN_cuMemSetAccess_v10020 MemSetAccess;
   PFN_cuMemcpyDtoDAsync_v3020 MemcpyDtoDAsync;
+  PFN_cuMemHostAlloc_v2020 MemHostAlloc;
+  PFN_cuMemFreeHost_v2000 MemFreeHost;
+  PFN_cuMemcpyDtoHAsync_v3020 MemcpyDtoHAsync;
+  PFN_cuMemcpyHtoDAsync_v3020 MemcpyHtoDAsync;
   PFN_cuStreamCreate_v2000 StreamCreate;
   PFN_cuStreamDestroy_v4000 StreamDestroy;
   PFN_cuStreamSynchronize_v2000 StreamSynchronize;
@@ -233,6 +237,12 @@ void test_proc_address() {
   CHECK(p == dlsym(g_lib, "cuCtxSynchronize"));
   OK(cu.GetProcAddress("cuCtxSynchronize", &p, 13000, 0, nullptr));  // the 13.0 ABI
   CHECK(p == dlsym(g_lib, "cuCtxSynchronize_v2"));
+  OK(cu.GetProcAddress("cuMemcpyDtoHAsync", &p, 13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, nullptr));
+  CHECK(p == dlsym(g_lib, "cuMemcpyDtoHAsync_v2"));  // the size_t ABI (3.2)
+  OK_AS(cu.GetProcAddress("cuMemcpyHtoDAsync", &p, 3010, 0, &status), CUDA_ERROR_NOT_FOUND);
+  CHECK(status == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+  OK(cu.GetProcAddress("cuMemHostAlloc", &p, 2020, 0, nullptr));
+  CHECK(p == dlsym(g_lib, "cuMemHostAlloc"));
   OK(cu.GetProcAddress("cuGetProcAddress", &p, 11030, 0, nullptr));
   CHECK(p == dlsym(g_lib, "cuGetProcAddress"));
   OK(cu.GetProcAddressLegacy("cuMemMap", &p, 11040, 0));
@@ -331,6 +341,12 @@ void test_contexts() {
   BAD(cu.MemUnmap(G, G), CUDA_ERROR_INVALID_CONTEXT, CTX);
   BAD(cu.MemSetAccess(G, G, &acc, 1), CUDA_ERROR_INVALID_CONTEXT, CTX);
   BAD(cu.MemRelease(1), CUDA_ERROR_INVALID_CONTEXT, CTX);
+  void* hp = nullptr;
+  char buf[64];
+  BAD(cu.MemHostAlloc(&hp, 4096, 0), CUDA_ERROR_INVALID_CONTEXT, CTX);
+  BAD(cu.MemFreeHost(buf), CUDA_ERROR_INVALID_CONTEXT, CTX);
+  BAD(cu.MemcpyDtoHAsync(buf, G, sizeof buf, nullptr), CUDA_ERROR_INVALID_CONTEXT, CTX);
+  BAD(cu.MemcpyHtoDAsync(G, buf, sizeof buf, nullptr), CUDA_ERROR_INVALID_CONTEXT, CTX);
   BAD(cu.PrimaryCtxRelease(0), CUDA_ERROR_INVALID_CONTEXT, CTX);
 
   unsigned flags;
@@ -780,6 +796,131 @@ void test_capture() {
   OK(cu.StreamDestroy(n));
 }
 
+void test_host_memory() {
+  puts("pinned host memory and asynchronous host copies");
+  void* hp = nullptr;
+  void* hq = nullptr;
+  BAD(cu.MemHostAlloc(&hp, 0, 0), CUDA_ERROR_INVALID_VALUE, ARG);
+  BAD(cu.MemHostAlloc(&hp, 4096, 0x8), CUDA_ERROR_INVALID_VALUE, ARG);  // no such flag
+  BAD(cu.MemHostAlloc(nullptr, 4096, 0), CUDA_ERROR_INVALID_VALUE, ARG);
+  OK(cu.MemHostAlloc(&hp, 3 * G, 0));  // host memory: beyond no device's capacity matters
+  char* const host = static_cast<char*>(hp);
+  CHECK(host != nullptr && writable(host) && writable(host + 3 * G - 1));
+  CHECK(usage(0).live_host_allocations == 1 && usage(0).host_bytes == 3 * G && usage(0).used_bytes == 0);
+  CHECK(usage(1).live_host_allocations == 0);
+  OK(cu.MemHostAlloc(&hq, 100, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+  CHECK(usage(0).live_host_allocations == 2 && usage(0).host_bytes == 3 * G + 100);
+
+  // Device memory: [r, r + G) mapped read-write, [r + G, r + 2G) only reserved.
+  CUdeviceptr r = 0;
+  CUmemGenericAllocationHandle h = 0;
+  CUmemAllocationProp prop = prop_of(0);
+  CUmemAccessDesc acc = access_of(0), ro = access_of(0, CU_MEM_ACCESS_FLAGS_PROT_READ);
+  OK(cu.MemAddressReserve(&r, 2 * G, 0, 0, 0));
+  OK(cu.MemCreate(&h, G, &prop, 0));
+  OK(cu.MemMap(r, G, 0, h, 0));
+  OK(cu.MemSetAccess(r, G, &acc, 1));
+  for (size_t i = 0; i < G; i += 4099) at(r)[i] = static_cast<char>(i * 31 + 7);
+  CUstream s, s1, bogus = reinterpret_cast<CUstream>(0x5a0000000008ull);
+  OK(cu.StreamCreate(&s, 0));
+
+  // Out through the stream in two chunks, back in on the legacy stream; the bytes move.
+  OK(cu.MemcpyDtoHAsync(host, r, G / 2, s));
+  OK(cu.MemcpyDtoHAsync(host + G / 2, r + G / 2, G / 2, s));
+  OK(cu.StreamSynchronize(s));
+  CHECK(memcmp(host, at(r), G) == 0);
+  for (size_t i = 0; i < G; i += 4099) host[G + i] = static_cast<char>(i * 31 + 9);
+  OK(cu.MemcpyHtoDAsync(r, host + G, G, nullptr));
+  OK(cu.StreamSynchronize(nullptr));
+  CHECK(memcmp(at(r), host + G, G) == 0);
+  OK(cu.MemcpyDtoHAsync(nullptr, r, 0, s));  // nothing to copy
+  OK(cu.MemcpyHtoDAsync(r + G, nullptr, 0, CU_STREAM_LEGACY));
+
+  // The device side: memory of the current context's device the copy may access.
+  BAD(cu.MemcpyDtoHAsync(host, r + G, 64, s), CUDA_ERROR_INVALID_VALUE, ARG);  // reserved, unmapped
+  BAD(cu.MemcpyDtoHAsync(host, r + G - 32, 64, s), CUDA_ERROR_INVALID_VALUE, ARG);  // past the mapping
+  BAD(cu.MemcpyHtoDAsync(r + G, host, 64, s), CUDA_ERROR_INVALID_VALUE, ARG);
+  BAD(cu.MemcpyDtoHAsync(host, 0x1234000, 64, s), CUDA_ERROR_INVALID_VALUE, ARG);  // not device memory
+  BAD(cu.MemcpyDtoHAsync(nullptr, r, 64, s), CUDA_ERROR_INVALID_VALUE, ARG);
+  BAD(cu.MemcpyHtoDAsync(r, nullptr, 64, s), CUDA_ERROR_INVALID_VALUE, ARG);
+  OK(cu.MemSetAccess(r, G, &ro, 1));
+  OK(cu.MemcpyDtoHAsync(host, r, 64, s));  // from read-only memory
+  BAD(cu.MemcpyHtoDAsync(r, host, 64, s), CUDA_ERROR_INVALID_VALUE, ACCESS);  // into it
+  OK(cu.MemSetAccess(r, G, &acc, 1));
+
+  // The stream: live, and of the current context.
+  BAD(cu.MemcpyDtoHAsync(host, r, 64, bogus), CUDA_ERROR_INVALID_HANDLE, HANDLE);
+  use(1);
+  OK(cu.StreamCreate(&s1, 0));
+  BAD(cu.MemcpyDtoHAsync(host, r, 64, s), CUDA_ERROR_INVALID_HANDLE, HANDLE);  // device 1's context
+  use(0);
+  BAD(cu.MemcpyHtoDAsync(r, host, 64, s1), CUDA_ERROR_INVALID_HANDLE, HANDLE);
+  // Queued work: on a held stream the copy is in flight until the stream is synchronized.
+  const unsigned long long forced = ctl.forced_completions();
+  CHECK(ctl.hold_stream(s) == 0);
+  OK(cu.MemcpyDtoHAsync(host, r, 64, s));
+  OK_AS(cu.StreamQuery(s), CUDA_ERROR_NOT_READY);
+  OK(cu.StreamSynchronize(s));
+  CHECK(ctl.forced_completions() == forced + 1);
+  CHECK(ctl.release_stream(s) == 0);
+  // Capture: no copies into a capture, none on the legacy stream while a blocking stream captures.
+  CUgraph g = nullptr;
+  OK(cu.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  BAD(cu.MemcpyDtoHAsync(host, r, 64, s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CAPTURE);
+  OK(cu.StreamEndCapture(s, &g));  // as for cuMemcpyDtoDAsync: refused, the capture goes on
+  OK(cu.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  BAD(cu.MemcpyHtoDAsync(r, host, 64, nullptr), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, CAPTURE);
+  OK_AS(cu.StreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+  // Injected faults: the call returns the result and does nothing.
+  host[0] = 1;
+  at(r)[0] = 2;
+  CHECK(ctl.fail("cuMemHostAlloc", 1, CUDA_ERROR_OUT_OF_MEMORY) == 0);
+  CHECK(ctl.fail("cuMemcpyDtoHAsync", 1, CUDA_ERROR_UNKNOWN) == 0);
+  CHECK(ctl.fail("cuMemcpyHtoDAsync", 2, CUDA_ERROR_INVALID_VALUE) == 0);
+  CHECK(ctl.fail("cuMemFreeHost", 1, CUDA_ERROR_UNKNOWN) == 0);
+  const unsigned long long allocs = ctl.calls("cuMemHostAlloc");
+  void* hr = nullptr;
+  OK_AS(cu.MemHostAlloc(&hr, 4096, 0), CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(hr == nullptr && usage(0).live_host_allocations == 2 && ctl.calls("cuMemHostAlloc") == allocs + 1);
+  OK_AS(cu.MemcpyDtoHAsync(host, r, 1, s), CUDA_ERROR_UNKNOWN);
+  CHECK(host[0] == 1);
+  OK(cu.MemcpyHtoDAsync(r + 1, host, 1, s));  // the first call; the second fails
+  OK_AS(cu.MemcpyHtoDAsync(r, host, 1, s), CUDA_ERROR_INVALID_VALUE);
+  CHECK(at(r)[0] == 2 && at(r)[1] == 1);
+  OK_AS(cu.MemFreeHost(hq), CUDA_ERROR_UNKNOWN);
+  CHECK(usage(0).live_host_allocations == 2);
+  OK(cu.MemcpyDtoHAsync(host, r, 1, s));  // faults fire once
+  CHECK(host[0] == 2);
+
+  // cuMemFreeHost: pointers of cuMemHostAlloc only, in its context unless PORTABLE.
+  char local[16];
+  BAD(cu.MemFreeHost(host + 4096), CUDA_ERROR_INVALID_VALUE, FREE);  // interior
+  BAD(cu.MemFreeHost(local), CUDA_ERROR_INVALID_VALUE, FREE);
+  BAD(cu.MemFreeHost(nullptr), CUDA_ERROR_INVALID_VALUE, FREE);
+  use(1);
+  BAD(cu.MemFreeHost(hp), CUDA_ERROR_INVALID_VALUE, CTX);  // device 0's, not portable
+  OK(cu.MemFreeHost(hq));  // portable: any context
+  use(0);
+  OK(cu.MemFreeHost(hp));
+  BAD(cu.MemFreeHost(hp), CUDA_ERROR_INVALID_VALUE, FREE);  // twice
+  CHECK(usage(0).live_host_allocations == 0 && usage(0).host_bytes == 0);
+
+  // The context's last release frees its host memory (as its cuMemAlloc memory).
+  use(1);
+  OK(cu.MemHostAlloc(&hq, 4096, 0));
+  CHECK(usage(1).live_host_allocations == 1 && usage(1).host_bytes == 4096);
+  use(0);
+  OK(cu.PrimaryCtxRelease(1));
+  CHECK(usage(1).live_host_allocations == 0 && usage(1).host_bytes == 0);
+  OK(cu.PrimaryCtxRetain(&ctx[1], 1));
+
+  OK(cu.StreamDestroy(s));
+  OK(cu.MemUnmap(r, G));
+  OK(cu.MemRelease(h));
+  OK(cu.MemAddressFree(r, 2 * G));
+}
+
 void test_threads() {
   puts("threads");
   auto worker = [](int d) {
@@ -962,6 +1103,10 @@ int main(int argc, char** argv) {
   resolve(cu.MemUnmap, "cuMemUnmap", 10020);
   resolve(cu.MemSetAccess, "cuMemSetAccess", 10020);
   resolve(cu.MemcpyDtoDAsync, "cuMemcpyDtoDAsync", 3020);
+  resolve(cu.MemHostAlloc, "cuMemHostAlloc", 2020);
+  resolve(cu.MemFreeHost, "cuMemFreeHost", 2000);
+  resolve(cu.MemcpyDtoHAsync, "cuMemcpyDtoHAsync", 3020);
+  resolve(cu.MemcpyHtoDAsync, "cuMemcpyHtoDAsync", 3020);
   resolve(cu.StreamCreate, "cuStreamCreate", 2000);
   resolve(cu.StreamDestroy, "cuStreamDestroy", 4000);
   resolve(cu.StreamSynchronize, "cuStreamSynchronize", 2000);
@@ -988,6 +1133,7 @@ int main(int argc, char** argv) {
   test_vmm();
   test_streams_events();
   test_capture();
+  test_host_memory();
   test_threads();
   test_faults_and_reset();
   test_no_vmm();

@@ -24,6 +24,8 @@ struct stitch_fake_cuda_usage {  // as tests/fake_cuda/fake_cuda_control.h decla
   unsigned long long live_mappings;
   unsigned long long live_streams;
   unsigned long long live_events;
+  unsigned long long live_host_allocations;
+  unsigned long long host_bytes;
 };
 }
 

@@ -1,6 +1,7 @@
 // backends/cuda/cuda_backend.cpp — CudaBackend: stitch::Backend on the CUDA driver API alone
-// (cuMemAlloc, events, streams, and the virtual-memory calls cuMemAddressReserve, cuMemCreate,
-// cuMemMap ...), reached through the Driver table (driver.hpp). Owns the per-device state (the
+// (cuMemAlloc, events, streams, the virtual-memory calls cuMemAddressReserve, cuMemCreate,
+// cuMemMap ..., the copies, and pinned host memory: cuMemHostAlloc and the asynchronous copies
+// through it), reached through the Driver table (driver.hpp). Owns the per-device state (the
 // primary context, retained once on first use; the capabilities; who may access mapped memory),
 // the context scope every call runs in, and the translation of driver results into
 // backend_error / nullptr. Messages are formatted only when a call fails.
@@ -31,6 +32,12 @@ using cuda_driver::Driver;
 constexpr std::size_t kDefaultGranularity = std::size_t{2} << 20;
 /// Backend::allocate promises at least this alignment.
 constexpr std::uintptr_t kAllocateAlignment = 512;
+/// cuMemHostAlloc's flags for Backend::allocate_host: none. Not CU_MEMHOSTALLOC_PORTABLE
+/// ("considered as pinned memory by all CUDA contexts, not just the one that performed the
+/// allocation"): a block of allocate_host(device) is copied and freed only by calls for that
+/// device, in the one context that allocated it. (DEVICEMAP and WRITECOMBINED serve other uses,
+/// kernels reading it in place and CPU-side write combining; the copies need neither.)
+constexpr unsigned int kHostAllocFlags = 0;
 
 // ---- message helpers (failure paths only) -----------------------------------------------------
 
@@ -394,6 +401,51 @@ class CudaBackend final : public Backend {
     };
     ContextScope scope = enter(device, call);
     const CUresult r = d_.memcpy_htod(reinterpret_cast<CUdeviceptr>(dst), src, bytes);
+    if (r != CUDA_SUCCESS) fail(call, device, r);
+  }
+
+  // ---- pinned host memory and the asynchronous copies through it ----
+
+  [[nodiscard]] void* allocate_host(int device, std::size_t bytes) override {
+    auto call = [&] { return "cuMemHostAlloc(" + bytes_text(bytes) + ")"; };
+    check_device(device, call);
+    if (bytes == 0) throw backend_error(call_text(call) + on_device(device) + ": zero-byte request");
+    ContextScope scope = enter(device, call);  // the memory belongs to the device's context
+    void* p = nullptr;
+    const CUresult r = d_.mem_host_alloc(&p, bytes, kHostAllocFlags);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;  // the host cannot pin that much
+    if (r != CUDA_SUCCESS) fail(call, device, r);
+    return p;
+  }
+
+  void deallocate_host(int device, void* ptr, std::size_t bytes) override {
+    auto call = [&] { return "cuMemFreeHost(" + hex(ptr) + ", " + bytes_text(bytes) + ")"; };
+    check_device(device, call);
+    if (ptr == nullptr) return;
+    ContextScope scope = enter(device, call);  // the context that allocated it
+    const CUresult r = d_.mem_free_host(ptr);
+    if (r != CUDA_SUCCESS) fail(call, device, r);
+  }
+
+  void copy_to_host_async(int device, void* dst, const void* src, std::size_t bytes,
+                          stream_t stream) override {
+    auto call = [&] {
+      return "cuMemcpyDtoHAsync(" + hex(dst) + ", " + hex(src) + ", " + std::to_string(bytes) +
+             ", stream " + hex(stream) + ")";
+    };
+    ContextScope scope = enter(device, call);  // the null stream: this device's default stream
+    const CUresult r = d_.memcpy_dtoh_async(dst, to_cu(src), bytes, static_cast<CUstream>(stream));
+    if (r != CUDA_SUCCESS) fail(call, device, r);
+  }
+
+  void copy_from_host_async(int device, void* dst, const void* src, std::size_t bytes,
+                            stream_t stream) override {
+    auto call = [&] {
+      return "cuMemcpyHtoDAsync(" + hex(dst) + ", " + hex(src) + ", " + std::to_string(bytes) +
+             ", stream " + hex(stream) + ")";
+    };
+    ContextScope scope = enter(device, call);  // the null stream: this device's default stream
+    const CUresult r = d_.memcpy_htod_async(to_cu(dst), src, bytes, static_cast<CUstream>(stream));
     if (r != CUDA_SUCCESS) fail(call, device, r);
   }
 

@@ -55,6 +55,13 @@ struct Driver {
                                 CUstream stream) = nullptr;
   CUresult (*memcpy_dtoh)(void* dst, CUdeviceptr src, std::size_t bytes) = nullptr;
   CUresult (*memcpy_htod)(CUdeviceptr dst, const void* src, std::size_t bytes) = nullptr;
+  // pinned host memory and the asynchronous copies through it
+  CUresult (*mem_host_alloc)(void** ptr, std::size_t bytes, unsigned int flags) = nullptr;
+  CUresult (*mem_free_host)(void* ptr) = nullptr;
+  CUresult (*memcpy_dtoh_async)(void* dst, CUdeviceptr src, std::size_t bytes,
+                                CUstream stream) = nullptr;
+  CUresult (*memcpy_htod_async)(CUdeviceptr dst, const void* src, std::size_t bytes,
+                                CUstream stream) = nullptr;
   // events and streams
   CUresult (*event_create)(CUevent* event, unsigned int flags) = nullptr;
   CUresult (*event_destroy)(CUevent event) = nullptr;
