@@ -3,9 +3,11 @@
 #
 # On a machine with one GPU: builds stitch in Release with the CUDA back end (sm_90) into
 # build-gpu, runs the whole ctest suite (CUDA tests included), runs stitch_gpu_bench (stitch vs
-# cudaMalloc, cudaMallocAsync and PyTorch's allocator; raw VMM costs; the cost of a stitch and of
-# a compaction, their own step lines "stitch-cost" and "compaction-cost", from the same run and
-# JSON) and writes OUTDIR/report.md next to the raw numbers (gpu_bench*.json) and the logs.
+# cudaMalloc, cudaMallocAsync and PyTorch's allocator; raw VMM costs; the cost of a stitch, of
+# a compaction and of sleep and wake, their own step lines "stitch-cost", "compaction-cost" and
+# "sleep-cost", from the same run and JSON; the CUDA tests include a CUDA graph replayed over
+# tagged tensors before a sleep and after the wake) and writes OUTDIR/report.md next to the raw
+# numbers (gpu_bench*.json) and the logs.
 # Meant to finish within 8 minutes on an H200. It goes on past a failing step, records it in the
 # report, and exits non-zero at the end if any step failed (1) or no GPU was found (2).
 #
@@ -292,6 +294,7 @@ elif [ $have_gpu = no ]; then
     record bench skipped $((SECONDS - t0)) "$(head -1 "$BENCH_LOG")"
     record stitch-cost skipped 0 "needs a GPU"
     record compaction-cost skipped 0 "needs a GPU"
+    record sleep-cost skipped 0 "needs a GPU"
   else
     record bench "$(status_of_rc $rc)" $((SECONDS - t0)) "rc=$rc without a GPU (expected 0)"
   fi
@@ -324,11 +327,14 @@ else
     [ -s "$OUT/gpu_bench_torch_expandable.json" ] && bench_json+=("$OUT/gpu_bench_torch_expandable.json")
     record bench-torch-expandable "$(status_of_rc $rc)" $((SECONDS - t0)) "PyTorch with expandable_segments:True"
   fi
-  # The stitch_cost/* and compaction_cost/* benchmarks (benchmarks/gpu/stitch_cost.cpp,
-  # compaction_cost.cpp) ran above, in the same binary with fixed iteration counts: a line each,
-  # from the JSON (the cost of a stitch; compaction's copy bandwidth and its time per GiB).
+  # The stitch_cost/*, compaction_cost/* and sleep_cost/* benchmarks (benchmarks/gpu/
+  # stitch_cost.cpp, compaction_cost.cpp, sleep_cost.cpp) ran above, in the same binary with fixed
+  # iteration counts: a line each, from the JSON (the cost of a stitch; compaction's copy
+  # bandwidth and its time per GiB; sleep and wake of 1, 10 and 50 GiB, the backups against the
+  # pinned host copy bandwidth of the same run).
   cost_status stitch-cost --stitch-cost-status
   cost_status compaction-cost --compaction-cost-status
+  cost_status sleep-cost --sleep-cost-status
 fi
 
 # ---- 7b. PyTorch end to end: the example trains with each allocator; a deliberate OOM ---------------

@@ -7,10 +7,12 @@ step log, the ctest log and nvidia-smi's output) into one markdown report. Stand
   gpu_report.py --self-test FIXTURE.json     # checks the report built from a hand-made JSON
   gpu_report.py --stitch-cost-status F ...   # 'STATUS<TAB>DETAIL' of the stitch_cost benchmarks
   gpu_report.py --compaction-cost-status F ...   # the same for the compaction_cost benchmarks
+  gpu_report.py --sleep-cost-status F ...   # the same for the sleep_cost benchmarks
 
 Benchmark names (see benchmarks/gpu/gpu_bench.cpp): pair/<peer>/<size>, mixed/<peer>,
 changing/<peer>, vmm/<call>/<size>, stitch_cost/<op>/<N>pages (its section: gpu_report_stitch.py),
-compaction_cost/<op>/<label> (gpu_report_compaction.py; number formats: gpu_report_format.py); Google Benchmark appends /real_time, /manual_time,
+compaction_cost/<op>/<label> (gpu_report_compaction.py), sleep_cost/<op>/<label>
+(gpu_report_sleep.py; number formats: gpu_report_format.py); Google Benchmark appends /real_time, /manual_time,
 /iterations:N, /repeats:N and, for aggregates, _median etc. (the median is used).
 Time per operation is 1e9 / items_per_second (one item = one allocator call); ratios are
 stitch ÷ peer, so below 1 is better for stitch, for time and for peak reserved bytes alike.
@@ -29,6 +31,7 @@ import tempfile
 
 from gpu_report_format import fmt_bytes, fmt_ns, fmt_ratio, ratio
 import gpu_report_compaction
+import gpu_report_sleep
 import gpu_report_stitch
 
 PEERS = ["cudaMalloc", "cudaMallocAsync", "torch", "torch_expandable", "stitch", "stitch_expandable"]
@@ -433,6 +436,7 @@ def build_report(res, steps, ctest_log, smi_path, no_gpu):
             lines.append("")
         gpu_report_stitch.section(res, lines)
         gpu_report_compaction.section(res, lines)
+        gpu_report_sleep.section(res, lines)
 
     if res.notes:
         lines.append("## Input problems")
@@ -566,6 +570,27 @@ def self_test(fixture):
         if "cuMemcpyDtoH/HtoD" not in costs:
             failures.append("cost file: no staging copy")
 
+        # The sleep and wake cost section, from synthetic sleep_cost entries
+        # (gpu_report_sleep.py), and its status line.
+        sl = os.path.join(tmp, "sleep_cost.json")
+        with open(sl, "w") as f:
+            json.dump({"context": {}, "benchmarks": gpu_report_sleep.SELF_TEST_BENCHMARKS}, f)
+        ns = argparse.Namespace(bench_json=[sl], steps=None, ctest_log=None, nvidia_smi=None,
+                                no_gpu=None, out=out)
+        text = generate(ns)
+        for needle, what in gpu_report_sleep.SELF_TEST_EXPECT:
+            expect(text, needle, what)
+        st = sleep_cost_status([sl])
+        expect(st, "failed\t1 of 8 failed; sleep_cost/wake/1GiB/backup: cuMemCreate failed: out "
+               "of memory", "sleep cost status")
+        ok_rows = [b for b in gpu_report_sleep.SELF_TEST_BENCHMARKS
+                   if not b.get("error_message", "").startswith("cuMemCreate")]
+        with open(sl, "w") as f:
+            json.dump({"context": {}, "benchmarks": ok_rows}, f)
+        st = sleep_cost_status([sl])
+        expect(st, "ok\t6 results, 1 skipped (memory); backup 16 GiB/s at 10 GiB, 0.8× the pinned "
+               "copy's 20 GiB/s (goal 0.8×: met)", "sleep cost status (ok)")
+
         # No device: the bench binary's stub JSON.
         stub = os.path.join(tmp, "stub.json")
         with open(stub, "w") as f:
@@ -604,6 +629,15 @@ def compaction_cost_status(paths):
     return f"{state}\t{detail}"
 
 
+def sleep_cost_status(paths):
+    """'STATUS<TAB>DETAIL' of the sleep_cost benchmarks in the JSON file(s), for gpu-check.sh."""
+    res = Results()
+    for p in paths:
+        res.add_file(p)
+    state, detail = gpu_report_sleep.status(res)
+    return f"{state}\t{detail}"
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="markdown report to write")
@@ -619,6 +653,8 @@ def main(argv):
                     help="print 'STATUS<TAB>DETAIL' of the stitch_cost benchmarks and exit")
     ap.add_argument("--compaction-cost-status", nargs="+", metavar="JSON",
                     help="print 'STATUS<TAB>DETAIL' of the compaction_cost benchmarks and exit")
+    ap.add_argument("--sleep-cost-status", nargs="+", metavar="JSON",
+                    help="print 'STATUS<TAB>DETAIL' of the sleep_cost benchmarks and exit")
     args = ap.parse_args(argv)
     if args.self_test:
         return self_test(args.self_test)
@@ -627,6 +663,9 @@ def main(argv):
         return 0
     if args.compaction_cost_status:
         print(compaction_cost_status(args.compaction_cost_status))
+        return 0
+    if args.sleep_cost_status:
+        print(sleep_cost_status(args.sleep_cost_status))
         return 0
     if not args.out:
         ap.error("--out is required")

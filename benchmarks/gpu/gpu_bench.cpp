@@ -22,6 +22,8 @@
 //                       expandable-segment grow and cudaMalloc of the same bytes (stitch_cost.cpp)
 //   compaction_cost/... the device's copy bandwidth, compaction's copies and a whole compaction
 //                       per GiB with its driver calls (compaction_cost.cpp)
+//   sleep_cost/...      the pinned host copy bandwidth, and sleep and wake of 1, 10 and 50 GiB
+//                       of tagged memory with and without backup (sleep_cost.cpp)
 // Counters: peak_reserved (bytes), peak_segments (cudaMalloc'ed segments, where known), bytes.
 // The driver API is reached through the CUDA back end's entry-point table
 // (backends/cuda/driver.hpp, opened with dlopen and cuGetProcAddress): libcuda is never linked.
@@ -55,6 +57,7 @@
 #include "peers.hpp"
 #include "stitch/stitch.hpp"
 #include "compaction_cost.hpp"
+#include "sleep_cost.hpp"
 #include "stitch_cost.hpp"
 
 namespace stitch_bench {
@@ -539,6 +542,7 @@ void register_all() {
   }
   register_stitch_cost(g_stream);
   register_compaction_cost(g_stream);
+  register_sleep_cost(g_stream);
 }
 
 void add_context() {
