@@ -452,6 +452,80 @@ TEST_F(FakeCuda, AGraphCaptureThroughAPrivatePoolStaysValid) {
   expect_nothing_held();
 }
 
+TEST_F(FakeCuda, SleepAndWakeRunOnTheDriverInEveryMode) {
+  // Sleep and wake through the driver's calls (cuCtxSynchronize, cuMemHostAlloc,
+  // cuMemcpyDtoHAsync, cuMemUnmap, cuMemRelease; cuMemCreate, cuMemMap, cuMemSetAccess,
+  // cuMemcpyHtoDAsync, cuMemFreeHost), each mode: the pages really go back to the device, the
+  // backed-up data is back at its address, and a fault at each of those calls leaves every block
+  // awake with its data or asleep with its backup.
+  for (const char* conf : kConfigs) {
+    SCOPED_TRACE(conf);
+    {
+      auto a = make(conf);
+      void* w = nullptr;
+      void* k = nullptr;
+      {
+        Allocator::Region r(*a, "weights", /*backup=*/true);
+        w = a->allocate(24 * MiB);
+      }
+      {
+        Allocator::Region r(*a, "kv");
+        k = a->allocate(40 * MiB);
+      }
+      fill(w, 24 * MiB, 5);
+      const std::size_t used = f_->usage(0).used_bytes;
+      const auto before = [&](const char* ep) { return f_->calls(ep); };
+      const unsigned long long syncs = before("cuCtxSynchronize"), dtoh = before("cuMemcpyDtoHAsync");
+      a->sleep();
+      a->validate();
+      EXPECT_GE(before("cuCtxSynchronize"), syncs + 2) << "the device and its peer";
+      EXPECT_GT(before("cuMemcpyDtoHAsync"), dtoh);
+      EXPECT_LE(f_->usage(0).used_bytes + 64 * MiB, used) << "the pages went back";
+      EXPECT_EQ(f_->usage(0).live_host_allocations, baseline_[0].live_host_allocations + 1);
+      a->wake();
+      a->validate();
+      EXPECT_TRUE(intact(w, 24 * MiB, 5));
+      EXPECT_EQ(f_->usage(0).live_host_allocations, baseline_[0].live_host_allocations);
+      // A fault at every call of the path, one at a time.
+      for (const char* entry : {"cuCtxSynchronize", "cuMemHostAlloc", "cuMemcpyDtoHAsync",
+                                "cuStreamSynchronize", "cuMemUnmap", "cuMemRelease"}) {
+        SCOPED_TRACE(entry);
+        fill(w, 24 * MiB, 6);
+        ASSERT_EQ(f_->fail(entry, 1, CUDA_ERROR_UNKNOWN), 0);
+        bool asleep = false;
+        try {
+          a->sleep();
+          asleep = true;
+        } catch (const error& e) {
+          asleep = std::string(e.what()).find("is asleep") != std::string::npos;
+        }
+        f_->clear_faults();
+        a->validate();
+        if (asleep) a->wake();
+        a->validate();
+        EXPECT_TRUE(intact(w, 24 * MiB, 6));
+      }
+      a->sleep();
+      for (const char* entry : {"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemcpyHtoDAsync"}) {
+        SCOPED_TRACE(entry);
+        ASSERT_EQ(f_->fail(entry, 1, CUDA_ERROR_UNKNOWN), 0);
+        EXPECT_THROW(a->wake(), backend_error);
+        f_->clear_faults();
+        a->validate();
+        Allocator::Region r(*a, "weights");
+        EXPECT_THROW((void)a->allocate(MiB), error) << "still asleep";
+      }
+      a->wake();
+      a->validate();
+      EXPECT_TRUE(intact(w, 24 * MiB, 6));
+      a->deallocate(w);
+      a->deallocate(k);
+      a->empty_cache();
+    }
+    expect_nothing_held();
+  }
+}
+
 TEST_F(FakeCuda, PinnedHostMemoryRunsOutAsNullptrAndFailuresNameTheCall) {
   {
     auto b = make_backend(Config::parse("backend:cuda"));
