@@ -471,6 +471,26 @@ TEST_P(Sleep, AGraphPoolBegunInARegionSleepsWithItsTag) {
   EXPECT_EQ(stat("reserved_bytes.all.current"), 0);
 }
 
+TEST(SleepWithoutVirtualMemory, TheFirstTaggedAllocationFailsWithAClearMessage) {
+  class NoVmm : public SimBackend {
+   public:
+    bool supports_virtual_memory(int) override { return false; }
+  };
+  Allocator a(Config::parse("backend:sim"), std::make_shared<NoVmm>());
+  void* untagged = a.allocate(MiB);  // untagged memory does not need it
+  Allocator::Region r(a, "weights");
+  try {
+    (void)a.allocate(MiB);
+    FAIL() << "a tagged allocation without the virtual-memory API";
+  } catch (const backend_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'weights'"), std::string::npos) << what;
+    EXPECT_NE(what.find("virtual-memory API"), std::string::npos) << what;
+  }
+  a.deallocate(untagged);
+  a.validate();
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, Sleep,
                          ::testing::Values("backend:sim",
                                            "backend:sim,expandable_segments:True",
