@@ -18,6 +18,7 @@
 #include "stitch/sim_backend.hpp"
 #include "stitch/stitch.h"
 #include "support/data_pattern.hpp"
+#include "support/sleep_configs.hpp"
 
 namespace stitch {
 namespace {
@@ -154,17 +155,7 @@ TEST_P(CapiSleep, RegionsAreScopedToTheirThread) {
   stitch_free(theirs, 4 * MiB, 0, nullptr);
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, CapiSleep,
-                         ::testing::Values("backend:sim",
-                                           "backend:sim,expandable_segments:True",
-                                           "backend:sim,expandable_segments:True,stitching:True"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           switch (info.index) {
-                             case 0: return std::string("defaults");
-                             case 1: return std::string("expandable");
-                             default: return std::string("stitching");
-                           }
-                         });
+INSTANTIATE_TEST_SUITE_P(Configs, CapiSleep, test::sleep_configs(), test::sleep_config_name);
 
 }  // namespace
 }  // namespace stitch

@@ -22,6 +22,7 @@
 #include "stitch/errors.hpp"
 #include "stitch/sim_backend.hpp"
 #include "support/data_pattern.hpp"
+#include "support/sleep_configs.hpp"
 
 namespace stitch {
 namespace {
@@ -491,17 +492,7 @@ TEST(SleepWithoutVirtualMemory, TheFirstTaggedAllocationFailsWithAClearMessage) 
   a.validate();
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, Sleep,
-                         ::testing::Values("backend:sim",
-                                           "backend:sim,expandable_segments:True",
-                                           "backend:sim,expandable_segments:True,stitching:True"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           switch (info.index) {
-                             case 0: return std::string("defaults");
-                             case 1: return std::string("expandable");
-                             default: return std::string("stitching");
-                           }
-                         });
+INSTANTIATE_TEST_SUITE_P(Configs, Sleep, test::sleep_configs(), test::sleep_config_name);
 
 }  // namespace
 }  // namespace stitch

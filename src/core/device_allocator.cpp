@@ -124,6 +124,11 @@ DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t s
     }
   }
   if (reuse_.shared()) reuse_.settle_parked_on(stream, mine);
+  return allocate_from(pool, size, rounded, stream);
+}
+
+DeviceAllocator::Allocation DeviceAllocator::allocate_from(BlockPool& pool, std::size_t size,
+                                                           std::size_t rounded, stream_t stream) {
   Block* block = store_.best_fit(pool, stream, rounded);
   if (block == nullptr) {
     block = allocate_slow(pool, stream, rounded, size);

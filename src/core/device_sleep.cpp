@@ -48,20 +48,6 @@ DeviceAllocator::Allocation DeviceAllocator::malloc_tagged(std::size_t size, str
   return a;
 }
 
-DeviceAllocator::Allocation DeviceAllocator::allocate_from(BlockPool& pool, std::size_t size,
-                                                           std::size_t rounded, stream_t stream) {
-  Block* block = store_.best_fit(pool, stream, rounded);
-  if (block == nullptr) {
-    block = allocate_slow(pool, stream, rounded, size);
-    if (block == nullptr) return {nullptr, failed_.release()};
-  }
-  block = store_.take(pool, block, rounded);
-  activate(block, size);
-  live_.insert(block->ptr, block);
-  recorder_.trace(TraceAction::alloc, block->ptr, size, stream);
-  return {block->ptr, nullptr};
-}
-
 DeviceAllocator::Allocation DeviceAllocator::malloc_in_tagged_pool(BlockPool& pool,
                                                                    detail::ThreadSlot* mine,
                                                                    std::size_t size,

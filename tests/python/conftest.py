@@ -1,6 +1,7 @@
 """Shared setup: the source package (python/) over the libstitch.so named by STITCH_LIBRARY (or
 build/libstitch.so), one process-wide allocator on the simulated device for the whole session."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -72,3 +73,11 @@ def run_python(args, env=None, path=(), cwd=None, timeout=120):
     return subprocess.run(
         [sys.executable, *args], env=full, cwd=cwd, capture_output=True, text=True, timeout=timeout
     )
+
+
+def load_fake_torch():
+    """A fresh copy of the stand-in torch (fake_torch.py), as module `torch`."""
+    spec = importlib.util.spec_from_file_location("torch", Path(__file__).resolve().parent / "fake_torch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -8,19 +8,16 @@ what it allocates and leaves nothing asleep.
 """
 
 import ctypes
-import importlib.util
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
 import stitch
 import stitch.torch as st
-from conftest import run_python
+from conftest import load_fake_torch, run_python
 from stitch.torch import memory_saver as ms
 
-HERE = Path(__file__).resolve().parent
 MiB = 1 << 20
 
 
@@ -360,16 +357,9 @@ def test_trim_gives_back_a_tags_cached_memory():
 # ---- stitch.torch ----------------------------------------------------------------------------
 
 
-def _load_fake():
-    spec = importlib.util.spec_from_file_location("torch", HERE / "fake_torch.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture
 def fake_torch(monkeypatch):
-    mod = _load_fake()
+    mod = load_fake_torch()
     monkeypatch.setitem(sys.modules, "torch", mod)
     return mod
 

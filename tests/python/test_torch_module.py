@@ -16,23 +16,16 @@ import pytest
 import stitch
 import stitch.torch as st
 from stitch import _lib
-from conftest import run_python
+from conftest import load_fake_torch, run_python
 
 HERE = Path(__file__).resolve().parent
-
-
-def _load_fake():
-    spec = importlib.util.spec_from_file_location("torch", HERE / "fake_torch.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture
 def fake_torch(monkeypatch):
     """The stand-in torch, in this process, over the session's simulated device (which enable()
     refuses outside the tests)."""
-    mod = _load_fake()
+    mod = load_fake_torch()
     monkeypatch.setitem(sys.modules, "torch", mod)
     monkeypatch.setattr(st, "_allocator", None)
     monkeypatch.setattr(st, "_ALLOW_SIM_FOR_TESTS", True)

@@ -429,23 +429,29 @@ class CudaBackend final : public Backend {
 
   void copy_to_host_async(int device, void* dst, const void* src, std::size_t bytes,
                           stream_t stream) override {
-    auto call = [&] {
-      return "cuMemcpyDtoHAsync(" + hex(dst) + ", " + hex(src) + ", " + std::to_string(bytes) +
-             ", stream " + hex(stream) + ")";
-    };
-    ContextScope scope = enter(device, call);  // the null stream: this device's default stream
-    const CUresult r = d_.memcpy_dtoh_async(dst, to_cu(src), bytes, static_cast<CUstream>(stream));
-    if (r != CUDA_SUCCESS) fail(call, device, r);
+    async_host_copy(device, "cuMemcpyDtoHAsync", dst, src, bytes, stream, [&] {
+      return d_.memcpy_dtoh_async(dst, to_cu(src), bytes, static_cast<CUstream>(stream));
+    });
   }
 
   void copy_from_host_async(int device, void* dst, const void* src, std::size_t bytes,
                             stream_t stream) override {
+    async_host_copy(device, "cuMemcpyHtoDAsync", dst, src, bytes, stream, [&] {
+      return d_.memcpy_htod_async(to_cu(dst), src, bytes, static_cast<CUstream>(stream));
+    });
+  }
+
+  /// One of the asynchronous host copies: `copy()` makes the driver call, in `device`'s context
+  /// (the null stream: that device's default stream); a failure names `what` and its arguments.
+  template <typename Copy>
+  void async_host_copy(int device, const char* what, void* dst, const void* src, std::size_t bytes,
+                       stream_t stream, Copy&& copy) {
     auto call = [&] {
-      return "cuMemcpyHtoDAsync(" + hex(dst) + ", " + hex(src) + ", " + std::to_string(bytes) +
+      return std::string(what) + "(" + hex(dst) + ", " + hex(src) + ", " + std::to_string(bytes) +
              ", stream " + hex(stream) + ")";
     };
-    ContextScope scope = enter(device, call);  // the null stream: this device's default stream
-    const CUresult r = d_.memcpy_htod_async(to_cu(dst), src, bytes, static_cast<CUstream>(stream));
+    ContextScope scope = enter(device, call);
+    const CUresult r = copy();
     if (r != CUDA_SUCCESS) fail(call, device, r);
   }
 

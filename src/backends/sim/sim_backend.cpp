@@ -328,19 +328,27 @@ struct SimBackend::Impl {
     }
   }
 
+  /// Enters a copy between host and device memory (counted, faults injected): checks that the
+  /// device side is mapped device memory. False when there is nothing to copy.
+  bool enter_host_copy(SimCall call, int device_index, const void* dst, const void* src,
+                       std::size_t bytes, bool device_is_dst) {
+    (void)enter(call, bytes);
+    const char* name = to_string(call);
+    Device& d = device(device_index, name);
+    if (bytes == 0) return false;
+    const std::uintptr_t at = addr(device_is_dst ? dst : src);
+    if (!d.accessible(at, bytes))
+      throw backend_error(prefix(name, device_index) + (device_is_dst ? "destination [" : "source [") +
+                          hex(at) + ", +" + std::to_string(bytes) + ") is not mapped device memory");
+    return true;
+  }
+
   /// cuMemcpyDtoH / HtoD: the device side must be mapped device memory; the host side is the
   /// caller's. Synchronous: done when it returns.
   void host_copy(SimCall call, int device_index, void* dst, const void* src, std::size_t bytes,
                  bool device_is_dst) {
     std::lock_guard lock(mutex);
-    (void)enter(call, bytes);
-    const char* name = to_string(call);
-    Device& d = device(device_index, name);
-    if (bytes == 0) return;
-    const std::uintptr_t at = addr(device_is_dst ? dst : src);
-    if (!d.accessible(at, bytes))
-      throw backend_error(prefix(name, device_index) + (device_is_dst ? "destination [" : "source [") +
-                          hex(at) + ", +" + std::to_string(bytes) + ") is not mapped device memory");
+    if (!enter_host_copy(call, device_index, dst, src, bytes, device_is_dst)) return;
     if (options.copy_data) std::memcpy(dst, src, bytes);
   }
 
@@ -349,14 +357,8 @@ struct SimBackend::Impl {
   void host_copy_async(SimCall call, int device_index, void* dst, const void* src,
                        std::size_t bytes, bool device_is_dst, stream_t stream) {
     std::lock_guard lock(mutex);
-    (void)enter(call, bytes);
+    if (!enter_host_copy(call, device_index, dst, src, bytes, device_is_dst)) return;
     const char* name = to_string(call);
-    Device& d = device(device_index, name);
-    if (bytes == 0) return;
-    const std::uintptr_t at = addr(device_is_dst ? dst : src);
-    if (!d.accessible(at, bytes))
-      throw backend_error(prefix(name, device_index) + (device_is_dst ? "destination [" : "source [") +
-                          hex(at) + ", +" + std::to_string(bytes) + ") is not mapped device memory");
     const std::uintptr_t host = addr(device_is_dst ? src : dst);
     auto it = host_blocks.upper_bound(host);
     if (it == host_blocks.begin() || host + bytes > std::prev(it)->first + std::prev(it)->second)
