@@ -16,7 +16,8 @@
 //       allocate of every granule free of live data, which must compact (else the benchmark
 //       errors): the device sync, per page the fresh pages, the copies, the remap, then the
 //       stitch. Counters per compaction: pages, staged, compacted_bytes, and per kind of
-//       back-end call its calls and host time (<kind>_calls, <kind>_ns).
+//       back-end call its calls and host time (<kind>_calls, <kind>_ns; TimedBackend of
+//       timed_backend.hpp, which sleep_cost.cpp shares).
 //   compaction_cost/copies/room   the same request with every device copy bracketed by CUDA
 //       events: manual time is the sum of the copies' device time, bytes_per_second the
 //       bandwidth of compaction's own copies (to set against device_copy's). Separate from
@@ -40,6 +41,7 @@
 #include "peers.hpp"
 #include "stitch/stitch.hpp"
 #include "support/compaction_scenario.hpp"
+#include "timed_backend.hpp"
 
 namespace stitch_bench {
 namespace {
@@ -64,144 +66,12 @@ std::int64_t stat(const stitch::Allocator& a, const char* key) {
   return *v;
 }
 
-/// The CUDA back end, forwarded call by call, counting and timing (host wall time) the calls
-/// compaction makes; with copy events on, every device copy is bracketed by CUDA events on its
-/// stream, so that the copies' device time can be summed afterwards.
-class TimedBackend final : public stitch::Backend {
- public:
-  /// The calls tallied, in kNames' order.
-  enum class Kind : std::size_t {
-    reserve, release_reservation, create, release, map, unmap, copy, copy_to_host,
-    copy_from_host, sync_stream, sync_device
-  };
-  static constexpr std::size_t kKinds = 11;
-  static constexpr std::array<const char*, kKinds> kNames = {
-      "reserve", "release_reservation", "create", "release", "map", "unmap", "copy",
-      "copy_to_host", "copy_from_host", "sync_stream", "sync_device"};
-  struct Tally {
-    std::int64_t calls = 0;
-    double ns = 0;
-    std::size_t bytes = 0;
-  };
-
-  explicit TimedBackend(std::shared_ptr<stitch::Backend> inner) : inner_(std::move(inner)) {}
-  ~TimedBackend() override {
-    for (auto& [a, b] : events_) {
-      (void)cudaEventDestroy(a);
-      (void)cudaEventDestroy(b);
-    }
-  }
-  TimedBackend(const TimedBackend&) = delete;
-  TimedBackend& operator=(const TimedBackend&) = delete;
-
-  void reset() {
-    tallies_ = {};
-    used_ = 0;
-  }
-  void set_copy_events(bool on) { events_on_ = on; }
-  [[nodiscard]] const Tally& tally(Kind k) const { return tallies_[static_cast<std::size_t>(k)]; }
-  /// The summed device time of the copies bracketed since reset() (waits for them).
-  double copy_device_ns() {
-    double ns = 0;
-    for (std::size_t i = 0; i < used_; ++i) {
-      check(cudaEventSynchronize(events_[i].second), "cudaEventSynchronize");
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, events_[i].first, events_[i].second), "cudaEventElapsedTime");
-      ns += static_cast<double>(ms) * 1e6;
-    }
-    return ns;
-  }
-
-  /// Runs `f` (one call of the inner back end) as a call of kind `k` moving `bytes`.
-  template <class F>
-  decltype(auto) timed(Kind k, std::size_t bytes, F&& f) {
-    Tally& t = tallies_[static_cast<std::size_t>(k)];
-    ++t.calls;
-    t.bytes += bytes;
-    const Clock::time_point t0 = Clock::now();
-    struct Add {
-      Tally& t;
-      Clock::time_point t0;
-      ~Add() { t.ns += ns_since(t0); }
-    } add{t, t0};
-    return f();
-  }
-  const char* name() const noexcept override { return inner_->name(); }
-  int device_count() override { return inner_->device_count(); }
-  stitch::MemoryInfo memory_info(int d) override { return inner_->memory_info(d); }
-  std::size_t total_memory(int d) override { return inner_->total_memory(d); }
-  std::size_t granularity(int d) override { return inner_->granularity(d); }
-  bool supports_virtual_memory(int d) override { return inner_->supports_virtual_memory(d); }
-  void* allocate(int d, std::size_t bytes) override { return inner_->allocate(d, bytes); }
-  void deallocate(int d, void* p, std::size_t bytes) override { inner_->deallocate(d, p, bytes); }
-  void* reserve(int d, std::size_t bytes, std::size_t alignment) override {
-    return timed(Kind::reserve, 0, [&] { return inner_->reserve(d, bytes, alignment); });
-  }
-  void release_reservation(int d, void* va, std::size_t bytes) override {
-    timed(Kind::release_reservation, 0, [&] { inner_->release_reservation(d, va, bytes); });
-  }
-  stitch::phys_handle_t create_physical(int d, std::size_t bytes) override {
-    return timed(Kind::create, bytes, [&] { return inner_->create_physical(d, bytes); });
-  }
-  void release_physical(int d, stitch::phys_handle_t h) override {
-    timed(Kind::release, 0, [&] { inner_->release_physical(d, h); });
-  }
-  bool map_run(int d, void* va, const stitch::MapPiece* pieces, std::size_t count) override {
-    return timed(Kind::map, 0, [&] { return inner_->map_run(d, va, pieces, count); });
-  }
-  void unmap(int d, void* va, std::size_t bytes) override {
-    timed(Kind::unmap, bytes, [&] { inner_->unmap(d, va, bytes); });
-  }
-  stitch::event_t create_event(int d) override { return inner_->create_event(d); }
-  void destroy_event(int d, stitch::event_t e) override { inner_->destroy_event(d, e); }
-  void record_event(int d, stitch::event_t e, stitch::stream_t s) override { inner_->record_event(d, e, s); }
-  bool query_event(int d, stitch::event_t e) override { return inner_->query_event(d, e); }
-  void synchronize_event(int d, stitch::event_t e) override { inner_->synchronize_event(d, e); }
-  void synchronize_stream(int d, stitch::stream_t s) override {
-    timed(Kind::sync_stream, 0, [&] { inner_->synchronize_stream(d, s); });
-  }
-  void copy(int d, void* dst, const void* src, std::size_t bytes, stitch::stream_t s) override {
-    if (!events_on_) {
-      timed(Kind::copy, bytes, [&] { inner_->copy(d, dst, src, bytes, s); });
-      return;
-    }
-    auto& [begin, end] = next_events();
-    const auto stream = static_cast<cudaStream_t>(s);
-    check(cudaEventRecord(begin, stream), "cudaEventRecord");
-    timed(Kind::copy, bytes, [&] { inner_->copy(d, dst, src, bytes, s); });
-    check(cudaEventRecord(end, stream), "cudaEventRecord");
-  }
-  void copy_to_host(int d, void* dst, const void* src, std::size_t bytes) override {
-    timed(Kind::copy_to_host, bytes, [&] { inner_->copy_to_host(d, dst, src, bytes); });
-  }
-  void copy_from_host(int d, void* dst, const void* src, std::size_t bytes) override {
-    timed(Kind::copy_from_host, bytes, [&] { inner_->copy_from_host(d, dst, src, bytes); });
-  }
-  void synchronize_device(int d) override {
-    timed(Kind::sync_device, 0, [&] { inner_->synchronize_device(d); });
-  }
-  bool is_capturing(int d, stitch::stream_t s) override { return inner_->is_capturing(d, s); }
-
- private:
-  std::pair<cudaEvent_t, cudaEvent_t>& next_events() {
-    if (used_ == events_.size()) {
-      cudaEvent_t a = nullptr, b = nullptr;
-      check(cudaEventCreate(&a), "cudaEventCreate");
-      if (const cudaError_t e = cudaEventCreate(&b); e != cudaSuccess) {
-        (void)cudaEventDestroy(a);
-        check(e, "cudaEventCreate");
-      }
-      events_.emplace_back(a, b);
-    }
-    return events_[used_++];
-  }
-
-  std::shared_ptr<stitch::Backend> inner_;
-  std::array<Tally, kKinds> tallies_{};
-  bool events_on_ = false;
-  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;
-  std::size_t used_ = 0;
-};
+/// The calls compaction makes whose <kind>_calls and <kind>_ns compact/ and copies/ report, every
+/// one of them even when not called (TimedBackend tallies more kinds: sleep's).
+using K = TimedBackend::Kind;
+constexpr std::array<K, 11> kReported = {
+    K::reserve, K::release_reservation, K::create, K::release, K::map, K::unmap, K::copy,
+    K::copy_to_host, K::copy_from_host, K::sync_stream, K::sync_device};
 
 // ---- the device's copies ------------------------------------------------------------------------
 
@@ -284,7 +154,7 @@ struct Compaction {
   double copy_device_ns = 0;
   std::int64_t pages = 0, staged = 0, copied = 0;
   std::size_t served = 0;
-  std::array<TimedBackend::Tally, TimedBackend::kKinds> calls{};
+  TimedBackend::Tallies calls{};
 };
 
 Compaction compact_once(cudaStream_t stream, bool room, bool events) {
@@ -319,8 +189,7 @@ Compaction compact_once(cudaStream_t stream, bool room, bool events) {
     c.staged = stat(alloc, "num_staged_compactions") - staged;
     c.copied = stat(alloc, "compacted_bytes") - copied;
     if (c.pages == 0) throw std::runtime_error("the request was served without compaction");
-    for (std::size_t k = 0; k < TimedBackend::kKinds; ++k)
-      c.calls[k] = timed->tally(static_cast<TimedBackend::Kind>(k));
+    c.calls = timed->tallies();
     if (events) c.copy_device_ns = timed->copy_device_ns();
   } catch (...) {
     give_back();
@@ -333,7 +202,7 @@ Compaction compact_once(cudaStream_t stream, bool room, bool events) {
 void bm_compact(benchmark::State& state, cudaStream_t stream, bool room, bool events) {
   try {
     double pages = 0, staged = 0, copied = 0, served = 0, device_copied = 0;
-    std::array<TimedBackend::Tally, TimedBackend::kKinds> calls{};
+    TimedBackend::Tallies calls{};
     for (auto _ : state) {
       const Compaction c = compact_once(stream, room, events);
       state.SetIterationTime((events ? c.copy_device_ns : c.wall_ns) * 1e-9);
@@ -341,7 +210,7 @@ void bm_compact(benchmark::State& state, cudaStream_t stream, bool room, bool ev
       staged += static_cast<double>(c.staged);
       copied += static_cast<double>(c.copied);
       served += static_cast<double>(c.served);
-      device_copied += static_cast<double>(c.calls[static_cast<std::size_t>(TimedBackend::Kind::copy)].bytes);
+      device_copied += static_cast<double>(c.calls[TimedBackend::index(K::copy)].bytes);
       for (std::size_t k = 0; k < TimedBackend::kKinds; ++k) {
         calls[k].calls += c.calls[k].calls;
         calls[k].ns += c.calls[k].ns;
@@ -353,7 +222,8 @@ void bm_compact(benchmark::State& state, cudaStream_t stream, bool room, bool ev
     state.counters["compacted_bytes"] = C(copied, C::kAvgIterations);
     state.counters["device_copy_bytes"] = C(device_copied, C::kAvgIterations);
     state.counters["served_bytes"] = C(served, C::kAvgIterations);
-    for (std::size_t k = 0; k < TimedBackend::kKinds; ++k) {
+    for (const K kind : kReported) {
+      const std::size_t k = TimedBackend::index(kind);
       const std::string n = TimedBackend::kNames[k];
       state.counters[n + "_calls"] = C(static_cast<double>(calls[k].calls), C::kAvgIterations);
       state.counters[n + "_ns"] = C(calls[k].ns, C::kAvgIterations);

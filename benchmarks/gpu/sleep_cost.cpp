@@ -7,18 +7,18 @@
 //       against (the goal: backups at 80% of it or more).
 //   sleep_cost/sleep/<N>GiB/{backup,nobackup}, sleep_cost/wake/<N>GiB/{backup,nobackup}
 //       (N = 1, 10, 50) per iteration, untimed: a fresh stitch::Allocator over backend:cuda (behind
-//       a forwarding layer that times the back-end calls sleep and wake make) allocates N GiB in
-//       256 MiB blocks under a Region (with backup or without) and writes them (cudaMemset), then
-//       the device is synchronized. Timed (host wall time, manual time): alloc.sleep(0) — the
-//       device sync, the pinned host memory and the copies of the backups, every page unmapped
-//       and released — and then alloc.wake(0) — fresh pages mapped at the same addresses, the
-//       backups copied back, the host memory freed. One pass measures both: the sleep benchmark
-//       keeps each iteration's wake, and the wake benchmark of the same size and mode reports
-//       those (it runs its own cycles only when the sleep benchmark did not run, e.g. under a
-//       --benchmark_filter). Counters: GiB, ms_per_GiB, per kind of back-end call <kind>_calls
-//       and <kind>_ns, and for backups backup_GiB_per_s (bytes backed up / the whole sleep; on
-//       wake: bytes restored / the whole wake) and copy_GiB_per_s (bytes / the copies' calls
-//       and the one stream wait after them). Sizes the device's free memory (cudaMemGetInfo)
+//       TimedBackend of timed_backend.hpp, which times the back-end calls sleep and wake make)
+//       allocates N GiB in 256 MiB blocks under a Region (with backup or without) and writes them
+//       (cudaMemset), then the device is synchronized. Timed (host wall time, manual time):
+//       alloc.sleep(0) — the device sync, the pinned host memory and the copies of the backups,
+//       every page unmapped and released — and then alloc.wake(0) — fresh pages mapped at the same
+//       addresses, the backups copied back, the host memory freed. One pass measures both: the
+//       sleep benchmark keeps each iteration's wake, and the wake benchmark of the same size and
+//       mode reports those (it runs its own cycles only when the sleep benchmark did not run, e.g.
+//       under a --benchmark_filter). Counters: GiB, ms_per_GiB, per kind of back-end call
+//       <kind>_calls and <kind>_ns, and for backups backup_GiB_per_s (bytes backed up / the whole
+//       sleep; on wake: bytes restored / the whole wake) and copy_GiB_per_s (bytes / the copies'
+//       calls and the one stream wait after them). Sizes the device's free memory (cudaMemGetInfo)
 //       or, for backups, the host's (MemAvailable) cannot hold with headroom are skipped with an
 //       error message that begins with "skipped:".
 //
@@ -44,6 +44,7 @@
 
 #include "peers.hpp"
 #include "stitch/stitch.hpp"
+#include "timed_backend.hpp"
 
 namespace stitch_bench {
 namespace {
@@ -60,111 +61,12 @@ double ns_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
 }
 
-/// The back end, forwarded call by call, counting and timing (host wall time) the calls sleep
-/// and wake make.
-class SleepTimedBackend final : public stitch::Backend {
- public:
-  enum class Kind : std::size_t {
-    sync_device, allocate_host, copy_to_host_async, copy_from_host_async, sync_stream, unmap,
-    release, create, map, deallocate_host
-  };
-  static constexpr std::size_t kKinds = 10;
-  static constexpr std::array<const char*, kKinds> kNames = {
-      "sync_device", "allocate_host", "copy_to_host_async", "copy_from_host_async", "sync_stream",
-      "unmap", "release", "create", "map", "deallocate_host"};
-  struct Tally {
-    std::int64_t calls = 0;
-    double ns = 0;
-    std::size_t bytes = 0;
-  };
-  using Tallies = std::array<Tally, kKinds>;
-
-  explicit SleepTimedBackend(std::shared_ptr<stitch::Backend> inner) : inner_(std::move(inner)) {}
-  void reset() { tallies_ = {}; }
-  [[nodiscard]] const Tallies& tallies() const { return tallies_; }
-
-  template <class F>
-  decltype(auto) timed(Kind k, std::size_t bytes, F&& f) {
-    Tally& t = tallies_[static_cast<std::size_t>(k)];
-    ++t.calls;
-    t.bytes += bytes;
-    struct Add {
-      Tally& t;
-      Clock::time_point t0;
-      ~Add() { t.ns += ns_since(t0); }
-    } add{t, Clock::now()};
-    return f();
-  }
-
-  const char* name() const noexcept override { return inner_->name(); }
-  int device_count() override { return inner_->device_count(); }
-  stitch::MemoryInfo memory_info(int d) override { return inner_->memory_info(d); }
-  std::size_t total_memory(int d) override { return inner_->total_memory(d); }
-  std::size_t granularity(int d) override { return inner_->granularity(d); }
-  bool supports_virtual_memory(int d) override { return inner_->supports_virtual_memory(d); }
-  void* allocate(int d, std::size_t bytes) override { return inner_->allocate(d, bytes); }
-  void deallocate(int d, void* p, std::size_t bytes) override { inner_->deallocate(d, p, bytes); }
-  void* reserve(int d, std::size_t bytes, std::size_t alignment) override {
-    return inner_->reserve(d, bytes, alignment);
-  }
-  void release_reservation(int d, void* va, std::size_t bytes) override {
-    inner_->release_reservation(d, va, bytes);
-  }
-  stitch::phys_handle_t create_physical(int d, std::size_t bytes) override {
-    return timed(Kind::create, bytes, [&] { return inner_->create_physical(d, bytes); });
-  }
-  void release_physical(int d, stitch::phys_handle_t h) override {
-    timed(Kind::release, 0, [&] { inner_->release_physical(d, h); });
-  }
-  bool map_run(int d, void* va, const stitch::MapPiece* pieces, std::size_t count) override {
-    return timed(Kind::map, 0, [&] { return inner_->map_run(d, va, pieces, count); });
-  }
-  void unmap(int d, void* va, std::size_t bytes) override {
-    timed(Kind::unmap, bytes, [&] { inner_->unmap(d, va, bytes); });
-  }
-  stitch::event_t create_event(int d) override { return inner_->create_event(d); }
-  void destroy_event(int d, stitch::event_t e) override { inner_->destroy_event(d, e); }
-  void record_event(int d, stitch::event_t e, stitch::stream_t s) override { inner_->record_event(d, e, s); }
-  bool query_event(int d, stitch::event_t e) override { return inner_->query_event(d, e); }
-  void synchronize_event(int d, stitch::event_t e) override { inner_->synchronize_event(d, e); }
-  void synchronize_stream(int d, stitch::stream_t s) override {
-    timed(Kind::sync_stream, 0, [&] { inner_->synchronize_stream(d, s); });
-  }
-  void copy(int d, void* dst, const void* src, std::size_t bytes, stitch::stream_t s) override {
-    inner_->copy(d, dst, src, bytes, s);
-  }
-  void copy_to_host(int d, void* dst, const void* src, std::size_t bytes) override {
-    inner_->copy_to_host(d, dst, src, bytes);
-  }
-  void copy_from_host(int d, void* dst, const void* src, std::size_t bytes) override {
-    inner_->copy_from_host(d, dst, src, bytes);
-  }
-  void* allocate_host(int d, std::size_t bytes) override {
-    return timed(Kind::allocate_host, bytes, [&] { return inner_->allocate_host(d, bytes); });
-  }
-  void deallocate_host(int d, void* p, std::size_t bytes) override {
-    timed(Kind::deallocate_host, bytes, [&] { inner_->deallocate_host(d, p, bytes); });
-  }
-  void copy_to_host_async(int d, void* dst, const void* src, std::size_t bytes,
-                          stitch::stream_t s) override {
-    timed(Kind::copy_to_host_async, bytes, [&] { inner_->copy_to_host_async(d, dst, src, bytes, s); });
-  }
-  void copy_from_host_async(int d, void* dst, const void* src, std::size_t bytes,
-                            stitch::stream_t s) override {
-    timed(Kind::copy_from_host_async, bytes,
-          [&] { inner_->copy_from_host_async(d, dst, src, bytes, s); });
-  }
-  void synchronize_device(int d) override {
-    timed(Kind::sync_device, 0, [&] { inner_->synchronize_device(d); });
-  }
-  bool is_capturing(int d, stitch::stream_t s) override { return inner_->is_capturing(d, s); }
-
- private:
-  std::shared_ptr<stitch::Backend> inner_;
-  Tallies tallies_{};
-};
-
-using K = SleepTimedBackend::Kind;
+using K = TimedBackend::Kind;
+/// The calls sleep and wake make whose <kind>_calls and <kind>_ns the benchmarks report (those
+/// called at least once; TimedBackend tallies more kinds: compaction's).
+constexpr std::array<K, 10> kReported = {
+    K::sync_device, K::allocate_host, K::copy_to_host_async, K::copy_from_host_async,
+    K::sync_stream, K::unmap, K::release, K::create, K::map, K::deallocate_host};
 
 // ---- the pinned host copy bandwidth -------------------------------------------------------------
 
@@ -211,7 +113,7 @@ void bm_pinned_copy(benchmark::State& state, cudaStream_t stream, bool to_host) 
 
 struct Phase {
   double wall_ns = 0;
-  SleepTimedBackend::Tallies calls{};
+  TimedBackend::Tallies calls{};
 };
 struct Cycle {
   Phase sleep, wake;
@@ -252,7 +154,7 @@ std::string does_not_fit(std::size_t bytes, bool backup) {
 
 Cycle cycle_once(std::size_t bytes, bool backup) {
   const stitch::Config cfg = stitch::Config::parse("backend:cuda");
-  auto timed = std::make_shared<SleepTimedBackend>(stitch::make_backend(cfg));
+  auto timed = std::make_shared<TimedBackend>(stitch::make_backend(cfg));
   stitch::Allocator alloc(cfg, timed);
   if (!alloc.backend().supports_virtual_memory(0))
     throw std::runtime_error("device 0 has no virtual memory management (sleep needs it)");
@@ -276,7 +178,7 @@ Cycle cycle_once(std::size_t bytes, bool backup) {
     c.sleep.wall_ns = ns_since(t0);
     asleep = true;
     c.sleep.calls = timed->tallies();
-    c.backed_up = c.sleep.calls[static_cast<std::size_t>(K::copy_to_host_async)].bytes;
+    c.backed_up = c.sleep.calls[TimedBackend::index(K::copy_to_host_async)].bytes;
     if (backup && c.backed_up < bytes)
       throw std::runtime_error("the sleep backed up " + std::to_string(c.backed_up) + " of " +
                                std::to_string(bytes) + " bytes");
@@ -288,7 +190,7 @@ Cycle cycle_once(std::size_t bytes, bool backup) {
     c.wake.wall_ns = ns_since(t0);
     asleep = false;
     c.wake.calls = timed->tallies();
-    c.restored = c.wake.calls[static_cast<std::size_t>(K::copy_from_host_async)].bytes;
+    c.restored = c.wake.calls[TimedBackend::index(K::copy_from_host_async)].bytes;
   } catch (...) {
     if (asleep) {
       try {
@@ -314,15 +216,15 @@ void set_counters(benchmark::State& state, std::size_t gib, const std::vector<Cy
                   bool wake, bool backup) {
   using C = benchmark::Counter;
   double wall = 0, moved = 0, copy_ns = 0;
-  SleepTimedBackend::Tallies sum{};
+  TimedBackend::Tallies sum{};
   for (const Cycle& c : cycles) {
     const Phase& p = wake ? c.wake : c.sleep;
     wall += p.wall_ns;
     moved += static_cast<double>(wake ? c.restored : c.backed_up);
     const K copy_kind = wake ? K::copy_from_host_async : K::copy_to_host_async;
-    copy_ns += p.calls[static_cast<std::size_t>(copy_kind)].ns +
-               p.calls[static_cast<std::size_t>(K::sync_stream)].ns;
-    for (std::size_t k = 0; k < SleepTimedBackend::kKinds; ++k) {
+    copy_ns += p.calls[TimedBackend::index(copy_kind)].ns +
+               p.calls[TimedBackend::index(K::sync_stream)].ns;
+    for (std::size_t k = 0; k < TimedBackend::kKinds; ++k) {
       sum[k].calls += p.calls[k].calls;
       sum[k].ns += p.calls[k].ns;
     }
@@ -335,9 +237,10 @@ void set_counters(benchmark::State& state, std::size_t gib, const std::vector<Cy
     state.counters["backup_GiB_per_s"] = C(moved / kGiB / (wall * 1e-9));
     if (copy_ns > 0) state.counters["copy_GiB_per_s"] = C(moved / kGiB / (copy_ns * 1e-9));
   }
-  for (std::size_t k = 0; k < SleepTimedBackend::kKinds; ++k) {
+  for (const K kind : kReported) {
+    const std::size_t k = TimedBackend::index(kind);
     if (sum[k].calls == 0) continue;
-    const std::string name = SleepTimedBackend::kNames[k];
+    const std::string name = TimedBackend::kNames[k];
     state.counters[name + "_calls"] = C(static_cast<double>(sum[k].calls) / n);
     state.counters[name + "_ns"] = C(sum[k].ns / n);
   }
