@@ -299,12 +299,17 @@ TEST(ImmediateReuseUnit, SameSizeComesBackAndOtherRequestsSeeTheFreedBlock) {
   void* q = a.allocate(2048);  // another size: the free completes, best fit reuses its place
   EXPECT_EQ(q, p);
   EXPECT_EQ(a.stats(0).num_immediate_reuses, 1);
-  a.deallocate(q);
+  a.deallocate(q);  // filed at once: the last parked free was not taken back (ThreadSlot::cold)
   void* other_stream = a.allocate(4096, S(1));  // another stream: never the freed block
   EXPECT_NE(other_stream, p);
-  a.deallocate(other_stream, S(1));
-  void* big = a.allocate(12 * MiB);
-  a.deallocate(big);
+  a.deallocate(other_stream, S(1));  // parked again
+  void* big = a.allocate(12 * MiB);  // a second miss in a row: the next two frees file at once
+  for (int i = 0; i < 2; ++i) {
+    a.deallocate(big);
+    EXPECT_EQ(a.allocate(12 * MiB), big);  // best fit
+    EXPECT_EQ(a.stats(0).num_immediate_reuses, 1);
+  }
+  a.deallocate(big);  // parked
   EXPECT_EQ(a.allocate(12 * MiB), big);
   EXPECT_EQ(a.stats(0).num_immediate_reuses, 2);
   a.deallocate(big);
@@ -312,6 +317,22 @@ TEST(ImmediateReuseUnit, SameSizeComesBackAndOtherRequestsSeeTheFreedBlock) {
   a.validate();
   a.empty_cache(0);
   EXPECT_EQ(a.stats(0).reserved_bytes[kAll].current, 0);
+}
+
+// A mix of sizes in turn (a training step's activations, gradients and workspace): parking each
+// free would cost a settle at the next request, so after misses in a row the thread's frees are
+// filed at once (a probe parks now and then); same-size pairs that follow are taken back again.
+TEST(ImmediateReuseUnit, AMixOfSizesFilesItsFreesAtOnceAndSameSizePairsComeBack) {
+  Side side("backend:sim", 4096 * MiB, true);
+  Allocator& a = *side.alloc;
+  const std::size_t sizes[4] = {4096, 64 * 1024, MiB, 8 * MiB};
+  for (int i = 0; i < 400; ++i) a.deallocate(a.allocate(sizes[i % 4]));
+  const std::int64_t mixed = a.stats(0).num_immediate_reuses;
+  EXPECT_EQ(mixed, 0);  // none of them came back at once
+  a.validate();
+  for (int i = 0; i < 100; ++i) a.deallocate(a.allocate(MiB));
+  EXPECT_GE(a.stats(0).num_immediate_reuses, 80);  // after at most kColdFrees filed frees
+  a.validate();
 }
 
 // ---- several threads ------------------------------------------------------------------------

@@ -207,8 +207,6 @@ class STITCH_EXPORT Allocator {
   [[noreturn, gnu::noinline]] void fail_allocation(detail::OomCapture* failure);
   /// configure() with config_mutex_ held.
   void configure_locked(std::string_view conf);
-  /// allocate() inside a region of this thread.
-  [[gnu::noinline]] void* allocate_tagged(std::size_t bytes, stream_t stream, int device);
   /// The id of tag `name` (1..), registered when `create`; 0 when unknown.
   std::uint16_t tag_id(std::string_view name, bool create);
   [[nodiscard]] std::string tag_name(std::uint16_t id) const;

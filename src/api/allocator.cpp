@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <utility>
 
-#include "api/region_stack.hpp"
+#include "core/region_stack.hpp"
 #include "config/keys.hpp"
 #include "core/device_allocator.hpp"
 #include "diagnostics/snapshot_writer.hpp"
@@ -28,8 +28,10 @@ Allocator::Allocator(const Config& config, std::shared_ptr<Backend> backend)
   if (device_count_ <= 0)
     throw backend_error(fmt::format("backend:{} reports no device", backend_->name()));
   devices_ = std::make_unique<std::unique_ptr<DeviceAllocator>[]>(static_cast<std::size_t>(device_count_));
-  for (int d = 0; d < device_count_; ++d)
+  for (int d = 0; d < device_count_; ++d) {
     devices_[static_cast<std::size_t>(d)] = std::make_unique<DeviceAllocator>(d, *backend_, config_);
+    devices_[static_cast<std::size_t>(d)]->set_owner(this);
+  }
 }
 
 Allocator::~Allocator() = default;
@@ -44,7 +46,6 @@ void Allocator::throw_bad_device(int device) const {
 DeviceAllocator& Allocator::device(int device) const { return checked_device(device); }
 
 void* Allocator::allocate(std::size_t bytes, stream_t stream, int device) {
-  if (detail::t_open_regions != 0) [[unlikely]] return allocate_tagged(bytes, stream, device);
   const DeviceAllocator::Allocation a = checked_device(device).malloc(bytes, stream);
   if (a.failure != nullptr) [[unlikely]] fail_allocation(a.failure);
   return a.ptr;
@@ -192,14 +193,9 @@ void Allocator::begin_allocate_to_pool(int device, PoolId id, StreamFilter filte
   // Begun inside a region: the pool (a graph's) carries the region's tag and sleeps with it.
   std::uint16_t tag = 0;
   bool backup = false;
-  if (detail::t_open_regions != 0) {
-    const auto& frames = detail::t_regions;
-    for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
-      if (it->owner != this) continue;
-      tag = it->tag;
-      backup = it->backup;
-      break;
-    }
+  if (const detail::RegionFrame* region = detail::innermost_region(this)) {
+    tag = region->tag;
+    backup = region->backup;
   }
   DeviceAllocator& d = checked_device(device);
   if (tag != 0) d.name_tag(tag, tag_name(tag));

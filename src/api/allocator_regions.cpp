@@ -5,17 +5,13 @@
 #include <algorithm>
 #include <string>
 
-#include "api/region_stack.hpp"
 #include "core/device_allocator.hpp"
+#include "core/region_stack.hpp"
+#include "core/thread_slots.hpp"
 #include "stitch/allocator.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch {
-
-namespace detail {
-thread_local std::vector<RegionFrame> t_regions;
-thread_local int t_open_regions __attribute__((tls_model("initial-exec"))) = 0;
-}  // namespace detail
 
 namespace {
 
@@ -60,8 +56,13 @@ void Allocator::begin_region(std::string_view tag, bool backup) {
   if (tag.find(',') != std::string_view::npos)
     throw invalid_argument(fmt::format("region tag '{}' has a comma (tags are listed with commas)", tag));
   const std::uint16_t id = tag_id(trimmed(tag), true);
+  const std::string name = tag_name(id);
+  // Each device learns the name, and its lock settles this thread's slots, which wait while a
+  // region is open (the cache hit never reads regions: core/region_stack.hpp).
+  for (int d = 0; d < device_count_; ++d) devices_[static_cast<std::size_t>(d)]->name_tag(id, name);
   detail::t_regions.push_back(detail::RegionFrame{this, id, backup});
   detail::t_open_regions = static_cast<int>(detail::t_regions.size());
+  detail::ThreadSlots::forget_mine();
 }
 
 void Allocator::end_region() {
@@ -74,22 +75,8 @@ void Allocator::end_region() {
 }
 
 std::string Allocator::current_region() const {
-  const auto& frames = detail::t_regions;
-  for (auto it = frames.rbegin(); it != frames.rend(); ++it)
-    if (it->owner == this) return tag_name(it->tag);
-  return {};
-}
-
-void* Allocator::allocate_tagged(std::size_t bytes, stream_t stream, int device) {
-  const auto& frames = detail::t_regions;
-  const auto it = std::find_if(frames.rbegin(), frames.rend(),
-                               [this](const detail::RegionFrame& f) { return f.owner == this; });
-  DeviceAllocator& d = checked_device(device);
-  const DeviceAllocator::Allocation a =
-      it == frames.rend() ? d.malloc(bytes, stream)
-                          : d.malloc_tagged(bytes, stream, it->tag, it->backup, tag_name(it->tag));
-  if (a.failure != nullptr) [[unlikely]] fail_allocation(a.failure);
-  return a.ptr;
+  const detail::RegionFrame* region = detail::innermost_region(this);
+  return region != nullptr ? tag_name(region->tag) : std::string();
 }
 
 std::vector<std::uint16_t> Allocator::tag_list(std::optional<std::string_view> names,

@@ -10,6 +10,7 @@
 
 #include "core/assert.hpp"
 #include "core/constants.hpp"
+#include "core/region_stack.hpp"
 #include "core/size_policy.hpp"
 #include "stitch/errors.hpp"
 
@@ -96,13 +97,17 @@ void DeviceAllocator::set_immediate_reuse(bool on) {
 DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t stream) {
   if (size == 0) return {nullptr, nullptr};
   detail::ThreadSlot* mine = reuse_.mine();
-  if (mine != nullptr) {
+  // (A cold slot is empty: its owner files its frees at once for a while, ThreadSlot::cold.)
+  if (mine != nullptr && mine->cold == 0) {
     if (void* again = reuse_.take(*mine, size, stream)) return {again, nullptr};  // no lock
   }
   // Python frames for the history are gathered before the lock (they take the GIL).
   const detail::GatheredPythonFrames frames(python_frames_.load(std::memory_order_relaxed));
   detail::UnsettledGuard guard(mutex_);  // malloc and free alone may find the slots unsettled
   if (mine != nullptr) reuse_.flush(*mine);  // its pairs came before this request
+  // Inside a region of this allocator (then `mine` is null: the thread's slots wait).
+  if (const detail::RegionFrame* region = detail::innermost_region(owner_)) [[unlikely]]
+    return malloc_tagged(size, stream, region->tag, region->backup);
   if (size >= detail::kMaxRequest) {
     if (mine != nullptr) reuse_.settle(*mine);
     capture_oom(size, size, size, false, stream);
@@ -127,19 +132,6 @@ DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t s
   return allocate_from(pool, size, rounded, stream);
 }
 
-DeviceAllocator::Allocation DeviceAllocator::allocate_from(BlockPool& pool, std::size_t size,
-                                                           std::size_t rounded, stream_t stream) {
-  Block* block = store_.best_fit(pool, stream, rounded);
-  if (block == nullptr) {
-    block = allocate_slow(pool, stream, rounded, size);
-    if (block == nullptr) return {nullptr, failed_.release()};
-  }
-  block = store_.take(pool, block, rounded);
-  activate(block, size);
-  live_.insert(block->ptr, block);
-  recorder_.trace(TraceAction::alloc, block->ptr, size, stream);
-  return {block->ptr, nullptr};
-}
 
 void DeviceAllocator::poll_events(detail::ThreadSlot* mine, const stream_t* stream) {
   if (stream == nullptr) {
@@ -184,7 +176,8 @@ void DeviceAllocator::complete_pending(Block* block) {
 FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
                                  const stream_t* stream, std::size_t* actual_size) {
   detail::ThreadSlot* mine = reuse_.mine();
-  if (mine != nullptr && reuse_.free_again(*mine, ptr, expected_size, stream, actual_size))
+  if (mine != nullptr && mine->cold == 0 &&
+      reuse_.free_again(*mine, ptr, expected_size, stream, actual_size))
     return FreeStatus::freed;
   detail::UnsettledGuard guard(mutex_);
   if (mine != nullptr) reuse_.flush(*mine);  // its pairs came first
@@ -219,7 +212,9 @@ FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
   // Without events, the free is completed lazily: the block waits in the calling thread's slot,
   // where its next allocation of the same size on the same stream may take it straight back.
   // A parked block stays in the live table until its free completes.
-  const bool park = reuse_.may_park(block) && !pools_.routing();
+  // (Not while a region is open: the thread's slots wait, ThreadSlots::find_mine.)
+  const bool park = reuse_.may_park(block) && !pools_.routing() && detail::t_open_regions == 0 &&
+                    (mine == nullptr || !detail::ImmediateReuse::cold_free(*mine));
   if (park && mine == nullptr) mine = reuse_.mine_or_create();  // may throw: nothing changed
   recorder_.trace(TraceAction::free_requested, block->ptr, block->requested, block->stream);
   if (park) {

@@ -89,11 +89,8 @@ class DeviceAllocator {
   void empty_cache();
 
   // ---- region tags: sleep and wake (device_sleep.cpp, core/sleeper.hpp) -----------------------
-  /// malloc() of memory of region tag `tag` (named `name` in messages), kept over a sleep when
-  /// `backup`. Throws error while the tag is asleep here, and backend_error where the device has
-  /// no virtual-memory API. An allocation a private-pool route takes is the pool's, untagged.
-  Allocation malloc_tagged(std::size_t size, stream_t stream, std::uint16_t tag, bool backup,
-                           std::string_view name);
+  /// The allocator whose regions (core/region_stack.hpp) tag this device's allocations.
+  void set_owner(const void* owner) noexcept { owner_ = owner; }
   /// Puts the `tags` used here and awake to sleep (the live blocks of the tags in `backup_tags`
   /// or allocated with backup keep their contents in host memory). Synchronizes the device and
   /// its peers first. Throws error while a graph may be captured (a route is underway, or a
@@ -103,7 +100,8 @@ class DeviceAllocator {
   /// Wakes the `tags` asleep here. On out of memory (after releasing the cache and trying again),
   /// nothing changes and the OOM report is returned (empty: woken, or nothing to wake).
   std::string wake(const std::vector<std::uint16_t>& tags, const std::string& names);
-  /// `tag`'s name, for messages about it here.
+  /// `tag`'s name, for messages about it here (and the device lock taken once: it settles every
+  /// thread's slot, as a region opens).
   void name_tag(std::uint16_t tag, const std::string& name);
   /// Whether `tag` is asleep / was ever used on this device.
   [[nodiscard]] bool tag_asleep(std::uint16_t tag) const;
@@ -186,8 +184,14 @@ class DeviceAllocator {
   /// tag is asleep. `mine`: the caller's slot, settled first.
   Allocation malloc_in_tagged_pool(BlockPool& pool, detail::ThreadSlot* mine, std::size_t size,
                                    std::size_t rounded, stream_t stream);
+  /// malloc() (locked) inside a region: memory of region tag `tag`, kept over a sleep when
+  /// `backup`. Throws error while the tag is asleep here, and backend_error where the device has
+  /// no virtual-memory API. An allocation a private-pool route takes is the pool's.
+  Allocation malloc_tagged(std::size_t size, stream_t stream, std::uint16_t tag, bool backup);
+  [[nodiscard]] std::string tag_name(std::uint16_t tag) const;
   /// Best fit in `pool`, else the out-of-memory ladder; the block activated and entered live.
-  Allocation allocate_from(BlockPool& pool, std::size_t size, std::size_t rounded, stream_t stream);
+  [[gnu::always_inline]] inline Allocation allocate_from(BlockPool& pool, std::size_t size,
+                                                         std::size_t rounded, stream_t stream);
   /// A placed block of a recorded start state becomes live (device_seed.cpp).
   void seeded(Block* block, const SeedBlock& seed);
   /// A pending block's last event completed: it becomes free.
@@ -248,11 +252,26 @@ class DeviceAllocator {
   detail::ExpandableRanges ranges_{config_, store_, pages_, ledger_, stitcher_};
   detail::Compactor compactor_{config_, store_, pages_, ledger_, stitcher_, stats_};
   detail::Sleeper sleeper_{backend_, device_, store_, pages_, ledger_, stats_};
-  std::vector<std::string> tag_names_;  ///< [tag]: the names tagged allocations gave, for messages
+  std::vector<std::string> tag_names_;  ///< [tag]: names for messages (name_tag)
+  const void* owner_ = nullptr;          ///< the Allocator whose regions tag (set_owner)
   std::atomic<bool> python_frames_{false};  ///< the history takes Python frames
   /// The failure of the request in progress, until malloc hands it to its caller.
   std::unique_ptr<detail::OomCapture> failed_;
 };
+
+DeviceAllocator::Allocation DeviceAllocator::allocate_from(BlockPool& pool, std::size_t size,
+                                                           std::size_t rounded, stream_t stream) {
+  Block* block = store_.best_fit(pool, stream, rounded);
+  if (block == nullptr) {
+    block = allocate_slow(pool, stream, rounded, size);
+    if (block == nullptr) return {nullptr, failed_.release()};
+  }
+  block = store_.take(pool, block, rounded);
+  activate(block, size);
+  live_.insert(block->ptr, block);
+  recorder_.trace(TraceAction::alloc, block->ptr, size, stream);
+  return {block->ptr, nullptr};
+}
 
 void DeviceAllocator::activate(Block* block, std::size_t requested) noexcept {
   block->requested = requested;

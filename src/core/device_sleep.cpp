@@ -17,28 +17,19 @@ namespace stitch {
 using detail::BlockState;
 
 DeviceAllocator::Allocation DeviceAllocator::malloc_tagged(std::size_t size, stream_t stream,
-                                                           std::uint16_t tag, bool backup,
-                                                           std::string_view name) {
-  if (size == 0) return {nullptr, nullptr};
+                                                           std::uint16_t tag, bool backup) {
   if (!pages_.supported())
     throw backend_error(fmt::format(
         "cannot allocate under region tag '{}' on device {}: tagged memory is mapped in pages "
         "that a sleep gives back, and backend:{} has no virtual-memory API on this device",
-        name, device_, backend_.name()));
-  detail::ThreadSlot* mine = reuse_.mine();
-  const detail::GatheredPythonFrames frames(python_frames_.load(std::memory_order_relaxed));
-  detail::UnsettledGuard guard(mutex_);
-  if (mine != nullptr) reuse_.flush(*mine);  // its pairs came before this request
-  if (mine != nullptr) reuse_.settle(*mine);
+        tag_name(tag), device_, backend_.name()));
   if (size >= detail::kMaxRequest) {
     capture_oom(size, size, size, false, stream);
     return {nullptr, failed_.release()};
   }
-  if (events_.outstanding() != 0 || events_.deferred() != 0) poll_events(mine, &stream);
+  if (events_.outstanding() != 0 || events_.deferred() != 0) poll_events(nullptr, &stream);
   const std::size_t rounded = detail::round_size(size, config_.roundup_power2_divisions);
   const bool small = detail::is_small(rounded);
-  if (tag_names_.size() <= tag) tag_names_.resize(std::size_t{tag} + 1);
-  tag_names_[tag] = name;
   // A route's private pool takes it (a graph's, tagged by the region its capture began in).
   BlockPool& pool = pools_.routing() ? pools_.route(stream, small, store_.pool(small, tag))
                                      : store_.pool(small, tag);
@@ -57,8 +48,7 @@ DeviceAllocator::Allocation DeviceAllocator::malloc_in_tagged_pool(BlockPool& po
   if (sleeper_.asleep(pool.tag))
     throw error(fmt::format(
         "cannot allocate {} bytes under region tag '{}' on device {}: the tag is asleep "
-        "(stitch_wake it first)", size, tag_names_.size() > pool.tag ? tag_names_[pool.tag] : "?",
-        device_));
+        "(stitch_wake it first)", size, tag_name(pool.tag), device_));
   sleeper_.note_used(pool.tag);
   const Allocation a = allocate_from(pool, size, rounded, stream);
   // A graph pool's blocks are kept over a sleep as its region asked (the region's own: below).
@@ -67,9 +57,14 @@ DeviceAllocator::Allocation DeviceAllocator::malloc_in_tagged_pool(BlockPool& po
 }
 
 void DeviceAllocator::name_tag(std::uint16_t tag, const std::string& name) {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(mutex_);  // (settles every slot: the thread's wait while a region is open)
   if (tag_names_.size() <= tag) tag_names_.resize(std::size_t{tag} + 1);
   tag_names_[tag] = name;
+}
+
+std::string DeviceAllocator::tag_name(std::uint16_t tag) const {
+  return tag < tag_names_.size() && !tag_names_[tag].empty() ? tag_names_[tag]
+                                                              : fmt::format("tag {}", tag);
 }
 
 bool DeviceAllocator::tag_asleep(std::uint16_t tag) const {

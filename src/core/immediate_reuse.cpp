@@ -2,6 +2,8 @@
 // best-fit verdict on taking a parked block back.
 #include "core/immediate_reuse.hpp"
 
+#include <algorithm>
+
 #include <mutex>
 
 #include "core/assert.hpp"
@@ -37,13 +39,19 @@ void* ImmediateReuse::take_back(ThreadSlot& s, std::size_t size, std::size_t rou
       ++stats_.num_immediate_reuses;
       apply_inactive(parked, *effect, 1);
       s.parked = false;
+      s.backoff = 0;       // taken back: frees park again at once after a miss
       s.effect = *effect;  // the pairs from here on move the statistics this way
       s.reusable = true;   // `size` rounds to the block's size: checked just now
       s.seen = s.epoch->load(std::memory_order_relaxed);
       return parked->ptr;
     }
   }
-  if (is_parked) settle(s);  // (a handed-out block stays where it is)
+  if (is_parked) {
+    settle(s);  // (a handed-out block stays where it is)
+    // Not taken back: the next frees file at once, more of them after each miss in a row.
+    s.backoff = s.backoff == 0 ? 1 : static_cast<std::uint8_t>(std::min(2 * s.backoff, int{kColdFrees}));
+    s.cold = s.backoff;
+  }
   return nullptr;
 }
 

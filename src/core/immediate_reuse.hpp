@@ -40,6 +40,11 @@
 
 namespace stitch::detail {
 
+/// At most this many frees are filed at once, after parked frees of the thread were not taken
+/// back several times in a row, before one parks again (a steady mix of sizes pays the park and
+/// settle once in this many pairs; the first miss skips one free, the next two, then four ...).
+constexpr std::uint8_t kColdFrees = 16;
+
 class ImmediateReuse final : public BlockHolder {
  public:
   /// Parks and files blocks in `store`, counts in `hot` and `stats` (num_immediate_reuses), and
@@ -78,6 +83,13 @@ class ImmediateReuse final : public BlockHolder {
     return enabled_ && block->state == BlockState::allocated && !block->oversize &&
            (block->prev == nullptr || !block->prev->is_free()) &&
            block->segment->private_pool == nullptr && block->segment->tag == 0;
+  }
+  /// Whether the owner's free should be filed at once rather than parked (its last parked free
+  /// was not taken back lately); counts the free (own slot, under the device lock).
+  [[nodiscard]] static bool cold_free(ThreadSlot& s) noexcept {
+    if (s.cold == 0) return false;
+    --s.cold;
+    return true;
   }
   /// Parks the freed `block` in the calling thread's slot `s` (empty). No verdict yet: the next
   /// allocation of its size decides it.

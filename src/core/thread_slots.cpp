@@ -2,6 +2,8 @@
 // its own.
 #include "core/thread_slots.hpp"
 
+#include "core/region_stack.hpp"
+
 #include <utility>
 
 namespace stitch::detail {
@@ -23,6 +25,9 @@ thread_local ThreadSlots::Cached ThreadSlots::cached_;
 ThreadSlots::ThreadSlots() : id_(g_next_id.fetch_add(1, std::memory_order_relaxed)) {}
 
 ThreadSlot* ThreadSlots::find_mine() const noexcept {
+  // While a region is open the thread takes the locked path (which routes tagged requests), and
+  // its cache stays empty (begin_region emptied it), so that the cache hit never reads regions.
+  if (t_open_regions != 0) return nullptr;
   for (const auto& [owner, slot] : t_held.slots) {
     if (owner == id_) {
       cached_ = Cached{id_, slot.get()};

@@ -33,6 +33,16 @@ struct alignas(64) ThreadSlot {
   std::uint64_t seen = 0;  ///< its stream's epoch when `reusable` was decided
   const std::atomic<std::uint64_t>* epoch = nullptr;  ///< that stream's epoch
   std::uint64_t pairs = 0;  ///< pairs taken here since the last settle (their sums are added then)
+  /// The owner's next frees that are filed at once instead of parked: set when a parked free was
+  /// not taken back (the owner's next request was another size or stream: a mix of sizes, where
+  /// parking costs a settle per pair and saves nothing), counted down by each such free, so that
+  /// a return to same-size pairs is noticed again (ImmediateReuse::cold_free). Owner-only (set
+  /// and counted down under the device lock, read without it): while it is not 0 the slot holds
+  /// no block, so the owner skips the slot's lock-free take and free.
+  std::uint8_t cold = 0;
+  /// What `cold` is set to at the next miss: doubled by each miss in a row (1, 2, 4 ... up to
+  /// kColdFrees), back to 0 when a parked free is taken back.
+  std::uint8_t backoff = 0;
   PairEffect effect;        ///< what each of those pairs does to the inactive-split statistics
   // Read by other threads under the device lock (a cache line of its own, rarely written).
   alignas(64) std::atomic<stream_t> parked_stream{nullptr};  ///< the parked block's stream
@@ -58,6 +68,8 @@ class ThreadSlots {
   void for_each(F&& f) {
     for (const auto& s : slots_) f(*s);
   }
+  /// Empties the calling thread's cache of its slot (a region opens: ThreadSlots::find_mine).
+  static void forget_mine() noexcept { cached_ = Cached{}; }
   /// More than one thread has a slot (the locked paths then look at the others).
   [[nodiscard]] bool shared() const noexcept { return slots_.size() > 1; }
 

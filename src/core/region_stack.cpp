@@ -1,0 +1,9 @@
+// core/region_stack.cpp — the per-thread region stack's storage (core/region_stack.hpp).
+#include "core/region_stack.hpp"
+
+namespace stitch::detail {
+
+thread_local std::vector<RegionFrame> t_regions;
+thread_local int t_open_regions __attribute__((tls_model("initial-exec"))) = 0;
+
+}  // namespace stitch::detail
