@@ -547,14 +547,19 @@ def self_test(fixture):
 
         # The compaction cost section, from synthetic compaction_cost entries
         # (gpu_report_compaction.py), its status line and its stitch-replay costs.
-        cc = os.path.join(tmp, "compaction_cost.json")
-        with open(cc, "w") as f:
-            json.dump({"context": {}, "benchmarks": gpu_report_compaction.SELF_TEST_BENCHMARKS}, f)
-        ns = argparse.Namespace(bench_json=[cc], steps=None, ctest_log=None, nvidia_smi=None,
-                                no_gpu=None, out=out)
-        text = generate(ns)
-        for needle, what in gpu_report_compaction.SELF_TEST_EXPECT:
-            expect(text, needle, what)
+        def section_self_test(name, module):
+            # The section a report module writes from its synthetic entries: the file it read.
+            path = os.path.join(tmp, name)
+            with open(path, "w") as f:
+                json.dump({"context": {}, "benchmarks": module.SELF_TEST_BENCHMARKS}, f)
+            ns = argparse.Namespace(bench_json=[path], steps=None, ctest_log=None,
+                                    nvidia_smi=None, no_gpu=None, out=out)
+            text = generate(ns)
+            for needle, what in module.SELF_TEST_EXPECT:
+                expect(text, needle, what)
+            return path
+
+        cc = section_self_test("compaction_cost.json", gpu_report_compaction)
         st = compaction_cost_status([cc])
         expect(st, "failed\t1 of 6 failed; compaction_cost/compact/full: the request was served "
                "without compaction", "compaction cost status")
@@ -572,14 +577,7 @@ def self_test(fixture):
 
         # The sleep and wake cost section, from synthetic sleep_cost entries
         # (gpu_report_sleep.py), and its status line.
-        sl = os.path.join(tmp, "sleep_cost.json")
-        with open(sl, "w") as f:
-            json.dump({"context": {}, "benchmarks": gpu_report_sleep.SELF_TEST_BENCHMARKS}, f)
-        ns = argparse.Namespace(bench_json=[sl], steps=None, ctest_log=None, nvidia_smi=None,
-                                no_gpu=None, out=out)
-        text = generate(ns)
-        for needle, what in gpu_report_sleep.SELF_TEST_EXPECT:
-            expect(text, needle, what)
+        sl = section_self_test("sleep_cost.json", gpu_report_sleep)
         st = sleep_cost_status([sl])
         expect(st, "failed\t1 of 8 failed; sleep_cost/wake/1GiB/backup: cuMemCreate failed: out "
                "of memory", "sleep cost status")

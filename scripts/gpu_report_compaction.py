@@ -11,7 +11,7 @@ stitch-replay's cost file. Used by gpu_report.py; standard library only.
   compaction_cost/copies/room          the same, timed as the summed device time of its copies
                                        (bytes_per_second: the bandwidth of compaction's copies)
 """
-from gpu_report_format import error_lines, fmt_bytes, fmt_ns, num3
+from gpu_report_format import counter, error_lines, fmt_bytes, fmt_ns, good, num3
 
 GOAL = 0.5  # compaction's copies at half the device's copy bandwidth or more
 CALLS = ["sync_device", "create", "reserve", "map", "copy", "sync_stream", "unmap",
@@ -63,12 +63,6 @@ def _rows(res, op):
             if len(k) == 3 and k[0] == "compaction_cost" and k[1] == op}
 
 
-def _good(row):
-    return row is not None and not row["error"]
-
-
-def _c(row, name):
-    return (row.get("counters") or {}).get(name) if _good(row) else None
 
 
 def _mib(label):
@@ -79,7 +73,7 @@ def _mib(label):
 
 
 def _gbps(row):
-    bps = _c(row, "bytes_per_second")
+    bps = counter(row, "bytes_per_second")
     return None if bps is None else bps / 1e9
 
 
@@ -115,8 +109,8 @@ def copies_share(res):
 
 def per_gib(row):
     """Host time of the whole compaction per GiB copied (ns), or None."""
-    copied = _c(row, "compacted_bytes")
-    t = row.get("time_ns") if _good(row) else None
+    copied = counter(row, "compacted_bytes")
+    t = row.get("time_ns") if good(row) else None
     return t / (copied / GIB) if t is not None and copied else None
 
 
@@ -166,16 +160,16 @@ def section(res, lines):
         lines.append("|---|---|---|---|---|---|---|---|")
         for variant in sorted(compact, key=lambda v: (v != "room", v)):
             row = compact[variant]
-            if not _good(row):
+            if not good(row):
                 lines.append(f"| {variant} | error | | | | | | |")
                 continue
-            pages = _c(row, "pages")
+            pages = counter(row, "pages")
             t = row.get("time_ns")
             lines.append("| " + " | ".join([
-                variant, fmt_bytes(_c(row, "served_bytes")),
+                variant, fmt_bytes(counter(row, "served_bytes")),
                 "n/a" if pages is None else f"{pages:.3g}",
-                "n/a" if _c(row, "staged") is None else f"{_c(row, 'staged'):.3g}",
-                fmt_bytes(_c(row, "compacted_bytes")), fmt_ns(t), fmt_ns(per_gib(row)),
+                "n/a" if counter(row, "staged") is None else f"{counter(row, 'staged'):.3g}",
+                fmt_bytes(counter(row, "compacted_bytes")), fmt_ns(t), fmt_ns(per_gib(row)),
                 fmt_ns(t / pages if t is not None and pages else None)]) + " |")
         lines.append("")
         lines.append("The whole request is host wall time: the device sync, per page the fresh "
@@ -184,7 +178,7 @@ def section(res, lines):
         lines.append("")
         for variant in sorted(compact, key=lambda v: (v != "room", v)):
             row = compact[variant]
-            if not _good(row):
+            if not good(row):
                 continue
             total = row.get("time_ns")
             lines.append(f"*{variant}*:")
@@ -192,7 +186,7 @@ def section(res, lines):
             lines.append("| call | calls | time | per call | share of the request |")
             lines.append("|---|---|---|---|---|")
             for call in CALLS:
-                n, ns = _c(row, call + "_calls"), _c(row, call + "_ns")
+                n, ns = counter(row, call + "_calls"), counter(row, call + "_ns")
                 if not n:
                     continue
                 share_s = f"{ns / total * 100:.3g}%" if ns is not None and total else "n/a"
@@ -219,7 +213,7 @@ def status(res):
     parts = [f"{len(rows)} results"]
     if share is not None:
         parts.append(f"copies at {_fmt_gbps(mine)}, {share * 100:.0f}% of the device's {_fmt_gbps(dev)}")
-    if _good(room):
+    if good(room):
         parts.append(f"compaction {fmt_ns(per_gib(room))} per GiB copied")
     return "ok", "; ".join(parts)
 
@@ -235,13 +229,13 @@ def measured_costs(res, fit_cost):
         for op in ops:
             for label, row in _rows(res, op).items():
                 mib = _mib(label)
-                if mib and _good(row) and row.get("time_ns") == row.get("time_ns"):
+                if mib and good(row) and row.get("time_ns") == row.get("time_ns"):
                     points.append((float(mib), row["time_ns"] / 1000.0))
         if points:
             per_call, per_mib = fit_cost(points)
             costs[name] = {"per_call_us": round(per_call, 3), "per_mib_us": round(per_mib, 4)}
     room = _rows(res, "compact").get("room")
-    n, ns = _c(room, "sync_device_calls"), _c(room, "sync_device_ns")
+    n, ns = counter(room, "sync_device_calls"), counter(room, "sync_device_ns")
     if n and ns is not None:
         costs["cuCtxSynchronize"] = {"per_call_us": round(ns / n / 1000.0, 3), "per_mib_us": 0.0}
     return costs

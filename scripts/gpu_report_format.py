@@ -58,3 +58,13 @@ def error_lines(lines, failures):
         lines.append(f"- `{name}` failed: {err}")
     if failures:
         lines.append("")
+
+
+def good(row):
+    """A benchmark row that ran without an error."""
+    return row is not None and not row["error"]
+
+
+def counter(row, name):
+    """Counter `name` of a good row (None otherwise, or when it has none)."""
+    return (row.get("counters") or {}).get(name) if good(row) else None

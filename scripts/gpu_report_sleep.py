@@ -13,7 +13,7 @@ status gpu-check.sh records for them. Used by gpu_report.py; standard library on
 Errors whose message begins with "skipped:" (a size the device or the host cannot hold) are
 skips, not failures.
 """
-from gpu_report_format import error_lines, fmt_ns, num3
+from gpu_report_format import counter, error_lines, fmt_ns, good, num3
 
 GOAL = 0.8  # backups at 80% of the pinned host copy bandwidth or more
 GIB = float(1 << 30)
@@ -76,12 +76,6 @@ def _skipped(row):
     return row is not None and bool(row["error"]) and row["error"].startswith("skipped:")
 
 
-def _good(row):
-    return row is not None and not row["error"]
-
-
-def _c(row, name):
-    return (row.get("counters") or {}).get(name) if _good(row) else None
 
 
 def _gib(label):
@@ -97,7 +91,7 @@ def _fmt_gibps(x):
 
 def pinned(res, direction):
     """The pinned copy bandwidth in GiB/s ('d2h' or 'h2d'), or None."""
-    bps = _c(_rows(res, "pinned_copy").get(direction), "bytes_per_second")
+    bps = counter(_rows(res, "pinned_copy").get(direction), "bytes_per_second")
     return None if bps is None else bps / GIB
 
 
@@ -107,7 +101,7 @@ def backup_ratio(res):
     best = None
     for label, row in _rows(res, "sleep").items():
         gib = _gib(label)
-        rate = _c(row, "backup_GiB_per_s")
+        rate = counter(row, "backup_GiB_per_s")
         if label.endswith("/backup") and gib is not None and rate is not None:
             if best is None or gib > best[1]:
                 best = (rate, gib)
@@ -124,7 +118,7 @@ def _rate_cell(row, ref, direction):
         return "skipped"
     if row["error"]:
         return "error"
-    rate = _c(row, "backup_GiB_per_s")
+    rate = counter(row, "backup_GiB_per_s")
     if rate is None:
         return "n/a"
     if not ref:
@@ -139,7 +133,7 @@ def _time_cells(row):
         return ["skipped", ""]
     if row["error"]:
         return ["error", ""]
-    ms = _c(row, "ms_per_GiB")
+    ms = counter(row, "ms_per_GiB")
     return [fmt_ns(row.get("time_ns")), fmt_ns(ms * 1e6 if ms is not None else None)]
 
 
@@ -195,11 +189,11 @@ def section(res, lines):
         lines.append("")
     # Where the time goes: the back-end calls of the backed-up runs.
     timed = [(op, label, row) for label in labels for op in ("sleep", "wake")
-             if label.endswith("/backup") and _good(ops[op].get(label))
+             if label.endswith("/backup") and good(ops[op].get(label))
              for row in [ops[op][label]]
-             if any(_c(row, c + "_ns") for c in CALLS)]
+             if any(counter(row, c + "_ns") for c in CALLS)]
     if timed:
-        shown = [c for c in CALLS if any(_c(row, c + "_ns") for _, _, row in timed)]
+        shown = [c for c in CALLS if any(counter(row, c + "_ns") for _, _, row in timed)]
         lines.append("Back-end calls of the backed-up runs (host time per sleep or wake, share "
                      "of it):")
         lines.append("")
@@ -209,7 +203,7 @@ def section(res, lines):
             total = row.get("time_ns")
             cells = []
             for c in shown:
-                ns = _c(row, c + "_ns")
+                ns = counter(row, c + "_ns")
                 if not ns:
                     cells.append("—")
                 else:

@@ -6,7 +6,7 @@ Each row's time is the mean host time of one call (Google Benchmark manual time)
 free_ns is the mean time of what gives the memory back (dissolving the stitched range, the
 grow's unmap, cudaFree); source_runs is the unmap calls per stitch.
 """
-from gpu_report_format import error_lines, fmt_bytes, fmt_ns, fmt_ratio, ratio
+from gpu_report_format import counter, error_lines, fmt_bytes, fmt_ns, fmt_ratio, good, ratio
 
 OPS = ["stitch", "grow", "cudaMalloc"]
 
@@ -46,16 +46,8 @@ def _rows(res):
     return by_pages
 
 
-def _good(row):
-    return row is not None and not row["error"]
-
-
-def _counter(row, name):
-    return (row.get("counters") or {}).get(name) if _good(row) else None
-
-
 def _time(row):
-    return row.get("time_ns") if _good(row) else None
+    return row.get("time_ns") if good(row) else None
 
 
 def _per(ns, pages):
@@ -91,14 +83,14 @@ def section(res, lines):
     for pages in sorted(by_pages):
         r = by_pages[pages]
         st, gr, cm = r.get("stitch"), r.get("grow"), r.get("cudaMalloc")
-        size = next((_counter(x, "bytes") for x in (st, gr, cm) if _counter(x, "bytes")), None)
-        runs = _counter(st, "source_runs")
+        size = next((counter(x, "bytes") for x in (st, gr, cm) if counter(x, "bytes")), None)
+        runs = counter(st, "source_runs")
         cells = [
             str(pages), fmt_bytes(size),
-            _cell(st, _time(st)), _cell(st, _per(_time(st), pages)), _cell(st, _counter(st, "free_ns")),
+            _cell(st, _time(st)), _cell(st, _per(_time(st), pages)), _cell(st, counter(st, "free_ns")),
             "—" if runs is None else f"{runs:.3g}",
-            _cell(gr, _time(gr)), _cell(gr, _per(_time(gr), pages)), _cell(gr, _counter(gr, "free_ns")),
-            _cell(cm, _time(cm)), _cell(cm, _counter(cm, "free_ns")),
+            _cell(gr, _time(gr)), _cell(gr, _per(_time(gr), pages)), _cell(gr, counter(gr, "free_ns")),
+            _cell(cm, _time(cm)), _cell(cm, counter(cm, "free_ns")),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
@@ -111,8 +103,8 @@ def section(res, lines):
         r = by_pages[pages]
         st, gr, cm = r.get("stitch"), r.get("grow"), r.get("cudaMalloc")
         pairs = [(_time(st), _time(gr)), (_time(st), _time(cm)),
-                 (_counter(st, "free_ns"), _counter(gr, "free_ns")),
-                 (_counter(st, "free_ns"), _counter(cm, "free_ns"))]
+                 (counter(st, "free_ns"), counter(gr, "free_ns")),
+                 (counter(st, "free_ns"), counter(cm, "free_ns"))]
         lines.append(f"| {pages} | " + " | ".join(
             fmt_ratio(ratio(a, b), "faster", "slower") for a, b in pairs) + " |")
     lines.append("")
@@ -134,7 +126,7 @@ def status(res):
     largest = max(by_pages)
     st = by_pages[largest].get("stitch")
     what = (f"stitch of {largest} granules {fmt_ns(_time(st))} "
-            f"({fmt_ns(_per(_time(st), largest))} per granule)") if _good(st) else ""
+            f"({fmt_ns(_per(_time(st), largest))} per granule)") if good(st) else ""
     missing = [f"{op}/{p}pages" for p in by_pages for op in OPS if op not in by_pages[p]]
     return "ok", f"{len(rows)} results" + (f"; {what}" if what else "") + (
         f"; missing {', '.join(missing)}" if missing else "")
