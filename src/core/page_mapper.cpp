@@ -184,6 +184,25 @@ void PageMapper::retry() noexcept {
       ++it;
     }
   }
+  for (auto it = lost_reservations_.begin(); it != lost_reservations_.end();) {
+    try {
+      backend_.release_reservation(device_, it->first, it->second);
+      it = lost_reservations_.erase(it);
+    } catch (...) {
+      ++it;
+    }
+  }
+}
+
+void PageMapper::release_or_keep_reservation(char* va, std::size_t bytes) noexcept {
+  try {
+    release_reservation(va, bytes);
+  } catch (...) {  // kept: it blocks only its own addresses, and retry() releases it later
+    try {
+      lost_reservations_.emplace_back(va, bytes);
+    } catch (...) {  // no memory for the note: the reservation goes with the process
+    }
+  }
 }
 
 bool PageMapper::remap(const Mapping& m, const std::vector<SlotRun>& keep, bool stage) {
@@ -216,10 +235,7 @@ bool PageMapper::remap(const Mapping& m, const std::vector<SlotRun>& keep, bool 
   if (kept != 0 && scratch == nullptr) return false;  // no address space left
   Undo release_scratch([&] {
     if (scratch == nullptr) return;
-    try {
-      release_reservation(scratch, kept * page);
-    } catch (...) {  // the reservation stays: it blocks only its own addresses
-    }
+    release_or_keep_reservation(scratch, kept * page);
   });
   if (!map_pieces(scratch, fresh)) return false;
   Undo unmap_scratch([&] {

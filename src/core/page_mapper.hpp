@@ -4,8 +4,9 @@
 // the memory under a mapping at the same addresses. Multi-step changes are all or nothing (an
 // undo on every failure); what an undo could not undo is kept and retried: stray mappings (an
 // unmap that failed while undoing a failed map: the bookkeeping already calls the range
-// unmapped) and orphaned handles (a release that failed after an unmap). Both are retried before
-// the next map and before memory goes back to the device.
+// unmapped), orphaned handles (a release that failed after an unmap) and remap's scratch ranges
+// whose release failed. They are retried before the next map and before memory goes back to the
+// device.
 #pragma once
 
 #include <cstddef>
@@ -37,7 +38,7 @@ struct SlotRun {
 class PageMapper {
  public:
   PageMapper(Backend& backend, int device) noexcept : backend_(backend), device_(device) {}
-  /// One more try for stray mappings and orphaned handles (errors dropped).
+  /// One more try for stray mappings, orphaned handles and kept reservations (errors dropped).
   ~PageMapper();
   PageMapper(const PageMapper&) = delete;
   PageMapper& operator=(const PageMapper&) = delete;
@@ -91,7 +92,11 @@ class PageMapper {
   /// (keeping them) if one fails again; the other strays get one more try, and stay stray if it
   /// fails (a stray that cannot be unmapped blocks only the addresses it covers).
   void unmap_strays_in(char* va, std::size_t bytes);
-  /// One more try for every stray range and orphaned handle; what fails again is kept for later.
+  /// Releases a reservation of the page mapper's own (remap's scratch range); when that fails,
+  /// keeps it for retry().
+  void release_or_keep_reservation(char* va, std::size_t bytes) noexcept;
+  /// One more try for every stray range, orphaned handle and scratch reservation kept; what fails
+  /// again is kept for later.
   void retry() noexcept;
   [[nodiscard]] const std::vector<phys_handle_t>& orphans() const noexcept { return orphans_; }
 
@@ -129,6 +134,7 @@ class PageMapper {
   const int device_;
   std::vector<phys_handle_t> orphans_;
   std::vector<std::pair<char*, std::size_t>> strays_;
+  std::vector<std::pair<char*, std::size_t>> lost_reservations_;  ///< scratch ranges to release
 };
 
 }  // namespace stitch::detail
