@@ -609,31 +609,26 @@ def self_test(fixture):
     return 0
 
 
-def stitch_cost_status(paths):
-    """'STATUS<TAB>DETAIL' of the stitch_cost benchmarks in the JSON file(s), for gpu-check.sh."""
+def _cost_status(paths, module):
+    """'STATUS<TAB>DETAIL' of a cost section's benchmarks (`module.status`) in the JSON file(s),
+    for gpu-check.sh."""
     res = Results()
     for p in paths:
         res.add_file(p)
-    state, detail = gpu_report_stitch.status(res)
+    state, detail = module.status(res)
     return f"{state}\t{detail}"
+
+
+def stitch_cost_status(paths):
+    return _cost_status(paths, gpu_report_stitch)
 
 
 def compaction_cost_status(paths):
-    """'STATUS<TAB>DETAIL' of the compaction_cost benchmarks in the JSON file(s), for gpu-check.sh."""
-    res = Results()
-    for p in paths:
-        res.add_file(p)
-    state, detail = gpu_report_compaction.status(res)
-    return f"{state}\t{detail}"
+    return _cost_status(paths, gpu_report_compaction)
 
 
 def sleep_cost_status(paths):
-    """'STATUS<TAB>DETAIL' of the sleep_cost benchmarks in the JSON file(s), for gpu-check.sh."""
-    res = Results()
-    for p in paths:
-        res.add_file(p)
-    state, detail = gpu_report_sleep.status(res)
-    return f"{state}\t{detail}"
+    return _cost_status(paths, gpu_report_sleep)
 
 
 def main(argv):
