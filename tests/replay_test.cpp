@@ -606,6 +606,7 @@ TEST(ReplayFidelity, ReproducesAWarmMultiDeviceRecording) {
 // how the allocators work.
 TEST(ReplayGeneratedTraces, ShippedTracesReplayWithPrincipledOrderings) {
   std::map<std::string, std::map<std::string, rp::ReplayResult>> results;
+  int recorded_runs = 0;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(shipped_dir(), ec)) {
     if (entry.path().extension() != ".pickle") continue;
@@ -615,6 +616,10 @@ TEST(ReplayGeneratedTraces, ShippedTracesReplayWithPrincipledOrderings) {
     ASSERT_EQ(w.devices.size(), 1u);
     const rp::DeviceWorkload& t = w.devices[0];
     EXPECT_TRUE(t.starts_empty);
+    if (!t.recorded_ooms.empty()) {  // a recorded run that overflowed its device (replay_oom_test)
+      ++recorded_runs;
+      continue;
+    }
     EXPECT_FALSE(rp::fidelity(t, w.recorded).has_value());  // nothing recorded to compare with
     for (const std::string config : {"", "expandable_segments:True"}) {
       rp::ReplayOptions o;
@@ -632,6 +637,7 @@ TEST(ReplayGeneratedTraces, ShippedTracesReplayWithPrincipledOrderings) {
     EXPECT_EQ(results[name][""].maps, 0);
   }
   ASSERT_EQ(results.size(), 6u) << shipped_dir();
+  EXPECT_EQ(recorded_runs, 1);
   // With a new sequence length every step, PyTorch's defaults keep segments cut for old sizes
   // while expandable segments grow one range per stream and reuse it whatever the size: they
   // reserve no more (verified by the fragmentation benchmark, docs/fragmentation.md).

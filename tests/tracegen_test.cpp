@@ -20,6 +20,7 @@
 #include "stitch/errors.hpp"
 #include "tools/stitch_replay/trace_file.hpp"
 #include "tools/tracegen/builder.hpp"
+#include "tools/tracegen/device_run.hpp"
 #include "tools/tracegen/tracegen.hpp"
 
 namespace {
@@ -311,18 +312,25 @@ TEST(TracegenShipped, EveryShippedTraceRegeneratesByteForByte) {
   for (const auto& e : fs::directory_iterator(shipped_dir(), ec))
     if (e.path().extension() == ".pickle") files.push_back(e.path());
   std::sort(files.begin(), files.end());
-  ASSERT_EQ(files.size(), kPatterns.size()) << shipped_dir();
+  ASSERT_EQ(files.size(), kPatterns.size() + 1) << shipped_dir();  // + one recorded run
   for (const fs::path& f : files) {
     SCOPED_TRACE(f.string());
     const std::string bytes = read_bytes(f);
     EXPECT_LE(bytes.size(), std::size_t{400} << 10) << "keep shipped traces small";
     const auto root = stitch::formats::read_pickle(bytes, f.string());
     const std::string config = root.get("stitch")->get("config")->as_string();
-    // "tracegen pattern:P,seed:N,steps:K"
+    // "tracegen pattern:P,seed:N,steps:K", and for a recorded run
+    // ",device_memory_mb:M,context_mb:C,alloc_conf:CONF" (CONF last: it may hold commas)
     std::string pattern;
     std::uint64_t seed = 0;
     tg::Options o;
-    std::stringstream ss(config.substr(std::string("tracegen ").size()));
+    tg::DeviceRun run;
+    std::string rest = config.substr(std::string("tracegen ").size());
+    if (const auto at = rest.find(",alloc_conf:"); at != std::string::npos) {
+      run.alloc_conf = rest.substr(at + std::string(",alloc_conf:").size());
+      rest.resize(at);
+    }
+    std::stringstream ss(rest);
     for (std::string kv; std::getline(ss, kv, ',');) {
       const auto colon = kv.find(':');
       const std::string k = kv.substr(0, colon), v = kv.substr(colon + 1);
@@ -330,9 +338,18 @@ TEST(TracegenShipped, EveryShippedTraceRegeneratesByteForByte) {
       if (k == "seed") seed = std::stoull(v);
       if (k == "steps") o.steps = std::stoull(v);
       if (k == "frames") o.frames = v != "False";
+      if (k == "device_memory_mb") run.memory = std::stoull(v) << 20;
+      if (k == "context_mb") run.context = std::stoull(v) << 20;
     }
-    EXPECT_EQ(f.stem().string(), pattern);
-    EXPECT_TRUE(tg::generate_pickle(pattern, seed, o) == bytes) << "regenerate traces/ (see traces/README.md)";
+    if (run.memory == 0) {
+      EXPECT_EQ(f.stem().string(), pattern);
+      EXPECT_TRUE(tg::generate_pickle(pattern, seed, o) == bytes) << "regenerate traces/ (see traces/README.md)";
+    } else {
+      EXPECT_EQ(f.stem().string(), pattern + "-oom");
+      const std::string again = stitch::detail::snapshot_to_pickle(
+          tg::record_on_device(tg::generate(pattern, seed, o), run), tg::device_run_meta(pattern, seed, o, run));
+      EXPECT_TRUE(again == bytes) << "regenerate traces/ (see traces/README.md)";
+    }
   }
 }
 

@@ -37,10 +37,32 @@ Replay::Replay(const DeviceWorkload& workload, const Setup& setup) : workload_(w
 
 Replay::~Replay() = default;
 
-void* Replay::allocate(std::size_t size, std::uintptr_t stream) {
+void* Replay::allocate(std::size_t size, std::uintptr_t stream, bool recorded) {
   const DeviceAllocator::Allocation a = device_->malloc(size, as_stream(stream));
-  const std::unique_ptr<detail::OomCapture> failure(a.failure);  // only counted, not reported
+  const std::unique_ptr<detail::OomCapture> failure(a.failure);
+  if (failure && setup_.on_oom) {
+    ReplayOom oom;
+    oom.event = started_ ? position_ : ReplayOom::kAtStart;
+    oom.size = size;
+    oom.stream = stream;
+    oom.recorded = recorded;
+    oom.facts = &failure->facts;
+    setup_.on_oom(*this, oom);
+  }
   return a.ptr;
+}
+
+std::vector<LiveBlock> Replay::largest_live(std::size_t n) const {
+  std::vector<LiveBlock> all;
+  all.reserve(live_.size());
+  for (const auto& [addr, l] : live_) all.push_back(LiveBlock{addr, l.size, l.event});
+  const auto larger = [](const LiveBlock& a, const LiveBlock& b) {
+    return a.size != b.size ? a.size > b.size : a.addr < b.addr;
+  };
+  const std::size_t k = std::min(n, all.size());
+  std::partial_sort(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(k), all.end(), larger);
+  all.resize(k);
+  return all;
 }
 
 bool Replay::try_allocate(std::size_t size, std::uintptr_t stream) {
@@ -53,7 +75,7 @@ void Replay::allocate_block(std::uintptr_t addr, std::size_t size, std::uintptr_
     ++failures_;
     return;
   }
-  live_[addr] = Live{p, size};
+  live_[addr] = Live{p, size, started_ ? position_ : ReplayOom::kAtStart};
   requested_ += size;
 }
 
@@ -108,7 +130,7 @@ std::vector<bool> Replay::seed_held() {
     for (std::size_t k = 0; k < ptrs.size() && k < index.size(); ++k) {
       if (ptrs[k] == nullptr) continue;
       const StartBlock& b = initial[index[k]];
-      live_[b.addr] = Live{ptrs[k], b.size};
+      live_[b.addr] = Live{ptrs[k], b.size, ReplayOom::kAtStart};
       requested_ += b.size;
       placed[index[k]] = true;
     }
@@ -160,9 +182,14 @@ void Replay::start() {
     const StartBlock& b = workload_.initial[i];
     if ((placed.empty() || !placed[i]) && b.size != 0) allocate_block(b.addr, b.size, b.stream);
   }
+  started_ = true;
 }
 
 bool Replay::step(const Event& e) {
+  struct Advance {  // the position moves past `e` however step() returns
+    std::size_t& position;
+    ~Advance() { ++position; }
+  } advance{position_};
   switch (e.kind) {
     case Event::Kind::alloc: {
       if (e.size == 0) return true;
@@ -175,7 +202,11 @@ bool Replay::step(const Event& e) {
       return true;
     case Event::Kind::failed:
       if (setup_.retry_failed) {
-        if (void* p = allocate(e.size, e.stream)) (void)device_->free(p, nullptr, nullptr);
+        if (void* p = allocate(e.size, e.stream, true)) {
+          (void)device_->free(p, nullptr, nullptr);
+        } else {
+          ++failed_retries_;
+        }
       }
       return true;
     case Event::Kind::release:

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -17,9 +18,33 @@
 namespace stitch {
 class DeviceAllocator;
 class SimBackend;
+namespace detail {
+struct OomFacts;
+}
 }  // namespace stitch
 
 namespace stitch::replay {
+
+class Replay;
+
+/// A request that failed in a replay, as its observer (Setup::on_oom) sees it.
+struct ReplayOom {
+  /// The event it belongs to: an alloc, or a `failed` event tried again; kAtStart for a block
+  /// live at the start.
+  std::size_t event = 0;
+  static constexpr std::size_t kAtStart = SIZE_MAX;
+  std::size_t size = 0;
+  std::uintptr_t stream = 0;
+  bool recorded = false;  ///< a `failed` event: the recording failed it too
+  const detail::OomFacts* facts = nullptr;  ///< the allocator's facts, valid during the call
+};
+
+/// A block live in a replay, as the workload names it.
+struct LiveBlock {
+  std::uintptr_t addr = 0;  ///< its address in the workload
+  std::size_t size = 0;     ///< requested bytes
+  std::size_t event = ReplayOom::kAtStart;  ///< the alloc event that made it (kAtStart: initial)
+};
 
 /// How a workload is replayed.
 struct Setup {
@@ -36,6 +61,8 @@ struct Setup {
   bool retry_failed = false;     ///< `failed` events: the request is tried again (freed if served)
   /// `release` events: empty_cache(); `release_segment`: one free segment of that size goes.
   bool honour_releases = false;
+  /// Called for each request that fails (after the allocator's whole out-of-memory ladder).
+  std::function<void(const Replay&, const ReplayOom&)> on_oom;
 };
 
 /// One replay in progress. Deterministic: the same workload and setup give the same run.
@@ -70,6 +97,12 @@ class Replay {
 
   [[nodiscard]] std::size_t requested() const noexcept { return requested_; }  ///< live bytes asked for
   [[nodiscard]] std::size_t failures() const noexcept { return failures_; }  ///< failed allocations
+  /// `failed` events tried again (retry_failed) that failed again.
+  [[nodiscard]] std::size_t failed_retries() const noexcept { return failed_retries_; }
+  /// Events replayed so far (step() calls).
+  [[nodiscard]] std::size_t position() const noexcept { return position_; }
+  /// The `n` largest live blocks (by requested size), largest first.
+  [[nodiscard]] std::vector<LiveBlock> largest_live(std::size_t n) const;
   /// Segments (plain) and mapped runs (expandable) start() created for the held segments.
   [[nodiscard]] std::size_t seeded() const noexcept { return seeded_; }
   [[nodiscard]] DeviceStats stats() const;
@@ -79,7 +112,7 @@ class Replay {
   [[nodiscard]] DeviceAllocator& device() noexcept { return *device_; }
 
  private:
-  void* allocate(std::size_t size, std::uintptr_t stream);
+  void* allocate(std::size_t size, std::uintptr_t stream, bool recorded = false);
   void allocate_block(std::uintptr_t addr, std::size_t size, std::uintptr_t stream);
   void free_block(std::uintptr_t addr);
   /// Places the held segments with their initial blocks; returns the blocks placed.
@@ -92,10 +125,14 @@ class Replay {
   struct Live {
     void* ptr;
     std::size_t size;
+    std::size_t event;
   };
   std::unordered_map<std::uintptr_t, Live> live_;  ///< recorded address -> replayed block
   std::size_t requested_ = 0;
   std::size_t failures_ = 0;
+  std::size_t failed_retries_ = 0;
+  std::size_t position_ = 0;
+  bool started_ = false;  ///< start() is over: allocations belong to events
   std::size_t seeded_ = 0;
 };
 

@@ -247,7 +247,7 @@ std::vector<TraceEntry> replayable(const std::vector<TraceEntry>& all) {
   return entries;
 }
 
-std::vector<Event> events_of(const std::vector<TraceEntry>& entries, FreeAt free_at) {
+std::vector<Event> events_of(const std::vector<TraceEntry>& entries, FreeAt free_at, Unmaps unmaps) {
   const TraceAction release = free_at == FreeAt::completed || has_free_completed(entries)
                                   ? TraceAction::free_completed
                                   : TraceAction::free_requested;
@@ -264,10 +264,11 @@ std::vector<Event> events_of(const std::vector<TraceEntry>& entries, FreeAt free
       out.kind = Event::Kind::failed;
     } else if (gives_back(e.action)) {
       // Memory given back (empty_cache, or the OOM ladder before it retries): one release.
-      // A run of unmaps followed by a map is stitching moving pages, not a release.
+      // With stitching, a run of unmaps followed by a map may be pages moving, not a release.
       std::size_t j = i;
       while (j + 1 < entries.size() && gives_back(entries[j + 1].action)) ++j;
-      if (j + 1 == entries.size() || entries[j + 1].action != TraceAction::segment_map)
+      if (unmaps == Unmaps::release || j + 1 == entries.size() ||
+          entries[j + 1].action != TraceAction::segment_map)
         out.kind = Event::Kind::release;
       events.push_back(out);
       for (std::size_t k = i + 1; k <= j; ++k)
@@ -280,35 +281,54 @@ std::vector<Event> events_of(const std::vector<TraceEntry>& entries, FreeAt free
   return events;
 }
 
+// The failed requests: each oom entry with what the recording held then (its segment events
+// before the entry, from reserved_at_start).
+std::vector<RecordedOom> recorded_ooms(const DeviceWorkload& t, const std::vector<TraceEntry>& entries) {
+  std::vector<RecordedOom> out;
+  std::int64_t held = static_cast<std::int64_t>(t.reserved_at_start);
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const TraceEntry& e = entries[i];
+    if (creates(e.action)) held += static_cast<std::int64_t>(e.size);
+    if (gives_back(e.action)) held -= static_cast<std::int64_t>(e.size);
+    if (e.action == TraceAction::oom)
+      out.push_back(RecordedOom{i, e.size, e.stream, e.addr, static_cast<std::size_t>(std::max<std::int64_t>(held, 0))});
+  }
+  return out;
+}
+
 }  // namespace
 
-std::vector<Event> events_from_trace(const std::vector<TraceEntry>& all, FreeAt free_at) {
-  return events_of(replayable(all), free_at);
+std::vector<Event> events_from_trace(const std::vector<TraceEntry>& all, FreeAt free_at, Unmaps unmaps) {
+  return events_of(replayable(all), free_at, unmaps);
 }
 
 DeviceWorkload workload_from_trace(int device, const std::vector<TraceEntry>& all,
-                                   const std::vector<SegmentSnapshot>& dump) {
+                                   const std::vector<SegmentSnapshot>& dump, Unmaps unmaps) {
   DeviceWorkload t;
   t.device = device;
   const std::vector<TraceEntry> entries = replayable(all);
-  t.events = events_of(entries, FreeAt::automatic);
+  t.events = events_of(entries, FreeAt::automatic, unmaps);
   std::vector<TraceEntry> acting;  // without oom entries, which start nothing
   acting.reserve(entries.size());
   for (const TraceEntry& e : entries)
     if (e.action != TraceAction::oom) acting.push_back(e);
   reconstruct(t, acting, dump);
   classify_releases(t, entries);
+  t.recorded_ooms = recorded_ooms(t, entries);
   return t;
 }
 
 std::vector<DeviceWorkload> workloads_from_snapshot(const Snapshot& snapshot) {
+  const bool stitching = !snapshot.stitch_version.empty() &&
+                         snapshot.stitch_config.find("stitching:True") != std::string::npos;
+  const Unmaps unmaps = stitching ? Unmaps::may_move_pages : Unmaps::release;
   std::vector<DeviceWorkload> out;
   for (std::size_t d = 0; d < snapshot.device_traces.size(); ++d) {
     const std::vector<TraceEntry>& entries = snapshot.device_traces[d];
     const bool any = std::any_of(entries.begin(), entries.end(), [](const TraceEntry& e) {
       return e.action != TraceAction::snapshot && e.action != TraceAction::oom;
     });
-    if (any) out.push_back(workload_from_trace(static_cast<int>(d), entries, snapshot.segments));
+    if (any) out.push_back(workload_from_trace(static_cast<int>(d), entries, snapshot.segments, unmaps));
   }
   return out;
 }

@@ -50,6 +50,17 @@ struct StartSegment {
   bool expandable = false;  ///< a mapped run of an expandable segment
 };
 
+/// A request that failed in the recording (its `oom` entry): what the device reported then.
+struct RecordedOom {
+  std::size_t event = 0;        ///< its position in DeviceWorkload::events (a `failed` event)
+  std::size_t size = 0;         ///< the request, as the recording allocator rounded it
+  std::uintptr_t stream = 0;
+  std::size_t device_free = 0;  ///< free on the device then (cudaMemGetInfo), after the ladder
+  /// What the recording allocator held then: reserved at the start plus the trace's segment
+  /// events before the entry (the out-of-memory ladder's releases included).
+  std::size_t reserved = 0;
+};
+
 /// Everything one device did.
 struct DeviceWorkload {
   int device = 0;
@@ -68,6 +79,8 @@ struct DeviceWorkload {
   std::optional<std::size_t> recorded_peak_reserved;
   /// The recording allocator's segment_alloc/segment_map sizes, in order (for fidelity checks).
   std::vector<std::size_t> recorded_segments;
+  /// The requests that failed in the recording, in order (empty when it never ran out).
+  std::vector<RecordedOom> recorded_ooms;
 };
 
 /// Peak of the sum of live requested sizes over the workload (initial blocks included).
