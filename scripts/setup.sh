@@ -18,6 +18,20 @@ if ((${#missing[@]})); then
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# A headless browser for the test that opens stitch-replay's HTML report (replay_html_report_renders):
+# Debian's chromium, where it can be installed; without it that test reports itself skipped.
+if [ "${STITCH_SKIP_BROWSER:-0}" != 1 ] && ! command -v chromium >/dev/null 2>&1 &&
+   ! command -v chromium-browser >/dev/null 2>&1; then
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  if [ -z "$sudo_cmd" ] || command -v sudo >/dev/null 2>&1; then
+    echo "setup: installing chromium (for the HTML report test)"
+    { $sudo_cmd apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq chromium >/dev/null; } ||
+      echo "setup: chromium could not be installed: the HTML report test will be skipped" >&2
+  else
+    echo "setup: no chromium and no sudo: the HTML report test will be skipped" >&2
+  fi
+fi
 cmake_version=$(cmake --version | head -1 | awk '{print $3}')
 if ! printf '3.25\n%s\n' "$cmake_version" | sort -V -C; then
   echo "setup: cmake >= 3.25 is required (found $cmake_version)" >&2

@@ -28,6 +28,7 @@
 #include "tools/stitch_replay/report.hpp"
 #include "tools/stitch_replay/trace_file.hpp"
 #include "tools/tracegen/tracegen.hpp"
+#include "replay_helpers.hpp"
 
 namespace {
 
@@ -96,21 +97,8 @@ fs::path real_dir() {
   return "/work/shared/traces";
 }
 
-rp::DeviceWorkload generated(const std::string& pattern, std::size_t steps, std::uint64_t seed = 1) {
-  tg::Options o;
-  o.steps = steps;
-  rp::TraceFile w = rp::trace_file_from_snapshot(tg::generate(pattern, seed, o), pattern);
-  return std::move(w.devices.at(0));
-}
-
-TraceEntry ev(TraceAction a, std::uintptr_t addr, std::size_t size, std::uintptr_t stream = 0) {
-  TraceEntry e;
-  e.action = a;
-  e.addr = addr;
-  e.size = size;
-  e.stream = stream;
-  return e;
-}
+using replay_helpers::ev;
+using replay_helpers::generated;
 
 // ---- RMM CSV -------------------------------------------------------------------------------------
 

@@ -3,6 +3,8 @@
 // device under several configurations and reports what each would have reserved.
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -13,6 +15,8 @@
 #include "stitch/errors.hpp"
 #include "tools/common/arg_reader.hpp"
 #include "tools/stitch_replay/breakdown.hpp"
+#include "tools/stitch_replay/explanations.hpp"
+#include "tools/stitch_replay/html_report.hpp"
 #include "tools/stitch_replay/report.hpp"
 #include "tools/stitch_replay/trace_file.hpp"
 
@@ -35,14 +39,28 @@ cached memory where the recording did, compared with that peak (docs/fragmentati
 options:
   --config CONF     a configuration in STITCH_ALLOC_CONF syntax; repeat to compare several
                     (default: PyTorch's defaults "" and "expandable_segments:True")
-  --capacity SIZE   simulated device size, e.g. 80GiB (default 1TiB: nothing runs out)
+  --capacity SIZE   simulated device size, e.g. 80GiB (default 1TiB: nothing runs out); the
+                    first OOM of each config is explained: the request and its stream, the
+                    verdict with its numbers, the run's other configs on the same device, the
+                    largest live blocks and the recorded frames of the request
+  --explain-all     explain every OOM, not only the first
   --min-capacity    also find, by bisection, the smallest device on which each config completes
                     the trace without an OOM
+  --fits            replay each config on the memory of common GPUs (their reported total less
+                    a 512 MiB CUDA context: 14.26, 21.99, 39.09, 44.49, 79.15 and 139.90 GiB;
+                    docs/fragmentation.md names them) and say, per size, whether it fits (runs
+                    without an OOM), the headroom at the peak, or the first OOM's verdict; the
+                    smallest fitting device is found too, sharing those replays
+  --fits=SIZES      the same on the sizes given, e.g. --fits=24GiB,40GiB (the '=' is needed)
   --device N        replay only device N
   --json            print JSON instead of tables
   --breakdown       also print, per config, where reserved minus requested lies when reserved
                     peaks (rounding, pending frees, plain segments, partly used pages, whole free
                     pages by pool and stream); one more replay to the peak each
+  --html FILE       write one self-contained HTML page (no network, no server): per trace and
+                    device the configs' table, their requested/reserved/unallocated plot on one
+                    event axis, the breakdown at the peak, the fits table and the OOM
+                    explanations
   --plot FILE.svg   write requested/reserved/unallocated over the trace (one file per trace and
                     device: FILE-<n>.svg when there are several)
   --costs FILE      the per-call costs of the estimated device time (a JSON object of call
@@ -59,8 +77,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> configs, traces;
   std::size_t capacity = std::size_t{1} << 40;
   bool search = false, json = false, breakdown = false, progress = isatty(STDERR_FILENO) != 0;
+  bool explain_all = false;
+  std::vector<std::size_t> fit_sizes;
   int only_device = -1;
-  std::string plot;
+  std::string plot, html;
   CostModel costs = CostModel::published();
   try {
     for (stitch::tools::ArgReader args(argc, argv); args.next();) {
@@ -73,6 +93,12 @@ int main(int argc, char** argv) {
         configs.push_back(value());
       } else if (a == "--capacity") {
         capacity = parse_size(value());
+      } else if (a == "--fits") {
+        fit_sizes = common_gpu_sizes();
+      } else if (a.starts_with("--fits=")) {
+        fit_sizes = parse_size_list(a.substr(7));
+      } else if (a == "--explain-all") {
+        explain_all = true;
       } else if (a == "--min-capacity") {
         search = true;
       } else if (a == "--device") {
@@ -81,6 +107,8 @@ int main(int argc, char** argv) {
         breakdown = true;
       } else if (a == "--json") {
         json = true;
+      } else if (a == "--html") {
+        html = value();
       } else if (a == "--plot") {
         plot = value();
       } else if (a == "--costs") {
@@ -119,6 +147,7 @@ int main(int argc, char** argv) {
       if (only_device >= 0 && t.device != only_device) continue;
       TraceReport report = trace_report(path, w, t);
       report.costs = costs;
+      report.explain_all = explain_all;
       try {
         report.fidelity = fidelity(t, w.recorded);
       } catch (const std::exception& e) {
@@ -129,7 +158,8 @@ int main(int argc, char** argv) {
         ReplayOptions o;
         o.config = c;
         o.capacity = capacity;
-        o.sample_every = plot.empty() ? 0 : std::max<std::size_t>(1, t.events.size() / 2000);
+        o.explain = explain_all ? Explain::all : Explain::first;
+        o.sample_every = plot.empty() && html.empty() ? 0 : std::max<std::size_t>(1, t.events.size() / 2000);
         if (progress) {
           o.progress = [&](std::size_t done, std::size_t total) {
             std::fprintf(stderr, "\r%s [%s]: %zu/%zu events", path.c_str(),
@@ -140,13 +170,24 @@ int main(int argc, char** argv) {
         Row row;
         try {
           row.result = replay(t, o);
-          if (search) {
+          CapacityProbe probe(t, c);
+          if (!fit_sizes.empty()) {
+            for (std::size_t size : fit_sizes) (void)probe.at(size);  // they bound the bisection
             row.min_capacity_searched = true;
-            row.min_capacity = min_capacity(t, c, capacity);
+            row.min_capacity = probe.min_capacity(capacity, std::size_t{2} << 20, row.result.peak_reserved);
+            row.fits = probe.fits(fit_sizes, row.min_capacity);
+            for (const CapacityOutcome& f : row.fits)
+              if (!f.note.empty())
+                row.min_capacity_note = fmt::format("{} {} on {}", row.min_capacity_note.empty() ? "but" : ";",
+                                                    f.fits ? "it fits" : "it runs out", human_size(f.capacity));
+          } else if (search) {
+            row.min_capacity_searched = true;
+            row.min_capacity = probe.min_capacity(capacity);
           }
+          if (breakdown || !html.empty()) row.breakdown = breakdown_at_peak(t, o, row.result);
           if (breakdown)
             std::fprintf(stderr, "%s [%s]: %s\n", path.c_str(), c.empty() ? "defaults" : c.c_str(),
-                         format_breakdown(breakdown_at_peak(t, o, row.result)).c_str());
+                         format_breakdown(*row.breakdown).c_str());
         } catch (const std::exception& e) {
           std::fprintf(stderr, "stitch-replay: error: %s [%s]: %s\n", path.c_str(), c.c_str(), e.what());
           status = 1;
@@ -154,6 +195,7 @@ int main(int argc, char** argv) {
         }
         report.rows.push_back(std::move(row));
       }
+      complete_explanations(report, path);
       if (!plot.empty()) {
         std::string file = plot;
         if (traces.size() > 1 || w.devices.size() > 1) {
@@ -168,5 +210,13 @@ int main(int argc, char** argv) {
     }
   }
   if (json) std::fputs(format_json(reports).c_str(), stdout);
+  if (!html.empty()) {
+    std::ofstream out(html);
+    out << format_html(reports);
+    if (!out) {
+      std::fprintf(stderr, "stitch-replay: error: cannot write %s\n", html.c_str());
+      status = 1;
+    }
+  }
   return status;
 }

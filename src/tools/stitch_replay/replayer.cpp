@@ -6,6 +6,7 @@
 #include <chrono>
 #include <map>
 
+#include "replay/device_size.hpp"
 #include "replay/engine.hpp"
 #include "stitch/sim_backend.hpp"
 
@@ -24,6 +25,7 @@ Setup setup_of(const ReplayOptions& o, std::size_t history = 0) {
   s.capacity = o.capacity;
   s.warm_start = o.warm_start;
   s.honour_releases = o.honour_releases;
+  s.retry_failed = o.retry_failed;
   return s;
 }
 
@@ -45,7 +47,13 @@ ReplayResult replay(const DeviceWorkload& trace, const ReplayOptions& options) {
   std::size_t worst_event = 0;
   const auto start = std::chrono::steady_clock::now();
   {
-    Replay run(trace, setup_of(options, 2 * trace.events.size() + 16));
+    Setup setup = setup_of(options, 2 * trace.events.size() + 16);
+    setup.on_oom = [&](const Replay& run, const ReplayOom& oom) {
+      if (!r.first_oom_event) r.first_oom_event = oom.event;
+      if (options.explain == Explain::all || (options.explain == Explain::first && r.explanations.empty()))
+        r.explanations.push_back(explain_oom(run, oom));
+    };
+    Replay run(trace, setup);
     run.run(SIZE_MAX, [&](std::size_t i) {
       const DeviceStats s = run.stats();
       const auto reserved = static_cast<std::size_t>(s.reserved_bytes[kAll].current);
@@ -74,7 +82,7 @@ ReplayResult replay(const DeviceWorkload& trace, const ReplayOptions& options) {
     r.device_syncs = static_cast<std::int64_t>(sim.call_count(SimCall::synchronize_device));
     r.device_allocs = static_cast<std::int64_t>(sim.call_count(SimCall::allocate));
     r.device_frees = static_cast<std::int64_t>(sim.call_count(SimCall::deallocate));
-    r.ooms = run.failures();
+    r.ooms = run.failures() + run.failed_retries();
     r.seeded_segments = run.seeded();
     r.calls = CallCounts::of(sim);
     const Snapshot history = run.snapshot();
@@ -101,40 +109,21 @@ Snapshot snapshot_after(const DeviceWorkload& trace, const ReplayOptions& option
   return run.snapshot();
 }
 
-std::optional<std::size_t> min_capacity(const DeviceWorkload& trace, const std::string& config,
-                                        std::size_t upper, std::size_t step) {
-  auto fits = [&](std::size_t capacity) {
-    ReplayOptions o;
-    o.config = config;
-    o.capacity = capacity;
-    // A cheap single pass: only OOMs matter here.
-    Replay run(trace, setup_of(o));
-    run.run();
-    return run.failures() == 0;
-  };
-  upper = (upper + step - 1) / step * step;
-  if (!fits(upper)) return std::nullopt;
-  std::size_t lo = std::max<std::size_t>(peak_requested(trace) / step, 1) - 1;  // fails (or 0)
-  std::size_t hi = upper / step;                                                  // fits
-  while (hi - lo > 1) {
-    const std::size_t mid = lo + (hi - lo) / 2;
-    if (fits(mid * step)) {
-      hi = mid;
-    } else {
-      lo = mid;
-    }
-  }
-  return hi * step;
-}
-
 std::optional<Fidelity> fidelity(const DeviceWorkload& trace, const Config& settings) {
   if (!trace.recorded_peak_reserved || *trace.recorded_peak_reserved == 0) return std::nullopt;
   ReplayOptions o;
   o.settings = settings;
   o.warm_start = true;
   o.honour_releases = true;
-  const ReplayResult r = replay(trace, o);
+  o.retry_failed = true;
   Fidelity f;
+  f.capacity = implied_capacity(trace);
+  if (f.capacity) o.capacity = *f.capacity;
+  const ReplayResult r = replay(trace, o);
+  if (!trace.recorded_ooms.empty()) f.recorded_oom = trace.recorded_ooms.front();
+  f.replayed_oom_event = r.first_oom_event;
+  f.replayed_ooms = r.ooms;
+  f.oom_reproduced = f.recorded_oom && r.first_oom_event == f.recorded_oom->event;
   f.recorded_peak_reserved = *trace.recorded_peak_reserved;
   f.replayed_peak_reserved = r.peak_reserved;
   const double rec = static_cast<double>(f.recorded_peak_reserved);

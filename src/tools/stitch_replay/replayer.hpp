@@ -13,6 +13,7 @@
 #include "stitch/snapshot.hpp"
 #include "replay/workload.hpp"
 #include "tools/stitch_replay/cost_model.hpp"
+#include "tools/stitch_replay/oom_explain.hpp"
 
 namespace stitch::replay_cli {
 
@@ -37,6 +38,11 @@ struct ReplayOptions {
   /// Give cached memory back where the recording did (its empty_cache calls and out-of-memory
   /// ladder, its partial releases): part of reproducing the recorded run.
   bool honour_releases = false;
+  /// Try the requests the recording failed again (freed at once when served): part of
+  /// reproducing a recorded out-of-memory failure.
+  bool retry_failed = false;
+  /// Which failed requests get an OomExplanation (ReplayResult::explanations).
+  Explain explain = Explain::none;
 };
 
 struct Sample {
@@ -64,6 +70,9 @@ struct ReplayResult {
   std::int64_t compacted_bytes = 0;       ///< the live bytes it copied (the replay moves none)
   std::int64_t device_syncs = 0;          ///< device synchronizations (before compaction)
   std::size_t ooms = 0;                   ///< requests that failed
+  /// The event of the first failed request (ReplayOom::kAtStart: at the start); none: no OOM.
+  std::optional<std::size_t> first_oom_event;
+  std::vector<OomExplanation> explanations;  ///< as ReplayOptions::explain asks
   std::size_t seeded_segments = 0;        ///< warm start: segments and runs made for the start
   CallCounts calls;                       ///< the device calls, for the cost model
   double seconds = 0.0;
@@ -86,14 +95,18 @@ ReplayResult replay(const DeviceWorkload& trace, const ReplayOptions& options);
 Snapshot snapshot_after(const DeviceWorkload& trace, const ReplayOptions& options, std::size_t events,
                         std::size_t& requested);
 
-/// Smallest capacity (a multiple of `step`) on which the trace replays without an OOM, found by
-/// bisection between peak requested and `upper`; nullopt if it does not fit even in `upper`.
-std::optional<std::size_t> min_capacity(const DeviceWorkload& trace, const std::string& config,
-                                        std::size_t upper, std::size_t step = std::size_t{2} << 20);
-
 /// How closely a replay under the recorded settings, from the recorded start, reproduces what the
-/// recording allocator held.
+/// recording allocator held, and, when the recording ran out of memory, whether the replay does
+/// too at the same request.
 struct Fidelity {
+  /// The device it ran on: implied_capacity() when the recording ran out of memory, else none
+  /// (an unlimited device).
+  std::optional<std::size_t> capacity;
+  std::optional<RecordedOom> recorded_oom;        ///< the recording's first failed request
+  std::optional<std::size_t> replayed_oom_event;  ///< the replay's first failed request
+  /// The replay's first failure is the recording's first, at the same event.
+  bool oom_reproduced = false;
+  std::size_t replayed_ooms = 0;  ///< failed requests in the replay
   std::size_t recorded_peak_reserved = 0;  ///< the recording's true peak reserved
   std::size_t replayed_peak_reserved = 0;
   double peak_error = 0.0;         ///< |replayed - recorded| / recorded
@@ -103,7 +116,8 @@ struct Fidelity {
   std::size_t releases = 0;           ///< release events honoured (full and partial)
 };
 /// Replays under `settings` (the recorded ones, TraceFile::recorded) from the recorded start state
-/// (warm start, releases honoured) and compares; nullopt without segment events to compare with.
+/// (warm start, releases honoured, failed requests tried again), on the device a recorded
+/// out-of-memory failure implies, and compares; nullopt without segment events to compare with.
 std::optional<Fidelity> fidelity(const DeviceWorkload& trace, const Config& settings);
 
 }  // namespace stitch::replay_cli

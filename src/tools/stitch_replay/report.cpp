@@ -73,7 +73,48 @@ std::string settings_name(const TraceReport& t) {
 
 }  // namespace
 
-std::string format_table(const TraceReport& t) {
+std::string format_oom_fidelity(const Fidelity& f) {
+  const RecordedOom& rec = *f.recorded_oom;
+  std::string out = fmt::format(
+      "recorded OOM: {} on stream {:#x} failed at event {} with {} held and {} free on the device; "
+      "replayed on that device ({}): ",
+      human_size(rec.size), rec.stream, rec.event + 1, human_size(rec.reserved), human_size(rec.device_free),
+      human_size(f.capacity.value_or(0)));
+  if (f.oom_reproduced) {
+    out += fmt::format("reproduced, at the same event ({} failed request{} in the replay)", f.replayed_ooms,
+                       f.replayed_ooms == 1 ? "" : "s");
+  } else if (!f.replayed_oom_event) {
+    out += "NOT reproduced: the replay ran without an OOM";
+  } else {
+    out += fmt::format("NOT reproduced: the replay first failed {}", event_name(*f.replayed_oom_event));
+  }
+  return out;
+}
+
+std::string format_fits(const TraceReport& t) {
+  const bool any = std::any_of(t.rows.begin(), t.rows.end(), [](const Row& r) { return !r.fits.empty(); });
+  if (!any) return "";
+  std::string out = "  fits (no OOM on a device of that size; headroom = size - peak reserved):\n";
+  const std::size_t sizes = t.rows.front().fits.size();
+  for (std::size_t k = 0; k < sizes; ++k) {
+    for (std::size_t i = 0; i < t.rows.size(); ++i) {
+      if (k >= t.rows[i].fits.size()) continue;
+      const CapacityOutcome& f = t.rows[i].fits[k];
+      out += fmt::format("    {:>10}  {:<3} ", human_size(f.capacity), config_label(i));
+      if (f.fits) {
+        out += fmt::format("fits      headroom {}", human_size(static_cast<std::size_t>(std::max<std::int64_t>(f.headroom(), 0))));
+      } else {
+        out += fmt::format("no ({} OOM{}) {}", f.ooms, f.ooms == 1 ? "" : "s",
+                           f.first_oom ? verdict_line(*f.first_oom) : std::string());
+      }
+      if (!f.note.empty()) out += " [" + f.note + "]";
+      out += "\n";
+    }
+  }
+  return out;
+}
+
+std::string format_header(const TraceReport& t) {
   std::string out = fmt::format("{} (device {}): {} events, recorded by {}\n", t.trace, t.device,
                                 t.events, t.recorded_by);
   if (t.starts_empty) {
@@ -97,6 +138,12 @@ std::string format_table(const TraceReport& t) {
                                     static_cast<double>(t.fidelity->recorded_peak_reserved) - 1.0),
                        100.0 * t.fidelity->segment_agreement, t.fidelity->recorded_segments,
                        t.fidelity->replayed_segments);
+  if (t.fidelity && t.fidelity->recorded_oom) out += "  " + format_oom_fidelity(*t.fidelity) + "\n";
+  return out;
+}
+
+std::string format_table(const TraceReport& t) {
+  std::string out = format_header(t);
   for (std::size_t i = 0; i < t.rows.size(); ++i)
     out += fmt::format("  {} = {}\n", config_label(i), config_name(t.rows[i].result.config));
   out += fmt::format("  est. ms: device time of the calls at {} costs (docs/fragmentation.md)\n",
@@ -123,6 +170,26 @@ std::string format_table(const TraceReport& t) {
                                     : row.min_capacity ? human_size(*row.min_capacity)
                                                        : "does not fit");
     out += "\n";
+  }
+  for (std::size_t i = 0; i < t.rows.size(); ++i)
+    if (!t.rows[i].min_capacity_note.empty())
+      out += fmt::format("  {}: min capacity {} {}: OOM is not monotone in capacity here\n", config_label(i),
+                         t.rows[i].min_capacity ? human_size(*t.rows[i].min_capacity) : "-",
+                         t.rows[i].min_capacity_note);
+  out += format_fits(t);
+  for (std::size_t i = 0; i < t.rows.size(); ++i) {
+    const ReplayResult& r = t.rows[i].result;
+    if (r.explanations.empty()) continue;
+    if (t.explain_all) {
+      for (std::size_t k = 0; k < r.explanations.size(); ++k) {
+        out += fmt::format("  {}: OOM {} of {}:\n", config_label(i), k + 1, r.ooms);
+        out += format_explanation(r.explanations[k], "    ");
+      }
+    } else {
+      out += fmt::format("  {}: first OOM of {}{}:\n", config_label(i), r.ooms,
+                         r.ooms > 1 ? " (--explain-all explains every one)" : "");
+      out += format_explanation(r.explanations.front(), "    ");
+    }
   }
   return out;
 }
@@ -160,6 +227,19 @@ std::string format_json(const std::vector<TraceReport>& reports) {
                          t.fidelity->peak_error, t.fidelity->segment_agreement,
                          t.fidelity->recorded_segments, t.fidelity->replayed_segments,
                          t.fidelity->releases, detail::json_escape(t.recorded_settings));
+    if (t.fidelity && t.fidelity->recorded_oom) {
+      const Fidelity& f = *t.fidelity;
+      out.pop_back();  // the fidelity object goes on
+      out += fmt::format(",\"capacity\":{},\"recorded_oom\":{{\"event\":{},\"size\":{},\"stream\":{},"
+                         "\"device_free\":{},\"reserved\":{}}},\"replayed_oom_event\":{},"
+                         "\"oom_reproduced\":{},\"replayed_ooms\":{}}}",
+                         f.capacity.value_or(0), f.recorded_oom->event, f.recorded_oom->size,
+                         f.recorded_oom->stream, f.recorded_oom->device_free, f.recorded_oom->reserved,
+                         !f.replayed_oom_event || *f.replayed_oom_event == ReplayOom::kAtStart
+                             ? std::string("null")
+                             : std::to_string(*f.replayed_oom_event),
+                         f.oom_reproduced ? "true" : "false", f.replayed_ooms);
+    }
     out += ",\"configs\":[";
     for (std::size_t j = 0; j < t.rows.size(); ++j) {
       const ReplayResult& r = t.rows[j].result;
@@ -178,6 +258,32 @@ std::string format_json(const std::vector<TraceReport>& reports) {
       for (std::size_t c = 0; c < kCostCalls; ++c)
         out += fmt::format("{}\"{}\":{}", c ? "," : "", cost_name(static_cast<CostCall>(c)), r.calls.calls[c]);
       out += "}";
+      if (!r.explanations.empty()) {
+        out += ",\"first_oom\":" + explanation_json(r.explanations.front());
+        if (t.explain_all) {
+          out += ",\"oom_reports\":[";
+          for (std::size_t k = 0; k < r.explanations.size(); ++k)
+            out += (k ? "," : "") + explanation_json(r.explanations[k]);
+          out += "]";
+        }
+      }
+      if (!t.rows[j].fits.empty()) {
+        out += ",\"fits\":[";
+        for (std::size_t k = 0; k < t.rows[j].fits.size(); ++k) {
+          const CapacityOutcome& f = t.rows[j].fits[k];
+          out += fmt::format("{}{{\"capacity\":{},\"fits\":{},\"headroom\":{},\"peak_reserved\":{},\"ooms\":{}",
+                             k ? "," : "", f.capacity, f.fits ? "true" : "false", f.headroom(), f.peak_reserved,
+                             f.ooms);
+          if (f.first_oom)
+            out += fmt::format(",\"verdict\":\"{}\",\"first_oom\":\"{}\"", detail::json_escape(f.first_oom->verdict),
+                               detail::json_escape(verdict_line(*f.first_oom)));
+          if (!f.note.empty()) out += fmt::format(",\"note\":\"{}\"", detail::json_escape(f.note));
+          out += "}";
+        }
+        out += "]";
+        if (!t.rows[j].min_capacity_note.empty())
+          out += fmt::format(",\"min_capacity_note\":\"{}\"", detail::json_escape(t.rows[j].min_capacity_note));
+      }
       if (t.rows[j].min_capacity_searched) {
         if (t.rows[j].min_capacity) {
           out += fmt::format(",\"min_capacity\":{}", *t.rows[j].min_capacity);
@@ -193,8 +299,6 @@ std::string format_json(const std::vector<TraceReport>& reports) {
   return out;
 }
 
-namespace {
-/// `s` as XML character data: the SVG labels are trace paths and config strings.
 std::string xml_escape(std::string_view s) {
   std::string out;
   for (char c : s) {
@@ -202,12 +306,12 @@ std::string xml_escape(std::string_view s) {
       case '&': out += "&amp;"; break;
       case '<': out += "&lt;"; break;
       case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
       default: out += c;
     }
   }
   return out;
 }
-}  // namespace
 
 std::string format_svg(const TraceReport& t) {
   // One panel: requested, reserved and reserved-but-unallocated of every config over the events.
