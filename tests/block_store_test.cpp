@@ -401,12 +401,13 @@ TEST(BlockStore, AParkedNeighbourIsFiledFirstOrLetGo) {
   a->slot = &slot_a;
   set_state(*c, BlockState::parked);
   c->slot = &slot_c;
-  // Filing b: its parked predecessor is offered first (to merge), and its parked successor now
-  // follows a free block, so it leaves its slot.
+  // Filing b: its parked neighbours are offered first (to merge); this holder keeps them, so the
+  // successor, still parked, now follows a free block and leaves its slot.
   f.file(small, b);
-  ASSERT_EQ(f.holder.asked.size(), 2u);
+  ASSERT_EQ(f.holder.asked.size(), 3u);
   EXPECT_EQ(f.holder.asked[0], std::make_pair(a, false));
-  EXPECT_EQ(f.holder.asked[1], std::make_pair(c, true));
+  EXPECT_EQ(f.holder.asked[1], std::make_pair(c, false));
+  EXPECT_EQ(f.holder.asked[2], std::make_pair(c, true));
   EXPECT_EQ(c->state, BlockState::allocated);
 }
 

@@ -4,6 +4,8 @@
 // the undo guard. The core's types have files of their own (block_store_test.cpp, ...).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <map>
 #include <memory>
 #include <random>
@@ -225,20 +227,26 @@ TEST(HotStats, ExpandsToWhatANaiveCountGives) {
       naive.down(naive.s.allocation, l.small, 1);
       naive.down(naive.s.allocated_bytes, l.small, l.bytes);
       l.pending = true;
-    } else if (op == 8) {  // freed and taken straight back (immediate reuse)
-      const std::int64_t requested = l.bytes - static_cast<std::int64_t>(rng() % 512);
-      hot.reallocated_block(l.small, l.bytes, l.requested, requested);
-      naive.down(naive.s.allocation, l.small, 1);
-      naive.down(naive.s.allocated_bytes, l.small, l.bytes);
-      naive.down(naive.s.active, l.small, 1);
-      naive.down(naive.s.active_bytes, l.small, l.bytes);
-      naive.down(naive.s.requested_bytes, l.small, l.requested);
-      naive.up(naive.s.allocation, l.small, 1);
-      naive.up(naive.s.allocated_bytes, l.small, l.bytes);
-      naive.up(naive.s.requested_bytes, l.small, requested);
-      naive.up(naive.s.active, l.small, 1);
-      naive.up(naive.s.active_bytes, l.small, l.bytes);
-      l.requested = requested;
+    } else if (op == 8) {  // pairs of an extent (immediate reuse): allocated and freed in turn
+      if (std::any_of(live.begin(), live.end(), [](const Live& x) { return x.pending; })) continue;
+      const std::int64_t bytes = static_cast<std::int64_t>((1 + rng() % 100) * 512);
+      const std::int64_t requested = bytes - static_cast<std::int64_t>(rng() % 512);
+      const std::int64_t times = 1 + static_cast<std::int64_t>(rng() % 3);
+      hot.allocation.rise_and_fall(l.small, 1, times);
+      hot.allocated_bytes.rise_and_fall(l.small, bytes, times);
+      hot.requested_bytes.rise_and_fall(l.small, requested, times);
+      for (std::int64_t t = 0; t < times; ++t) {
+        naive.up(naive.s.allocation, l.small, 1);
+        naive.up(naive.s.allocated_bytes, l.small, bytes);
+        naive.up(naive.s.requested_bytes, l.small, requested);
+        naive.up(naive.s.active, l.small, 1);
+        naive.up(naive.s.active_bytes, l.small, bytes);
+        naive.down(naive.s.allocation, l.small, 1);
+        naive.down(naive.s.allocated_bytes, l.small, bytes);
+        naive.down(naive.s.requested_bytes, l.small, requested);
+        naive.down(naive.s.active, l.small, 1);
+        naive.down(naive.s.active_bytes, l.small, bytes);
+      }
     } else {  // freed outright
       hot.freed_block(l.small, l.bytes, false);
       hot.inactive_block(l.small, l.requested);

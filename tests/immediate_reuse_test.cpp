@@ -282,8 +282,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Params{"roundup_power2_divisions:2", 48}));
 
 // The pair a training loop repeats (free, then the same size again) is taken straight back, in
-// the small and the large pool, and any other request in between completes the free first.
-TEST(ImmediateReuseUnit, SameSizeComesBackAndOtherRequestsSeeTheFreedBlock) {
+// the small and the large pool, and so is another size best fit serves from the same free block;
+// any reader completes the free first.
+TEST(ImmediateReuseUnit, SameSizeAndOtherSizesComeBackWhereBestFitPutsThem) {
   Side side("backend:sim", 4096 * MiB, true);
   Allocator& a = *side.alloc;
   void* keep = a.allocate(4096);
@@ -296,22 +297,21 @@ TEST(ImmediateReuseUnit, SameSizeComesBackAndOtherRequestsSeeTheFreedBlock) {
   EXPECT_EQ(a.allocate(4096), p);                     // then best fit finds it as usual
   EXPECT_EQ(a.stats(0).num_immediate_reuses, 1);
   a.deallocate(p);
-  void* q = a.allocate(2048);  // another size: the free completes, best fit reuses its place
+  void* q = a.allocate(2048);  // another size: best fit splits the same free block
   EXPECT_EQ(q, p);
-  EXPECT_EQ(a.stats(0).num_immediate_reuses, 1);
-  a.deallocate(q);  // filed at once: the last parked free was not taken back (ThreadSlot::cold)
+  EXPECT_EQ(a.stats(0).num_immediate_reuses, 2);
+  a.deallocate(q);
   void* other_stream = a.allocate(4096, S(1));  // another stream: never the freed block
   EXPECT_NE(other_stream, p);
-  a.deallocate(other_stream, S(1));  // parked again
-  void* big = a.allocate(12 * MiB);  // a second miss in a row: the next two frees file at once
-  for (int i = 0; i < 2; ++i) {
+  a.deallocate(other_stream, S(1));
+  void* big = a.allocate(12 * MiB);
+  for (int i = 0; i < 3; ++i) {
     a.deallocate(big);
-    EXPECT_EQ(a.allocate(12 * MiB), big);  // best fit
-    EXPECT_EQ(a.stats(0).num_immediate_reuses, 1);
+    EXPECT_EQ(a.allocate(6 * MiB), big);  // the large pool's extent, split
+    a.deallocate(big);
+    EXPECT_EQ(a.allocate(12 * MiB), big);
   }
-  a.deallocate(big);  // parked
-  EXPECT_EQ(a.allocate(12 * MiB), big);
-  EXPECT_EQ(a.stats(0).num_immediate_reuses, 2);
+  EXPECT_EQ(a.stats(0).num_immediate_reuses, 8);
   a.deallocate(big);
   a.deallocate(keep);
   a.validate();
@@ -319,19 +319,35 @@ TEST(ImmediateReuseUnit, SameSizeComesBackAndOtherRequestsSeeTheFreedBlock) {
   EXPECT_EQ(a.stats(0).reserved_bytes[kAll].current, 0);
 }
 
-// A mix of sizes in turn (a training step's activations, gradients and workspace): parking each
-// free would cost a settle at the next request, so after misses in a row the thread's frees are
-// filed at once (a probe parks now and then); same-size pairs that follow are taken back again.
-TEST(ImmediateReuseUnit, AMixOfSizesFilesItsFreesAtOnceAndSameSizePairsComeBack) {
+// A mix of sizes in turn (a training step's activations, gradients and workspace) is served from
+// the thread's extents; where best fit would take another block, it does, and the thread's next
+// frees keep no extent for a while (ThreadSlot::cold); same-size pairs that follow come back.
+TEST(ImmediateReuseUnit, AMixOfSizesComesBackAndBestFitElsewhereWins) {
   Side side("backend:sim", 4096 * MiB, true);
   Allocator& a = *side.alloc;
   const std::size_t sizes[4] = {4096, 64 * 1024, MiB, 8 * MiB};
-  for (int i = 0; i < 400; ++i) a.deallocate(a.allocate(sizes[i % 4]));
-  const std::int64_t mixed = a.stats(0).num_immediate_reuses;
-  EXPECT_EQ(mixed, 0);  // none of them came back at once
+  void* first[4] = {};
+  for (int i = 0; i < 400; ++i) {
+    void* p = a.allocate(sizes[i % 4]);
+    if (i < 4) first[i] = p;
+    EXPECT_EQ(p, first[i % 4]) << "pair " << i;  // where best fit puts each size
+    a.deallocate(p);
+  }
+  EXPECT_GE(a.stats(0).num_immediate_reuses, 390);  // all but the first of each pool
   a.validate();
+  // A 4 KiB hole before the small pool's free rest: best fit takes it, not the extent.
+  void* h1 = a.allocate(4096);
+  void* hole = a.allocate(4096);
+  void* h2 = a.allocate(4096);
+  a.deallocate(hole);
+  const std::int64_t before = a.stats(0).num_immediate_reuses;
+  void* w = a.allocate(64 * 1024);
+  a.deallocate(w);  // the rest of the segment: the extent
+  EXPECT_EQ(a.allocate(4096), hole);  // best fit: the hole, not the extent
+  EXPECT_EQ(a.stats(0).num_immediate_reuses, before);
   for (int i = 0; i < 100; ++i) a.deallocate(a.allocate(MiB));
-  EXPECT_GE(a.stats(0).num_immediate_reuses, 80);  // after at most kColdFrees filed frees
+  EXPECT_GE(a.stats(0).num_immediate_reuses, before + 80);  // after at most kColdFrees frees
+  for (void* p : {h1, hole, h2}) a.deallocate(p);
   a.validate();
 }
 

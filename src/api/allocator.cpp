@@ -80,6 +80,10 @@ void Allocator::deallocate(void* ptr, stream_t stream) { free_any_device(ptr, &s
 
 void Allocator::free_any_device(void* ptr, const stream_t* stream) {
   if (ptr == nullptr) return;
+  // The calling thread's own pair first, on every device: no device lock is taken for a block
+  // of another device's extent.
+  for (int d = 0; d < device_count_; ++d)
+    if (devices_[static_cast<std::size_t>(d)]->free_unlocked(ptr, stream)) return;
   for (int d = 0; d < device_count_; ++d) {
     if (devices_[static_cast<std::size_t>(d)]->free(ptr, nullptr, stream) ==
         FreeStatus::freed)

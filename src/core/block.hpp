@@ -53,9 +53,11 @@ using UnmappedSet = std::set<Block*, AddressOrder>;
 /// block: the live table, a thread slot, the event queues, a pool's free index or unmapped set.
 enum class BlockState : std::uint8_t {
   allocated,  ///< handed to a caller (in the live table)
-  /// In a thread's slot of immediate reuse (core/immediate_reuse.hpp): freed by its owner and
-  /// waiting there, or handed out again from there. The slot says which (its owner switches
-  /// between the two without the device lock); to everyone else the block is in use.
+  /// Part of a thread's extent (core/immediate_reuse.hpp): free memory the thread's slot holds
+  /// out of the index, or the block its owner handed out from it. The slot says which (its owner
+  /// switches between the two, and moves the split, without the device lock); everyone else
+  /// settles the slot before looking at the block (in the live table while it is the extent's
+  /// head).
   parked,
   pending,    ///< freed, waiting for `event_count` events on other streams (StreamEvents)
   /// Freed while a stream it was used on may be capturing a graph: its events are recorded
@@ -91,7 +93,7 @@ constexpr bool may_become(BlockState from, BlockState to) noexcept {
     case S::parked: return to == S::allocated || to == S::free;
     case S::pending: return to == S::free;
     case S::deferred: return to == S::pending;
-    case S::free: return to == S::allocated || to == S::unmapped || to == S::lent;
+    case S::free: return to == S::allocated || to == S::parked || to == S::unmapped || to == S::lent;
     case S::unmapped: return to == S::free;
     case S::lent: return to == S::free;
   }

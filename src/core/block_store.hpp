@@ -187,6 +187,73 @@ class BlockStore {
   std::vector<Block*> place(BlockPool& pool, Block* run, char* origin,
                             const std::vector<SeedBlock>& blocks);
 
+  // ---- a thread's extent (core/immediate_reuse.hpp) ------------------------------------------------
+  // A free block a thread slot holds out of the index (state parked): free to the statistics (its
+  // inactive-split share stays counted), handed out and taken back by its owner without the
+  // device lock, always split at one place. It is never next to a free block: whoever files its
+  // neighbour settles it first (BlockHolder).
+  /// Whether a block of `bytes` counts as oversize (>= max_split_size).
+  [[nodiscard]] bool oversize(std::size_t bytes) const noexcept {
+    return bytes >= config_.max_split_size;
+  }
+  /// Takes the free `block` out of its pool's index into a slot (parked). The stream's free
+  /// memory is unchanged, so its epoch does not move.
+  void detach(Block* block) noexcept {
+    pool_of(block).index.erase(block);
+    set_state(*block, BlockState::parked);
+  }
+  /// The parked `head` splits after `keep` bytes: a parked tail block for the rest, returned.
+  Block* split_extent(Block* head, std::size_t keep) {
+    Block* tail = link_new_back(head, keep, BlockState::parked);
+    head->size = keep;
+    return tail;
+  }
+  /// The parked `tail` goes back into `head` (its successor).
+  void join_extent(Block* head, Block* tail) noexcept {
+    head->size += tail->size;
+    head->next = tail->next;
+    if (head->next != nullptr) head->next->prev = head;
+    blocks_.destroy(tail);
+  }
+  /// Whether the extent from `head` to `last` is part of a larger segment (inactive split).
+  [[nodiscard]] static bool extent_split(const Block* head, const Block* last) noexcept {
+    return head->prev != nullptr || last->next != nullptr;
+  }
+  /// The parked extent `head` (its tail joined) is filed again: back into the index as it was,
+  /// or merged with a free neighbour that came next to it meanwhile (BlockHolder::release).
+  void refile_extent(Block* head) {
+    const bool alone = (head->prev == nullptr || !head->prev->is_free()) &&
+                       (head->next == nullptr || !head->next->is_free());
+    if (alone) {
+      pool_of(head).index.insert(head);
+      set_state(*head, BlockState::free);
+      free_changed(head->segment);
+      return;
+    }
+    if (head->is_split()) account_inactive_change(head, -1, -static_cast<std::int64_t>(head->size));
+    file(pool_of(head), head);
+  }
+  /// The extent `head` (+ `tail`, or none) of `bytes`, handed out as `head`, becomes what a take
+  /// of the free extent gives: `head` allocated, `tail` the free rest (filed; never next to a
+  /// free block).
+  void settle_extent_handout(Block* head, Block* tail, std::size_t bytes) {
+    const bool was_split = extent_split(head, tail != nullptr ? tail : head);
+    set_state(*head, BlockState::allocated);
+    if (tail != nullptr) {
+      pool_of(tail).index.insert(tail);
+      set_state(*tail, BlockState::free);
+      tail->gc_stamp = head->gc_stamp;  // (a take leaves the free rest its stamp)
+      if (was_split) {
+        account_inactive_change(tail, 0, -static_cast<std::int64_t>(head->size));
+      } else {
+        account_inactive_change(tail, 1, static_cast<std::int64_t>(tail->size));
+      }
+    } else if (was_split) {
+      account_inactive_change(head, -1, -static_cast<std::int64_t>(bytes));
+    }
+    free_changed(head->segment);
+  }
+
   // ---- queries ----------------------------------------------------------------------------------
   /// The largest free block of the device's pools.
   [[nodiscard]] std::size_t largest_free_block() const;
@@ -315,9 +382,11 @@ inline Block* BlockStore::file(BlockPool& pool, Block* block) {
   // Files a block, coalescing it with free neighbours. A free neighbour survives, re-keyed in
   // place, and `block` is recycled, so the common case needs no tree insert.
   STITCH_ASSERT(may_become(block->state, BlockState::free), "file: a block that may become free");
-  // A parked block before this one, freed by its owner, is filed first, so that they merge.
+  // A thread's extent next to this block is filed first, so that they merge as they would have.
   if (block->prev != nullptr && block->prev->state == BlockState::parked)
     holder_->file_if_freed(*block->prev);
+  if (block->next != nullptr && block->next->state == BlockState::parked)
+    holder_->file_if_freed(*block->next);
   // The inactive_split statistics change once, by the net effect (as PyTorch's free_block):
   // each merged neighbour (a free block in a split segment) leaves, the survivor joins.
   Block* prev = block->prev != nullptr && block->prev->is_free() ? block->prev : nullptr;

@@ -104,7 +104,10 @@ DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t s
   // Python frames for the history are gathered before the lock (they take the GIL).
   const detail::GatheredPythonFrames frames(python_frames_.load(std::memory_order_relaxed));
   detail::UnsettledGuard guard(mutex_);  // malloc and free alone may find the slots unsettled
-  if (mine != nullptr) reuse_.flush(*mine);  // its pairs came before this request
+  if (mine != nullptr) {  // its pairs, and the blocks it holds from its extents, came first
+    reuse_.flush(*mine);
+    reuse_.settle_handouts(*mine);
+  }
   // Inside a region of this allocator (then `mine` is null: the thread's slots wait).
   if (const detail::RegionFrame* region = detail::innermost_region(owner_)) [[unlikely]]
     return malloc_tagged(size, stream, region->tag, region->backup);
@@ -122,13 +125,14 @@ DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t s
   BlockPool& pool =
       pools_.routing() ? pools_.route(stream, small, store_.pool(small)) : store_.pool(small);
   if (pool.tag != 0) [[unlikely]] return malloc_in_tagged_pool(pool, mine, size, rounded, stream);
-  if (mine != nullptr && mine->block != nullptr) {
+  // Other threads' extents on this stream are free memory best fit weighs: filed back first.
+  if (reuse_.shared()) reuse_.settle_parked_on(stream, mine);
+  if (mine != nullptr && mine->holds()) {
     if (void* again = reuse_.take_back(*mine, size, rounded, stream, pool)) {
       recorder_.trace(TraceAction::alloc, again, size, stream);
       return {again, nullptr};
     }
   }
-  if (reuse_.shared()) reuse_.settle_parked_on(stream, mine);
   return allocate_from(pool, size, rounded, stream);
 }
 
@@ -180,12 +184,15 @@ FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
       reuse_.free_again(*mine, ptr, expected_size, stream, actual_size))
     return FreeStatus::freed;
   detail::UnsettledGuard guard(mutex_);
-  if (mine != nullptr) reuse_.flush(*mine);  // its pairs came first
+  if (mine != nullptr) {  // its pairs, and the blocks it holds from its extents, came first
+    reuse_.flush(*mine);
+    reuse_.settle_handouts(*mine);
+  }
   Block* block = live_.find(ptr);
   if (block == nullptr) return FreeStatus::not_found;
-  // A block of a thread's slot: parked there (this is a second free of it), or handed out
-  // from there (an ordinary allocation from here on).
-  if (block->state == BlockState::parked && reuse_.settle(*block->slot)) return FreeStatus::not_found;
+  // A thread's extent: free memory (this is a second free), or a block handed out from it (an
+  // ordinary allocation from here on).
+  if (block->state == BlockState::parked && reuse_.settle_block(*block)) return FreeStatus::not_found;
   if (actual_size != nullptr) *actual_size = block->requested;
   if (expected_size != nullptr && *expected_size != block->requested)
     return FreeStatus::wrong_size;
@@ -204,32 +211,23 @@ FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
       events_.defer(block);  // a stream may be capturing: recorded when the captures end
     }
   }
-  // This thread's last free completes first (as any other request sees it completed), and so
-  // do frees parked next to this block in other threads' slots (they decide how it files).
-  if (mine != nullptr && mine->block != nullptr) reuse_.settle(*mine);
-  for (Block* neighbour : {block->prev, block->next})
-    if (neighbour != nullptr && neighbour->state == BlockState::parked) reuse_.file_if_freed(*neighbour);
-  // Without events, the free is completed lazily: the block waits in the calling thread's slot,
-  // where its next allocation of the same size on the same stream may take it straight back.
-  // A parked block stays in the live table until its free completes.
-  // (Not while a region is open: the thread's slots wait, ThreadSlots::find_mine.)
+  // Without events, the free block this one ends in stays with the calling thread as an extent,
+  // where its next allocations on the stream may take blocks of it without the lock. (Not while
+  // a region is open: the thread's slots wait, ThreadSlots::find_mine.)
   const bool park = reuse_.may_park(block) && !pools_.routing() && detail::t_open_regions == 0 &&
                     (mine == nullptr || !detail::ImmediateReuse::cold_free(*mine));
   if (park && mine == nullptr) mine = reuse_.mine_or_create();  // may throw: nothing changed
   recorder_.trace(TraceAction::free_requested, block->ptr, block->requested, block->stream);
-  if (park) {
-    recorder_.trace(TraceAction::free_completed, block->ptr, block->requested, block->stream);
-    reuse_.park(*mine, block);
-    return FreeStatus::freed;
-  }
-  live_.erase(block->ptr);  // (settling above may have moved the entries of the live table)
+  live_.erase(block->ptr);
   const bool pending = block->state != BlockState::allocated;
   if (block->oversize) stats_.oversize_allocations.decrease(1);
   block->oversize = false;
   hot_.freed_block(block->small, static_cast<std::int64_t>(block->size), pending);
   if (!pending) {
     recorder_.trace(TraceAction::free_completed, block->ptr, block->requested, block->stream);
-    store_.file_freed(block);
+    // (Extents next to it are settled by the filing, BlockHolder, and merge with it.)
+    Block* free = store_.file_freed(block);
+    if (park) reuse_.park(*mine, free);
   }
   return FreeStatus::freed;
 }

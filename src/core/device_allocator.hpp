@@ -5,7 +5,7 @@
 // no heap allocation, no scan, no backend call. The concepts around it are types of their own,
 // each in its header:
 // - block_store.hpp: the blocks, segments and pools, and every change of their shape;
-// - immediate_reuse.hpp: a thread's last free, parked in its slot (thread_slots.hpp);
+// - immediate_reuse.hpp: the free blocks a thread's last frees ended in, kept in its slot as extents (thread_slots.hpp);
 // - device_lock.hpp: the lock, which settles the parked frees for every path but malloc's and free's;
 // - stream_events.hpp: cross-stream events, recorded, deferred and polled;
 // - private_pools.hpp: CUDA graph pools and their routes, and whether the device may be touched;
@@ -79,6 +79,13 @@ class DeviceAllocator {
   /// requested size is stored in `actual_size` when given.
   FreeStatus free(void* ptr, const std::size_t* expected_size, const stream_t* stream,
                   std::size_t* actual_size = nullptr);
+  /// free() when the calling thread takes `ptr` back into its extent without the device lock
+  /// (immediate reuse); false, with nothing done, otherwise.
+  bool free_unlocked(void* ptr, const stream_t* stream) noexcept {
+    detail::ThreadSlot* mine = reuse_.mine();
+    return mine != nullptr && mine->cold == 0 &&
+           reuse_.free_again(*mine, ptr, nullptr, stream, nullptr);
+  }
   /// Adds `stream` as a user of the live block at `ptr`; false if this device does not own it.
   bool record_stream(void* ptr, stream_t stream);
   /// Pins (`on`) or unpins the live block at `ptr`: while pinned, the physical memory under it

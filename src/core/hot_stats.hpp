@@ -34,7 +34,7 @@ struct PoolCounter {
     pool[small ? 0 : 1].decrease(n);
   }
   /// The value rose by `n` and fell back (a free and re-allocation that cancelled out, see
-  /// DeviceAllocator::apply_pairs): running sums and peaks as if both steps were applied.
+  /// ImmediateReuse::apply_pairs): running sums and peaks as if both steps were applied.
   [[gnu::always_inline]] void rise_and_fall(bool small, std::int64_t n) noexcept {
     Stat& s = pool[small ? 0 : 1];
     s.allocated += n;
@@ -131,30 +131,6 @@ struct HotStats {
       active.note(allocation, pending, small);
       active_bytes.note(allocated_bytes, pending_bytes, small);
     }
-  }
-  /// A block freed without events and handed out again (for `requested` bytes, it had
-  /// `old_requested`) before anything observed the free: freed_block, inactive_block and
-  /// allocated_block in one, with the same result.
-  [[gnu::always_inline]] void reallocated_block(bool small, std::int64_t bytes,
-                                                std::int64_t old_requested,
-                                                std::int64_t requested) noexcept {
-    allocation.fall_and_rise(small, 1);
-    allocated_bytes.fall_and_rise(small, bytes);
-    requested_bytes.sub(small, old_requested);
-    requested_bytes.add(small, requested);
-    if (pending.current() != 0) {
-      active.note(allocation, pending, small);
-      active_bytes.note(allocated_bytes, pending_bytes, small);
-    }
-  }
-  /// `times` frees of a block of `bytes`, each handed out again at once for the same
-  /// `requested` bytes (the pairs of a thread's slot, core/thread_slots.hpp): reallocated_block
-  /// `times` over, while nothing was pending.
-  void reallocated_blocks(bool small, std::int64_t bytes, std::int64_t requested,
-                          std::int64_t times) noexcept {
-    allocation.fall_and_rise(small, times);
-    allocated_bytes.fall_and_rise(small, bytes * times);
-    requested_bytes.fall_and_rise(small, requested * times);
   }
   /// The caller freed a block; it waits for events when `pending_events`.
   void freed_block(bool small, std::int64_t bytes, bool pending_events) noexcept {

@@ -1,9 +1,8 @@
-// core/immediate_reuse.cpp — ImmediateReuse: the threads' slots taken, parked, settled, and the
-// best-fit verdict on taking a parked block back.
+// core/immediate_reuse.cpp — ImmediateReuse: the threads' extents kept, decided, settled, and the
+// statistics of the pairs taken from them.
 #include "core/immediate_reuse.hpp"
 
 #include <algorithm>
-
 #include <mutex>
 
 #include "core/assert.hpp"
@@ -21,182 +20,254 @@ ImmediateReuse::ImmediateReuse(BlockStore& store, HotStats& hot, DeviceStats& st
 
 void* ImmediateReuse::take_back(ThreadSlot& s, std::size_t size, std::size_t rounded,
                                 stream_t stream, BlockPool& pool) {
-  // This thread's parked free, taken back here when best fit would give it (as the slot would
-  // have, had its verdict been current), else completed first, as the free it is.
-  Block* parked = s.block;
-  if (parked == nullptr) return nullptr;
-  const bool is_parked = s.parked;  // own slot: only this thread changes it unlocked
-  if (is_parked && parked->stream == stream && parked->size == rounded &&
-      parked->small == pool.small && &pool == &store_.pool_of(parked)) {
-    if (const std::optional<PairEffect> effect = reuse_effect(parked, rounded)) {
-      std::lock_guard slot_lock(s.lock);  // (its pairs were flushed before)
-      // This pair's statistics at once: it may ask for other bytes than the last.
-      hot_.reallocated_block(parked->small, static_cast<std::int64_t>(parked->size),
-                             static_cast<std::int64_t>(parked->requested),
-                             static_cast<std::int64_t>(size));
-      parked->requested = size;
-      ++pool.calls;
-      ++stats_.num_immediate_reuses;
-      apply_inactive(parked, *effect, 1);
-      s.parked = false;
-      s.backoff = 0;       // taken back: frees park again at once after a miss
-      s.effect = *effect;  // the pairs from here on move the statistics this way
-      s.reusable = true;   // `size` rounds to the block's size: checked just now
-      s.seen = s.epoch->load(std::memory_order_relaxed);
-      return parked->ptr;
+  // The owner's request (its pairs flushed, nothing handed out). Its extents of the stream and
+  // the device's pool that hold the request are free blocks best fit would weigh: the first of
+  // them in best-fit order serves it when it comes before every indexed block too.
+  if (&pool != &store_.pool(pool.small)) return nullptr;  // a private pool: never an extent
+  std::size_t best = kExtents;
+  for (std::size_t x = 0; x < kExtents; ++x) {
+    Extent& e = s.extents[x];
+    if (e.head == nullptr || e.stream != stream || e.small != pool.small) continue;
+    STITCH_ASSERT(!e.out, "take_back: the owner's handed-out blocks were settled first");
+    const std::uint64_t now = e.epoch->load(std::memory_order_relaxed);
+    if (now != e.seen) {  // the stream's free blocks changed: the extent's verdicts are void
+      drop_verdicts(s, x);
+      e.seen = now;
+    }
+    if (e.bytes >= rounded &&
+        (best == kExtents || FreeOrder::less(stream, e.bytes, e.head->ptr, stream,
+                                             s.extents[best].bytes, s.extents[best].head->ptr)))
+      best = x;
+  }
+  if (best == kExtents) return nullptr;  // none holds it: best fit looks elsewhere
+  std::size_t i = 0;
+  while (i < kVerdicts && !(s.requested[i] == size && s.extent_of[i] == best)) ++i;
+  if (i == kVerdicts) {
+    i = s.next_verdict;
+    const Verdict v = decide(s, best, i, size, rounded);
+    if (v != Verdict::take) {
+      // Not taken: an indexed block comes first, or the locked path decides on the extent filed
+      // back. The thread's next frees keep no extent for a while.
+      if (v == Verdict::refile) settle_extent(s, best);
+      s.backoff = s.backoff == 0 ? 1 : static_cast<std::uint8_t>(std::min(2 * s.backoff, int{kColdFrees}));
+      s.cold = s.backoff;
+      return nullptr;
+    }
+    s.next_verdict = static_cast<std::uint8_t>((i + 1) % kVerdicts);
+    // The extent's verdicts in use agree on its shape: split (a tail after the head) or whole.
+    Extent& e = s.extents[best];
+    const bool split = s.size[i] < e.bytes;
+    if (split && e.tail == nullptr) {
+      try {
+        e.tail = store_.split_extent(e.head, s.size[i]);
+      } catch (...) {
+        s.requested[i] = 0;  // nothing changed
+        throw;
+      }
+      e.tail->slot = &s;
+      drop_verdicts(s, best, false);
+    } else if (!split && e.tail != nullptr) {
+      e.head->size = e.bytes - e.tail->size;  // (where the border is; join_extent adds it back)
+      store_.join_extent(e.head, e.tail);
+      e.tail = nullptr;
+      drop_verdicts(s, best, true);
     }
   }
-  if (is_parked) {
-    settle(s);  // (a handed-out block stays where it is)
-    // Not taken back: the next frees file at once, more of them after each miss in a row.
-    s.backoff = s.backoff == 0 ? 1 : static_cast<std::uint8_t>(std::min(2 * s.backoff, int{kColdFrees}));
-    s.cold = s.backoff;
-  }
-  return nullptr;
+  s.backoff = 0;
+  std::lock_guard slot_lock(s.lock);
+  return hand_out(s, i);
 }
 
-void ImmediateReuse::park(ThreadSlot& s, Block* block) noexcept {
-  // No verdict yet: the next allocation of its size takes the locked path once, which decides
-  // it (most frees are not followed by their own size, and deciding costs a lookup).
+ImmediateReuse::Verdict ImmediateReuse::decide(ThreadSlot& s, std::size_t x, std::size_t i,
+                                               std::size_t size, std::size_t rounded) const {
+  // Best fit over the stream's indexed free blocks and this extent (the first of the thread's):
+  // the extent is taken when no indexed block comes before it, and it may serve.
+  const Extent& e = s.extents[x];
+  const Block* head = e.head;
+  const BlockPool& pool = store_.pool_of(head);
+  const auto it = pool.index.lower_bound(FreeKey{e.stream, rounded, nullptr});
+  if (it != pool.index.end() &&
+      !FreeOrder::less(e.stream, e.bytes, head->ptr, (*it)->stream, (*it)->size, (*it)->ptr))
+    return Verdict::elsewhere;
+  if (!store_.may_serve(e.bytes, rounded)) return Verdict::refile;
+  const bool expandable = head->segment->expandable;
+  const bool split = store_.should_split(head->small, expandable, e.bytes, rounded);
+  const std::size_t block = split ? rounded : e.bytes;
+  if (store_.oversize(block)) return Verdict::refile;  // (counted among oversize allocations)
+  // inactive_split: the take's net change, then the filing's, which undoes it (BlockStore::take
+  // and BlockStore::file); expandable segments are never inactive split.
+  PairEffect effect;
+  if (!expandable) {
+    const bool was_split = BlockStore::extent_split(head, e.tail != nullptr ? e.tail : head);
+    if (split) {
+      effect = was_split ? PairEffect{PairEffect::fall_bytes, static_cast<std::int64_t>(rounded)}
+                         : PairEffect{PairEffect::rise_split,
+                                      static_cast<std::int64_t>(e.bytes - rounded)};
+    } else if (was_split) {
+      effect = {PairEffect::fall_whole, static_cast<std::int64_t>(e.bytes)};
+    }
+  }
+  s.requested[i] = size;
+  s.extent_of[i] = static_cast<std::uint8_t>(x);
+  s.size[i] = block;
+  s.effect[i] = effect;
+  s.pair_count[i] = 0;
+  return Verdict::take;
+}
+
+void ImmediateReuse::drop_verdicts(ThreadSlot& s, std::size_t x) noexcept {
+  for (std::size_t i = 0; i < kVerdicts; ++i)
+    if (s.extent_of[i] == x) s.requested[i] = 0;
+}
+
+void ImmediateReuse::drop_verdicts(ThreadSlot& s, std::size_t x, bool split) noexcept {
+  const std::size_t bytes = s.extents[x].bytes;
+  for (std::size_t i = 0; i < kVerdicts; ++i)
+    if (s.extent_of[i] == x && s.requested[i] != 0 && (s.size[i] < bytes) == split)
+      s.requested[i] = 0;
+}
+
+void ImmediateReuse::park(ThreadSlot& s, Block* free) noexcept {
+  // An empty extent, else the next in turn goes back (never next to this block: its neighbours'
+  // filing settled it). Settling can throw only where a filing allocates an index node; then no
+  // extent is kept.
+  std::size_t x = 0;
+  while (x < kExtents && s.extents[x].head != nullptr) ++x;
+  try {
+    if (x == kExtents) {
+      x = s.next_extent;
+      s.next_extent = static_cast<std::uint8_t>((x + 1) % kExtents);
+      settle_extent(s, x);
+    }
+    live_.insert(free->ptr, free);  // (the free just erased its block: no growth)
+  } catch (...) {
+    return;
+  }
+  store_.detach(free);
+  free->slot = &s;
   std::lock_guard lock(s.lock);
-  set_state(*block, BlockState::parked);
-  s.block = block;
-  s.parked = true;
-  s.reusable = false;
-  s.effect = PairEffect{};
-  s.epoch = block->segment->epoch;
-  // A block of the stream is free now: the other slots' verdicts on the stream are void (this
-  // one's is decided with it free).
-  BlockStore::free_changed(block->segment);
-  s.seen = s.epoch->load(std::memory_order_relaxed);
-  s.pairs = 0;
-  s.parked_stream.store(block->stream, std::memory_order_relaxed);
-  block->slot = &s;
+  Extent& e = s.extents[x];
+  e.head = free;
+  e.tail = nullptr;
+  e.bytes = free->size;
+  e.stream = free->stream;
+  e.small = free->small;
+  e.epoch = free->segment->epoch;
+  e.seen = e.epoch->load(std::memory_order_relaxed);
+  e.out = false;
+  s.parked_stream[x].store(free->stream, std::memory_order_relaxed);
+}
+
+bool ImmediateReuse::settle_extent(ThreadSlot& s, std::size_t x) {
+  Extent& e = s.extents[x];
+  Block* head = nullptr;
+  Block* tail = nullptr;
+  bool out = false;
+  std::size_t bytes = 0;
+  {
+    std::lock_guard lock(s.lock);
+    head = e.head;
+    if (head == nullptr) return false;
+    if (s.pairs != 0) apply_all_pairs(s);
+    tail = e.tail;
+    out = e.out;
+    bytes = e.bytes;
+    if (out) --s.outs[e.small ? 0 : 1];
+    drop_verdicts(s, x);
+    e.head = nullptr;
+    e.tail = nullptr;
+    e.out = false;
+    s.parked_stream[x].store(nullptr, std::memory_order_relaxed);
+  }
+  head->slot = nullptr;
+  if (tail != nullptr) tail->slot = nullptr;
+  if (out) {
+    // Handed out: what a take of the free extent would have left, an ordinary allocation.
+    store_.settle_extent_handout(head, tail, bytes);
+    ++store_.pool_of(head).calls;  // (the best fit that took it)
+    ++stats_.num_immediate_reuses;
+    hot_.allocated_block(head->small, static_cast<std::int64_t>(head->size),
+                         static_cast<std::int64_t>(head->requested));
+    return false;
+  }
+  // Free: filed back as one block, merging with a free neighbour (BlockHolder::release).
+  if (tail != nullptr) {
+    head->size = bytes - tail->size;
+    store_.join_extent(head, tail);
+  }
+  head->requested = 0;
+  live_.erase(head->ptr);
+  store_.refile_extent(head);
+  return true;
 }
 
 bool ImmediateReuse::settle(ThreadSlot& s) {
-  Block* b = nullptr;
-  bool parked = false;
-  {
-    std::lock_guard lock(s.lock);
-    b = s.block;
-    if (b == nullptr) return false;
-    if (s.pairs != 0) apply_pairs(b, s.effect, s.pairs);
-    parked = s.parked;
-    s.pairs = 0;
-    s.parked = false;
-    s.block = nullptr;
-    s.parked_stream.store(nullptr, std::memory_order_relaxed);
-    b->slot = nullptr;
-  }
-  if (!parked) {  // handed out: an ordinary allocation now
-    set_state(*b, BlockState::allocated);
-    return false;
-  }
-  // The parked free completes: its statistics and its filing (no trace: free() recorded it).
-  live_.erase(b->ptr);
-  hot_.freed_block(b->small, static_cast<std::int64_t>(b->size), false);
-  store_.file_freed(b);
-  return true;
+  bool any_free = false;
+  for (std::size_t x = 0; x < kExtents; ++x) any_free = settle_extent(s, x) || any_free;
+  return any_free;
+}
+
+bool ImmediateReuse::settle_block(Block& block) {
+  ThreadSlot& s = *block.slot;
+  for (std::size_t x = 0; x < kExtents; ++x)
+    if (s.extents[x].head == &block || s.extents[x].tail == &block) return settle_extent(s, x);
+  STITCH_ASSERT(false, "settle_block: a parked block is in its slot's extents");
+  return false;
 }
 
 void ImmediateReuse::settle_all() {
   slots_.for_each([this](ThreadSlot& s) { settle(s); });
 }
 
-void ImmediateReuse::file_if_freed(Block& block) {
-  ThreadSlot& s = *block.slot;
-  s.lock.lock();
-  const bool parked = s.parked;
-  s.lock.unlock();
-  // (Its owner cannot park it meanwhile without the device lock: a handed-out block is parked
-  // again only while it is still in its slot, and whoever files a block before it detaches it.)
-  if (parked) settle(s);
-}
-
-void ImmediateReuse::release(Block& block) { settle(*block.slot); }
-
 void ImmediateReuse::settle_parked_on(stream_t stream, const ThreadSlot* except) {
   slots_.for_each([&](ThreadSlot& s) {
-    if (&s != except && s.parked_stream.load(std::memory_order_relaxed) == stream &&
-        s.block != nullptr)
-      file_if_freed(*s.block);
+    if (&s == except) return;
+    for (std::size_t x = 0; x < kExtents; ++x)
+      if (s.parked_stream[x].load(std::memory_order_relaxed) == stream) settle_extent(s, x);
   });
 }
 
-std::optional<PairEffect> ImmediateReuse::reuse_effect(const Block* block,
-                                                       std::size_t rounded) const {
-  // Filing the block would merge it with its free successor, if any (its predecessor is not
-  // free: free() checked, and the store keeps it so). A request for its requested bytes would
-  // then get this block back exactly when that rounds to the block's size, the filed block is
-  // the best fit, may serve the request, and is split (merged) or taken whole (alone) at the
-  // block's own size.
-  if (rounded != block->size || is_small(rounded) != block->small) return std::nullopt;
-  const BlockPool& pool = store_.pool_of(block);
-  STITCH_ASSERT(block->prev == nullptr || !block->prev->is_free(),
-                "reuse_effect: the block's predecessor is not free");
-  const Block* next = block->next != nullptr && block->next->is_free() ? block->next : nullptr;
-  const std::size_t filed = block->size + (next != nullptr ? next->size : 0);
-  const bool expandable = block->segment->expandable;
-  if (!store_.may_serve(filed, rounded)) return std::nullopt;
-  if (next != nullptr && !store_.should_split(block->small, expandable, filed, rounded))
-    return std::nullopt;
-  auto it = pool.index.lower_bound(FreeKey{block->stream, rounded, nullptr});
-  if (it != pool.index.end() && *it == next) ++it;  // `next` is part of the filed block
-  if (it != pool.index.end() &&
-      !FreeOrder::less(block->stream, filed, block->ptr, (*it)->stream, (*it)->size, (*it)->ptr))
-    return std::nullopt;
-  // inactive_split: the filing's net change followed by the take's (see BlockStore::file and
-  // BlockStore::take), which undoes it.
-  PairEffect e;
-  if (!expandable) {
-    if (next != nullptr) {
-      if (block->prev != nullptr || next->next != nullptr) {  // the merged block is split
-        e = {PairEffect::split_bytes, static_cast<std::int64_t>(block->size)};
-      } else {
-        e = {PairEffect::merged_whole, static_cast<std::int64_t>(next->size)};
-      }
-    } else if (block->is_split()) {
-      e = {PairEffect::split, static_cast<std::int64_t>(block->size)};
+void ImmediateReuse::apply_all_pairs(ThreadSlot& s) noexcept {
+  bool stamp[kExtents] = {};
+  for (std::size_t i = 0; i < kVerdicts; ++i) {
+    if (s.pair_count[i] != 0) {
+      apply_pairs(s, i, s.pair_count[i]);
+      s.pair_count[i] = 0;
+      stamp[s.extent_of[i]] = true;
     }
   }
-  return e;
+  // The last pair's free filed the extent at the pool's clock now (its GC age).
+  for (std::size_t x = 0; x < kExtents; ++x)
+    if (stamp[x]) s.extents[x].head->gc_stamp = store_.pool_of(s.extents[x].head).calls;
+  s.pairs = 0;
 }
 
-void ImmediateReuse::apply_pairs(const Block* block, const PairEffect& e,
-                                 std::uint64_t times) noexcept {
-  // Taken back `times` times: the statistics of each completed free and allocation in one.
-  // The filing would stamp the filed block's GC age, but no one reads it: the taken block is
-  // allocated again and its free successor stays split (GC ages only whole free segments)
-  // until its next merge, which stamps it anew.
-  const bool small = block->small;
+void ImmediateReuse::apply_pairs(const ThreadSlot& s, std::size_t i, std::uint64_t times) noexcept {
+  // Each pair: an allocation of the block (a best fit, the GC clock's tick) and its free.
+  const Block* head = s.extents[s.extent_of[i]].head;
+  const bool small = head->small;
   const auto n = static_cast<std::int64_t>(times);
-  if (n == 0) return;
-  store_.pool_of(block).calls += times;  // as best_fit counts
-  hot_.reallocated_blocks(small, static_cast<std::int64_t>(block->size),
-                          static_cast<std::int64_t>(block->requested), n);
-  apply_inactive(block, e, n);
-  stats_.num_immediate_reuses += n;
-}
-
-void ImmediateReuse::apply_inactive(const Block* block, const PairEffect& e,
-                                    std::int64_t n) noexcept {
-  const bool small = block->small;
-  switch (e.kind) {
-    case PairEffect::split_bytes:
-      hot_.inactive_split_bytes.rise_and_fall(small, e.bytes, n);
+  store_.pool_of(head).calls += times;
+  hot_.allocation.rise_and_fall(small, 1, n);
+  hot_.allocated_bytes.rise_and_fall(small, static_cast<std::int64_t>(s.size[i]), n);
+  hot_.requested_bytes.rise_and_fall(small, static_cast<std::int64_t>(s.requested[i]), n);
+  const PairEffect& effect = s.effect[i];
+  switch (effect.kind) {
+    case PairEffect::fall_bytes:
+      hot_.inactive_split_bytes.fall_and_rise(small, effect.bytes * n);
       break;
-    case PairEffect::merged_whole:
-      hot_.inactive_split.fall_and_rise(small, n);
-      hot_.inactive_split_bytes.fall_and_rise(small, e.bytes * n);
-      break;
-    case PairEffect::split:
+    case PairEffect::rise_split:
       hot_.inactive_split.rise_and_fall(small, 1, n);
-      hot_.inactive_split_bytes.rise_and_fall(small, e.bytes, n);
+      hot_.inactive_split_bytes.rise_and_fall(small, effect.bytes, n);
+      break;
+    case PairEffect::fall_whole:
+      hot_.inactive_split.fall_and_rise(small, n);
+      hot_.inactive_split_bytes.fall_and_rise(small, effect.bytes * n);
       break;
     case PairEffect::none:
       break;
   }
+  stats_.num_immediate_reuses += n;
 }
 
 }  // namespace stitch::detail

@@ -1,29 +1,42 @@
-// core/immediate_reuse.hpp — immediate reuse, per thread: each thread's last free on a device
-// waits in the thread's slot (core/thread_slots.hpp), so that its next allocation of the same size
-// on the same stream takes it straight back without the device lock.
+// core/immediate_reuse.hpp — immediate reuse, per thread: the free block a thread's last free
+// ended in waits in the thread's slot (core/thread_slots.hpp) as an extent, so that its next
+// allocations on the same stream take blocks of it without the device lock, of any size best fit
+// would serve from it.
 //
-// A training loop (or an inference server's worker) frees a temporary and asks for the same
-// size on the same stream again at once. The first such free goes through the device lock,
-// which parks the block in the calling thread's slot: still in the live table, counted as
-// allocated, in state `parked`. The next allocation of that size decides, under the lock, that
-// taking it back is what best fit would do (reusable). From then on the pair (allocate it again,
-// free it again) touches only the slot: one uncontended spin lock in a cache line of its own, no
-// shared write. So two threads on one device do not take the device lock from each other at all,
-// and one thread pays what it paid before.
+// A training step frees a temporary and asks for another at once: the same size, or one of a few
+// sizes in turn (activations, gradients, workspace). With the device lock, each such free is
+// filed (merged with its free neighbours) and each request takes the front of that merged block,
+// split off, so every size of the turn lands at the same address. Immediate reuse does exactly
+// that, in the slot:
+// - The free completes under the lock as any other (statistics, filing); the free block it ended
+//   in, F, then leaves the index into the thread's slot, state `parked`: one extent per pool kind.
+//   F is still free memory to everyone: the statistics count it free, and every reader and every
+//   other path settles the slot first (DeviceLock::lock), which files F back.
+// - A request of the owner, on F's stream, in F's pool, under the lock, decides once whether best
+//   fit would take F for it: F is the first of the stream's free blocks in best-fit order for the
+//   rounded size, may serve it, and is split at the rounded size or taken whole, as the policy
+//   says. The verdict (the block's size and what a pair does to the inactive-split statistics) is
+//   remembered for that request size, for up to kVerdicts sizes.
+// - From then on the owner's requests of those sizes take F's front (split by moving the border
+//   between two blocks, `head` and `tail`, that stay linked), and their frees give it back, both
+//   in the slot: one uncontended spin lock, no shared write. So two threads on one device do not
+//   take the device lock from each other at all.
 //
 // Why the result is what the device lock would have given:
-// - A parked block's predecessor is never free: the block store asks this holder to let go of a
-//   parked block that comes to follow a free one (BlockHolder::release), so filing it would not
-//   move its start.
-// - Whether best fit would return it depends only on its stream's free blocks: every change to
-//   them bumps the stream's epoch (BlockStore::free_changed), and a slot whose epoch is old takes
-//   the locked path again. Other streams' blocks never serve this stream.
-// - The pairs taken in a slot leave every current statistic as it was; their running sums are
-//   added when the slot is settled. Every reader settles every slot first (DeviceLock::lock),
-//   and so does every path that could use the parked memory (a locked allocation on the same
-//   stream, the slow path), so nothing observes a slot's state.
+// - F is never next to a free block: it was filed coalesced, and whoever files a neighbour of it
+//   settles the slot first (BlockHolder), so they merge as they would have.
+// - Whether best fit would take F depends only on its stream's free blocks in its pool: every
+//   change to them bumps the stream's epoch (BlockStore::free_changed), and an extent whose epoch
+//   is old decides under the lock again. F's own pairs leave them as they were. Other streams'
+//   blocks never serve this stream.
+// - The pairs taken in a slot leave every current statistic as it was; their running sums and
+//   peaks are added when the slot is flushed or settled (before any other change by its owner:
+//   malloc and free flush first and settle a handed-out block first). Every reader settles every
+//   slot first, and so does every path that could use the memory (a locked allocation on the
+//   same stream, the slow path), so nothing observes a slot's state.
 // - No pair runs while the history is recorded, while events are outstanding, while a
 //   private-pool route is underway, or with immediate reuse off (allow_pairs, note_events).
+//   Tagged memory and private pools keep no extents.
 #pragma once
 
 #include <atomic>
@@ -40,16 +53,17 @@
 
 namespace stitch::detail {
 
-/// At most this many frees are filed at once, after parked frees of the thread were not taken
-/// back several times in a row, before one parks again (a steady mix of sizes pays the park and
-/// settle once in this many pairs; the first miss skips one free, the next two, then four ...).
+/// At most this many frees are filed without keeping an extent, after extents of the thread were
+/// no candidate for its next request several times in a row, before one keeps an extent again (a
+/// mix best fit serves from elsewhere pays the detach and settle once in this many pairs; the
+/// first miss skips one free, the next two, then four ...).
 constexpr std::uint8_t kColdFrees = 16;
 
 class ImmediateReuse final : public BlockHolder {
  public:
-  /// Parks and files blocks in `store`, counts in `hot` and `stats` (num_immediate_reuses), and
-  /// takes settled blocks out of `live`; all must outlive it. Registers itself as the store's
-  /// holder of parked blocks.
+  /// Keeps extents of `store`, counts in `hot` and `stats` (num_immediate_reuses), and enters
+  /// extents in `live`; all must outlive it. Registers itself as the store's holder of parked
+  /// blocks.
   ImmediateReuse(BlockStore& store, HotStats& hot, DeviceStats& stats, PtrMap<Block>& live);
   ImmediateReuse(const ImmediateReuse&) = delete;
   ImmediateReuse& operator=(const ImmediateReuse&) = delete;
@@ -60,55 +74,61 @@ class ImmediateReuse final : public BlockHolder {
   ThreadSlot* mine_or_create() { return slots_.mine_or_create(); }
 
   // ---- the calling thread's own slot, without the device lock ------------------------------------
-  /// Its parked block, for `size` bytes on `stream`, when the verdict still holds; else nullptr.
+  /// A block of one of its extents for `size` bytes on `stream`, when a verdict still holds;
+  /// else nullptr.
   void* take(ThreadSlot& s, std::size_t size, stream_t stream) noexcept;
-  /// Parks again the block it handed out, when that is `ptr` (and the size and stream match):
-  /// the free is done (`actual_size` gets the requested size). False: the device lock decides.
+  /// Takes back the block an extent handed out, when that is `ptr` (and the size and stream
+  /// match): the free is done (`actual_size` gets the requested size). False: the device lock
+  /// decides.
   bool free_again(ThreadSlot& s, void* ptr, const std::size_t* expected_size,
                   const stream_t* stream, std::size_t* actual_size) noexcept;
 
   // ---- under the device lock -------------------------------------------------------------------
-  /// Adds the running sums of the slot's pairs so far (its own slot; the block stays).
+  /// Adds the running sums of the slot's pairs so far (its own slot; the extents stay).
   void flush(ThreadSlot& s) noexcept;
-  /// A locked allocation of `size` bytes (`rounded`) on `stream` from `pool`: the thread's parked
-  /// block back when best fit would give it (the verdict is decided here), else nullptr with the
-  /// parked free completed.
+  /// The owner's blocks handed out from its extents become ordinary allocations (before its
+  /// locked request or free changes any statistic).
+  void settle_handouts(ThreadSlot& s);
+  /// A locked allocation of `size` bytes (`rounded`) on `stream` from `pool`: a block of the
+  /// thread's extent when best fit would give it (the verdict is decided here), else nullptr,
+  /// with the extent filed back when it was a candidate.
   void* take_back(ThreadSlot& s, std::size_t size, std::size_t rounded, stream_t stream,
                   BlockPool& pool);
-  /// Whether a free of the allocated `block` (no events) may wait in a slot: reuse on, not
-  /// oversize, not of a private pool nor tagged (the lock-free take knows no tags), and no free
-  /// block in front (the filed block would start
-  /// elsewhere, so it could not come back).
+  /// Whether a free of the allocated `block` (no events) may keep the free block it ends in as
+  /// an extent: reuse on, not oversize, not of a private pool nor tagged (the lock-free take
+  /// knows no tags).
   [[nodiscard]] bool may_park(const Block* block) const noexcept {
     return enabled_ && block->state == BlockState::allocated && !block->oversize &&
-           (block->prev == nullptr || !block->prev->is_free()) &&
            block->segment->private_pool == nullptr && block->segment->tag == 0;
   }
-  /// Whether the owner's free should be filed at once rather than parked (its last parked free
-  /// was not taken back lately); counts the free (own slot, under the device lock).
+  /// Whether the owner's free should not keep an extent (its extents were no candidate lately);
+  /// counts the free (own slot, under the device lock).
   [[nodiscard]] static bool cold_free(ThreadSlot& s) noexcept {
     if (s.cold == 0) return false;
     --s.cold;
     return true;
   }
-  /// Parks the freed `block` in the calling thread's slot `s` (empty). No verdict yet: the next
-  /// allocation of its size decides it.
-  void park(ThreadSlot& s, Block* block) noexcept;
-  /// Settles `s`: a parked free completes (true), a handed-out block becomes an ordinary
-  /// allocation (false).
+  /// The free block `free` (just filed) becomes the calling thread's extent of its pool kind,
+  /// the one held before filed back. No verdict yet: the next request of its pool decides.
+  void park(ThreadSlot& s, Block* free) noexcept;
+  /// Settles `s`'s extents: files back free ones, turns handed-out blocks into ordinary
+  /// allocations. Returns whether any extent was free (not handed out).
   bool settle(ThreadSlot& s);
+  /// Settles the extent that holds the parked `block`; returns whether it was free (`block` is
+  /// then no allocation), false when `block` was handed out (now an ordinary allocation).
+  bool settle_block(Block& block);
   /// Settles every slot: the device lock calls it (core/device_lock.hpp). Settling changes the
   /// representation only, never what any query reports.
   void settle_all();
-  /// Settles the other threads' slots whose block is parked on `stream`: a locked allocation on
-  /// `stream` then sees their memory free, as it is.
+  /// Settles the other threads' extents on `stream`: a locked allocation on `stream` then sees
+  /// their memory free, as it is.
   void settle_parked_on(stream_t stream, const ThreadSlot* except);
   /// More than one thread has a slot.
   [[nodiscard]] bool shared() const noexcept { return slots_.shared(); }
 
   // BlockHolder: the store files a neighbour of a parked block.
-  void file_if_freed(Block& block) override;
-  void release(Block& block) override;
+  void file_if_freed(Block& block) override { settle_block(block); }
+  void release(Block& block) override { settle_block(block); }
 
   // ---- when pairs may run without the lock ------------------------------------------------------
   /// Immediate reuse on or off (on by default). Results are identical either way; tests compare.
@@ -124,16 +144,38 @@ class ImmediateReuse final : public BlockHolder {
   }
 
  private:
-  /// Whether a request of `rounded` bytes on its stream, right after filing the parked `block`,
-  /// would get this very block back and leave everything else as it is (the best fit of the
-  /// filed block, merged with a free successor); and how the pair moves the inactive-split
-  /// statistics.
-  [[nodiscard]] std::optional<PairEffect> reuse_effect(const Block* block,
-                                                       std::size_t rounded) const;
-  /// Adds `times` pairs of `block` with effect `e`: the statistics of each completed free and
-  /// allocation in one.
-  void apply_pairs(const Block* block, const PairEffect& e, std::uint64_t times) noexcept;
-  void apply_inactive(const Block* block, const PairEffect& e, std::int64_t n) noexcept;
+  /// What best fit does with a request for which extent `x` comes first among the thread's.
+  enum class Verdict { take, elsewhere, refile };
+  /// Whether best fit would take extent `x` of `s` for `rounded` bytes now; on `take`, writes
+  /// the verdict (the block it hands out, what a pair does to inactive split) into entry `i`.
+  /// `elsewhere`: an indexed block comes first; `refile`: the extent comes first but the
+  /// locked path must decide (it may not serve, or the block would be oversize).
+  [[nodiscard]] Verdict decide(ThreadSlot& s, std::size_t x, std::size_t i, std::size_t size,
+                               std::size_t rounded) const;
+  /// Settles extent `x` of `s` (see settle_block).
+  bool settle_extent(ThreadSlot& s, std::size_t x);
+  /// Adds the slot's pairs (its lock held).
+  void apply_all_pairs(ThreadSlot& s) noexcept;
+  /// Adds `times` pairs of verdict `i`: the statistics of each allocation and free in one.
+  void apply_pairs(const ThreadSlot& s, std::size_t i, std::uint64_t times) noexcept;
+  /// Forgets the verdicts of extent `x`: all, or those that split it (`split`) or take it whole.
+  static void drop_verdicts(ThreadSlot& s, std::size_t x) noexcept;
+  static void drop_verdicts(ThreadSlot& s, std::size_t x, bool split) noexcept;
+  /// Hands out verdict `i`'s block of its extent (the owner, its slot's lock held).
+  static void* hand_out(ThreadSlot& s, std::size_t i) noexcept {
+    Extent& e = s.extents[s.extent_of[i]];
+    Block* h = e.head;
+    h->size = s.size[i];
+    h->requested = s.requested[i];
+    if (e.tail != nullptr) {
+      e.tail->ptr = h->ptr + s.size[i];
+      e.tail->size = e.bytes - s.size[i];
+    }
+    e.out = true;
+    e.cur = static_cast<std::uint8_t>(i);
+    ++s.outs[e.small ? 0 : 1];
+    return h->ptr;
+  }
 
   BlockStore& store_;
   HotStats& hot_;
@@ -149,31 +191,40 @@ class ImmediateReuse final : public BlockHolder {
 
 inline void* ImmediateReuse::take(ThreadSlot& s, std::size_t size, stream_t stream) noexcept {
   s.lock.lock();
-  Block* b = s.block;
   void* out = nullptr;
-  if (b != nullptr && s.parked && s.reusable && b->requested == size && b->stream == stream &&
-      fast_ok_.load(std::memory_order_relaxed) &&
-      !events_pending_.load(std::memory_order_relaxed) &&
-      s.epoch->load(std::memory_order_acquire) == s.seen) {
-    s.parked = false;
-    ++s.pairs;
-    out = b->ptr;
+  if (fast_ok_.load(std::memory_order_relaxed) &&
+      !events_pending_.load(std::memory_order_relaxed)) {
+    for (std::size_t i = 0; i < kVerdicts; ++i) {
+      if (s.requested[i] != size) continue;
+      const Extent& e = s.extents[s.extent_of[i]];
+      // (While a block of the pool is handed out, its free rest would change best fit.)
+      if (e.stream == stream && s.outs[e.small ? 0 : 1] == 0 &&
+          e.epoch->load(std::memory_order_acquire) == e.seen) {
+        out = hand_out(s, i);
+        break;
+      }
+    }
   }
   s.lock.unlock();
   return out;
 }
 
 inline bool ImmediateReuse::free_again(ThreadSlot& s, void* ptr, const std::size_t* expected_size,
-                                const stream_t* stream, std::size_t* actual_size) noexcept {
+                                       const stream_t* stream, std::size_t* actual_size) noexcept {
   s.lock.lock();
-  Block* b = s.block;
-  const bool again = b != nullptr && !s.parked && b->ptr == ptr &&
-                     (expected_size == nullptr || *expected_size == b->requested) &&
-                     (stream == nullptr || *stream == b->stream) &&
-                     fast_ok_.load(std::memory_order_relaxed);
-  if (again) {
-    if (actual_size != nullptr) *actual_size = b->requested;
-    s.parked = true;
+  bool again = false;
+  for (Extent& e : s.extents) {
+    if (!e.out || e.head->ptr != ptr) continue;
+    again = (expected_size == nullptr || *expected_size == e.head->requested) &&
+            (stream == nullptr || *stream == e.stream) && fast_ok_.load(std::memory_order_relaxed);
+    if (again) {
+      if (actual_size != nullptr) *actual_size = e.head->requested;
+      e.out = false;
+      --s.outs[e.small ? 0 : 1];
+      ++s.pair_count[e.cur];
+      ++s.pairs;
+    }
+    break;
   }
   s.lock.unlock();
   return again;
@@ -184,8 +235,14 @@ inline void ImmediateReuse::flush(ThreadSlot& s) noexcept {
   // without the device lock, so reading it needs no slot lock.
   if (s.pairs == 0) return;
   std::lock_guard lock(s.lock);
-  if (s.block != nullptr) apply_pairs(s.block, s.effect, s.pairs);
-  s.pairs = 0;
+  apply_all_pairs(s);
+}
+
+inline void ImmediateReuse::settle_handouts(ThreadSlot& s) {
+  // Own slot: `outs` changes only by this thread (or under the device lock, which it holds).
+  if (s.outs[0] == 0 && s.outs[1] == 0) return;
+  for (std::size_t x = 0; x < kExtents; ++x)
+    if (s.extents[x].out) settle_extent(s, x);
 }
 
 }  // namespace stitch::detail

@@ -42,7 +42,7 @@ ThreadSlot* ThreadSlots::mine_or_create() {
   // Forget the slots of threads that ended (empty, held by the registry alone) and this
   // thread's slots of devices that are gone (held by the thread alone).
   std::erase_if(slots_, [](const std::shared_ptr<ThreadSlot>& s) {
-    return s.use_count() == 1 && s->block == nullptr;
+    return s.use_count() == 1 && !s->holds();
   });
   std::erase_if(t_held.slots, [](const auto& held) { return held.second.use_count() == 1; });
   auto slot = std::make_shared<ThreadSlot>();

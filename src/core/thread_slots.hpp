@@ -1,9 +1,10 @@
 // core/thread_slots.hpp — the data of immediate reuse (core/immediate_reuse.hpp): each thread's
-// slot on a device (the block it parked there, the verdict on taking it back, the pairs taken
-// since), and the device's registry of slots, with each thread's lookup of its own.
+// slot on a device (its extents of free memory, the requests best fit serves from them, the pairs
+// taken since), and the device's registry of slots, with each thread's lookup of its own.
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -15,37 +16,71 @@ namespace stitch::detail {
 
 struct Block;
 
-/// What one pair (a parked block taken back) does to the inactive-split statistics: it files
-/// the block (merged with a free successor, maybe) and takes it again, which cancels out but
-/// moves the running sums (ImmediateReuse::reuse_effect and apply_pairs).
+/// What one pair (a block of the extent handed out and taken back) does to the inactive-split
+/// statistics: the take of the free extent, then the filing that undoes it
+/// (ImmediateReuse::apply_pairs).
 struct PairEffect {
-  enum Kind : std::uint8_t { none, split_bytes, merged_whole, split } kind = none;
+  enum Kind : std::uint8_t {
+    none,
+    fall_bytes,  ///< the extent is split already: its bytes fall by the block's and rise back
+    rise_split,  ///< a whole segment: one split remainder of `bytes` comes and goes
+    fall_whole,  ///< a split extent taken whole: it leaves and comes back
+  } kind = none;
   std::int64_t bytes = 0;
+};
+
+/// How many extents a thread keeps per device (the free blocks its last frees ended in).
+constexpr std::size_t kExtents = 4;
+/// How many requests a thread remembers a verdict for (a step's sizes).
+constexpr std::size_t kVerdicts = 16;
+
+/// A free block a thread holds out of the index (core/immediate_reuse.hpp).
+struct Extent {
+  Block* head = nullptr;  ///< at its start, in the live table (nullptr: no extent)
+  Block* tail = nullptr;  ///< linked after `head` while its verdicts split it, else nullptr
+  std::size_t bytes = 0;  ///< its size (head + tail)
+  stream_t stream = nullptr;
+  const std::atomic<std::uint64_t>* epoch = nullptr;  ///< its stream's epoch
+  std::uint64_t seen = 0;  ///< the epoch its verdicts were decided at
+  bool small = false;      ///< of the small pool
+  bool out = false;        ///< `head` is handed out (for verdict `cur`)
+  std::uint8_t cur = 0;
 };
 
 /// One thread's immediate-reuse state on one device.
 struct alignas(64) ThreadSlot {
-  // The owner's cache line: taken on every pair.
+  // The owner's: taken on every pair.
   SpinLock lock;
-  Block* block = nullptr;  ///< the parked block (free, `parked`) or the one handed out from it
-  bool parked = false;     ///< the block is freed and waits here
-  bool reusable = false;   ///< taking it back is what best fit would do (while `seen` is current)
-  std::uint64_t seen = 0;  ///< its stream's epoch when `reusable` was decided
-  const std::atomic<std::uint64_t>* epoch = nullptr;  ///< that stream's epoch
-  std::uint64_t pairs = 0;  ///< pairs taken here since the last settle (their sums are added then)
-  /// The owner's next frees that are filed at once instead of parked: set when a parked free was
-  /// not taken back (the owner's next request was another size or stream: a mix of sizes, where
-  /// parking costs a settle per pair and saves nothing), counted down by each such free, so that
-  /// a return to same-size pairs is noticed again (ImmediateReuse::cold_free). Owner-only (set
-  /// and counted down under the device lock, read without it): while it is not 0 the slot holds
-  /// no block, so the owner skips the slot's lock-free take and free.
+  std::uint64_t pairs = 0;  ///< pairs taken since the last flush
+  /// The owner's next frees that are filed without keeping an extent: set when no extent served
+  /// the owner's request of their pool and stream (a mix best fit serves from elsewhere, where
+  /// keeping extents costs and saves nothing), counted down by each such free, so that a return
+  /// to reusable frees is noticed again (ImmediateReuse::cold_free). Owner-only (set and counted
+  /// down under the device lock, read without it).
   std::uint8_t cold = 0;
   /// What `cold` is set to at the next miss: doubled by each miss in a row (1, 2, 4 ... up to
-  /// kColdFrees), back to 0 when a parked free is taken back.
+  /// kColdFrees), back to 0 when an extent serves a request.
   std::uint8_t backoff = 0;
-  PairEffect effect;        ///< what each of those pairs does to the inactive-split statistics
+  std::uint8_t outs[2] = {};  ///< extents handed out, [0] small pool, [1] large pool
+  std::uint8_t next_verdict = 0;  ///< the verdict replaced next
+  std::uint8_t next_extent = 0;   ///< the extent replaced next
+  /// The requests best fit serves from an extent (0: none), then for each: the extent, the
+  /// block's size, what a pair does to inactive split, and the pairs taken since the last flush.
+  std::size_t requested[kVerdicts] = {};
+  std::uint8_t extent_of[kVerdicts] = {};
+  std::size_t size[kVerdicts] = {};
+  PairEffect effect[kVerdicts] = {};
+  std::uint64_t pair_count[kVerdicts] = {};
+  Extent extents[kExtents];
   // Read by other threads under the device lock (a cache line of its own, rarely written).
-  alignas(64) std::atomic<stream_t> parked_stream{nullptr};  ///< the parked block's stream
+  alignas(64) std::atomic<stream_t> parked_stream[kExtents] = {};  ///< each extent's stream
+
+  /// Whether it holds an extent.
+  [[nodiscard]] bool holds() const noexcept {
+    for (const Extent& e : extents)
+      if (e.head != nullptr) return true;
+    return false;
+  }
 };
 
 /// The slots of one device.
