@@ -8,7 +8,8 @@
 # ../shared/traces, relative to the repository) — under PyTorch's defaults (""),
 # "expandable_segments:True" and every CONFIG given (STITCH_ALLOC_CONF syntax, e.g.
 # "max_split_size_mb:128"), with --min-capacity, and writes docs/fragmentation.md with a table
-# per trace plus a few SVG plots in docs/plots/, and the totals table of docs/benchmarks.md. Deterministic: the same traces and configs give
+# per trace plus a few SVG plots in docs/plots/, the fits and OOM explanation examples (one real trace
+# replayed with --fits and --capacity), and the totals table of docs/benchmarks.md. Deterministic: the same traces and configs give
 # the same files. Takes well under a minute once built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,8 +55,21 @@ for t in "${traces[@]}"; do
   i=$((i + 1))
 done
 
+# The real examples of the fits table and of an OOM explanation: a real full training step on a
+# device a little too small for it (a generated trace when the real ones are absent).
+example_trace=traces/transformer-varlen.pickle
+example_capacity=9GiB
+if [ -f "$shared/cs336-ctx128-fullstep.pickle" ]; then
+  example_trace="$shared/cs336-ctx128-fullstep.pickle"
+  example_capacity=50GiB
+fi
+echo "fragmentation-bench: example $example_trace" >&2
+"./$build/stitch-replay" --no-progress --fits --capacity "$example_capacity" "$example_trace" >"$work/example.txt"
+example_command="stitch-replay --fits --capacity $example_capacity $(basename "$example_trace")"
+
 command="./scripts/fragmentation-bench.sh"
 for c in "$@"; do command+=" '$c'"; done
 python3 scripts/fragmentation_report.py --out docs/fragmentation.md --plots docs/plots --totals docs/benchmarks.md \
-  --readme traces/README.md --readme "$shared/README.md" --command "$command" "${jsons[@]}"
+  --readme traces/README.md --readme "$shared/README.md" --command "$command" \
+  --example "$work/example.txt" --example-command "$example_command" "${jsons[@]}"
 echo "fragmentation-bench: wrote docs/fragmentation.md and docs/plots/ ($(ls docs/plots | wc -l) plots)" >&2

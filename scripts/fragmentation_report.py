@@ -2,7 +2,7 @@
 """Turns stitch-replay --json output into docs/fragmentation.md (python3 standard library only).
 
 usage: fragmentation_report.py --out docs/fragmentation.md [--plots DIR] [--readme traces/README.md]...
-                               [--command TEXT] JSON...
+                               [--command TEXT] [--example TEXT_FILE --example-command TEXT] JSON...
 
 Each JSON file is what `stitch-replay --json --min-capacity` printed for one or more traces. For
 every trace the report has a table with one row per configuration (reserved / requested, peak
@@ -11,6 +11,12 @@ trace recorded PyTorch's own segments, what PyTorch reserved in the real run. Th
 from the tables of the given README.md files (first column: the file name). With --plots, SVG plots
 named after the traces are linked and shrunk in place (coordinates rounded to whole pixels,
 points that add nothing to the picture dropped), so that they stay small in the repository.
+
+With --example, the text stitch-replay printed for one trace with --fits and --capacity gives the
+real examples of the fits table and of an out-of-memory explanation (its fits and OOM lines only).
+
+Traces of runs that ran out of memory (a recorded OOM) are reported on their own and left out of
+the comparisons and totals, which are about programs' requests.
 
 The report holds no timings and no absolute paths: the same traces give the same file.
 """
@@ -74,6 +80,34 @@ def read_readme_rows(paths):
                         last_repo[key] = value.split(" : ")[0]
                 rows[cells[0]] = row
     return rows
+
+
+def recorded_oom(report):
+    return (report.get("fidelity") or {}).get("recorded_oom")
+
+
+def programs(reports):
+    """The traces the comparisons and totals are about: not the recorded runs that ran out."""
+    return [r for r in reports if not recorded_oom(r)]
+
+
+def example_blocks(path):
+    """From stitch-replay's text for one trace: its fits lines, and its first OOM explanation."""
+    if not path:
+        return [], []
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    fits, oom, where = [], [], None
+    for line in lines:
+        if line.startswith("  fits ("):
+            where = fits
+        elif re.match(r"^  [A-Z]+: first OOM", line):
+            where = oom if not oom else None
+        elif line and not line.startswith("    "):
+            where = None
+        if where is not None:
+            where.append(line[2:])
+    return fits, oom
 
 
 def kind_of(report):
@@ -246,7 +280,7 @@ def config_labels(reports):
     return configs, {c: label(i) for i, c in enumerate(configs)}
 
 
-def render(reports, readme_rows, plots_dir, out_path, command):
+def render(reports, readme_rows, plots_dir, out_path, command, example="", example_command=""):
     lines = []
     w = lines.append
     configs, labels = config_labels(reports)
@@ -318,6 +352,8 @@ def render(reports, readme_rows, plots_dir, out_path, command):
     w("  compared with PyTorch's peak reserved; the segment agreement is the share of the segment sizes")
     w("  the trace created that the replay created too.")
     w("")
+    render_oom_rules(w, reports)
+    render_fits(w, example, example_command)
     w("Generated traces come from `traces/` (see traces/README.md: synthetic training workloads")
     w("written by `stitch-tracegen`), real ones from PyTorch memory snapshots recorded on real GPUs")
     w("(`../shared/traces`, when present).")
@@ -358,6 +394,7 @@ def render(reports, readme_rows, plots_dir, out_path, command):
     w("")
 
     # Each configuration against PyTorch's defaults, computed (not written by hand).
+    all_reports, reports = reports, programs(reports)
     for c in configs:
         if c == "":
             continue
@@ -386,7 +423,8 @@ def render(reports, readme_rows, plots_dir, out_path, command):
       "minimum capacity counted for each):")
     w("")
     render_totals(w, reports, configs, labels)
-    # Fidelity on the real traces with segment events.
+    reports = all_reports
+    # Fidelity on the traces with segment events.
     errs = [(trace_name(r["trace"]), fidelity_error(r)) for r in reports if fidelity_error(r) is not None]
     if errs:
         within = [n for n, e in errs if abs(e) <= 0.01]
@@ -443,6 +481,15 @@ def render(reports, readme_rows, plots_dir, out_path, command):
                          f"segment sizes agree {100.0 * fid['segment_agreement']:.1f}% "
                          f"({fid.get('recorded_segments', 0):,} recorded, {fid.get('replayed_segments', 0):,} replayed)")
             w(line + ".")
+            oom = recorded_oom(r)
+            if oom:
+                cap = fid.get("capacity", 0)
+                w("")
+                w(f"The recording ran out of memory: a {human(oom['size'])} request failed at event "
+                  f"{oom['event'] + 1:,} with {human(oom['reserved'])} held and {human(oom['device_free'])} "
+                  f"free on the device, so the fidelity replay ran on a {human(cap)} device; there the "
+                  + ("OOM is reproduced, at the same event." if fid.get("oom_reproduced") else
+                     f"OOM is NOT reproduced (first failure: event {fid.get('replayed_oom_event')})."))
         elif kind == "real":
             w(f"Peak reserved by the recording ({by}): — (the trace has no segment events).")
         if plots_dir:
@@ -455,6 +502,104 @@ def render(reports, readme_rows, plots_dir, out_path, command):
     return "\n".join(lines)
 
 
+def render_oom_rules(w, reports):
+    w("## Runs that ran out of memory")
+    w("")
+    w("A run that ran out of memory records it: PyTorch's allocator, after its out-of-memory ladder")
+    w("(`release_cached_blocks()`, which gives the cache back: the `segment_free` / `segment_unmap`")
+    w("run just before), writes an `oom` entry with the request (`size`, rounded) and `device_free`,")
+    w("what `cudaMemGetInfo` said was free then (`record_trace(TraceEntry::OOM, device_free, ...)` in")
+    w("c10/cuda/CUDACachingAllocator.cpp). The fidelity replay of such a trace runs on the device it")
+    w("implies, one rule per device trace:")
+    w("")
+    w("- **The device** is what the allocator held at the first `oom` entry (reserved at the start")
+    w("  plus the trace's segment events before it) plus `device_free`, rounded down to 2 MiB, and")
+    w("  never less than the most the recording held. Memory the allocator did not own (the CUDA")
+    w("  context, NCCL and other libraries, other processes) is in neither figure, so it is left out")
+    w("  of the simulated device as it was out of the allocator's reach on the real one. A device")
+    w("  trace without an `oom` entry is replayed on an unlimited device, as before.")
+    w("- The recorded failed requests are tried again in the replay (freed at once if served), and")
+    w("  the OOM is **reproduced** when the replay's first failed request is the recording's, at the")
+    w("  same event.")
+    w("- A run of `segment_unmap` followed by a `segment_map` is PyTorch's ladder giving the cache")
+    w("  back and growing again: a release (only a stitch recording made with `stitching:True` may")
+    w("  move pages that way).")
+    w("")
+    ooms = [r for r in reports if recorded_oom(r)]
+    for r in ooms:
+        fid, oom = r["fidelity"], recorded_oom(r)
+        w(f"On {trace_name(r['trace'])} ({'generated' if kind_of(r) == 'generated' else 'real'}), a "
+          f"{human(oom['size'])} request failed at event {oom['event'] + 1:,} with {human(oom['reserved'])} "
+          f"held and {human(oom['device_free'])} free: the replay ran on {human(fid.get('capacity', 0))}, "
+          f"reserved {human(fid['replayed_peak_reserved'])} against {human(fid['recorded_peak_reserved'])} "
+          f"recorded ({pct(fidelity_error(r))}), and "
+          + ("reproduced the OOM at the same event." if fid.get("oom_reproduced") else "did NOT reproduce the OOM."))
+        w("")
+
+
+# The sizes of stitch-replay --fits (src/tools/stitch_replay/fits.cpp): reported total less 512 MiB.
+GPUS = [
+    ("14.26 GiB", "16 GB class: NVIDIA T4", "15,110 MiB", "CUDA deviceQuery on a T4: \"15110 MBytes (15843721216 bytes)\""),
+    ("21.99 GiB", "24 GB class: NVIDIA L4 (A10G, RTX 4090 report a little more)", "23,034 MiB", "nvidia-smi memory.total of an L4"),
+    ("39.09 GiB", "A100 40GB", "40,536 MiB (39.59 GiB)", "PyTorch's OOM message on an A100 40GB: \"total capacity of 39.59 GiB\""),
+    ("44.49 GiB", "48 GB class: L40S (RTX 6000 Ada, A6000 report a little more)", "46,068 MiB", "nvidia-smi memory.total of an L40S"),
+    ("79.15 GiB", "80 GB class: H100 80GB (an A100 80GB reports 79.15 GiB, 0.5 GiB less)", "81,559 MiB (79.65 GiB)", "nvidia-smi memory.total of an H100 80GB HBM3; PyTorch's OOM messages on A100 80GB"),
+    ("139.90 GiB", "H200 (141 GB)", "143,771 MiB", "nvidia-smi memory.total of an H200"),
+]
+
+
+def render_fits(w, example, example_command):
+    fits, oom = example_blocks(example)
+    w("## Fits on which GPU")
+    w("")
+    w("`stitch-replay --fits` replays every configuration on the memory common GPUs report as their")
+    w("total, less 512 MiB for the CUDA context (about what a context with PyTorch's kernels takes on a")
+    w("large GPU), and says per size whether the trace fits (runs without an OOM, the criterion of")
+    w("`--min-capacity`), the headroom at the peak (size minus peak reserved), or the first OOM's")
+    w("verdict. `--fits=24GiB,40GiB` takes the sizes given (the `=` is needed). Each size is replayed")
+    w("for real, once per configuration; those replays bound the bisection of the smallest fitting")
+    w("device, which is printed too. Running out of memory is not always monotone in the device's")
+    w("size (`stitch_fine_above` is relative to it): where a size at or above the smallest fitting")
+    w("device fails, or one below it fits, both answers say so. The tool prints sizes; the GPUs")
+    w("behind them:")
+    w("")
+    w("| size replayed | GPUs | reported total | source of the figure |")
+    w("|---:|---|---:|---|")
+    for size, gpus, total, source in GPUS:
+        w(f"| {size} | {gpus} | {total} | {source} |")
+    w("")
+    if fits:
+        w(f"A real example (`{example_command}`; A = PyTorch's defaults, B = `expandable_segments:True`):")
+        w("")
+        w("```")
+        for line in fits:
+            w(line)
+        w("```")
+        w("")
+    w("## Out-of-memory explanations")
+    w("")
+    w("With `--capacity`, the first OOM of each configuration is explained as the live OOM report")
+    w("explains one (docs/diagnostics.md): the request and its stream; the verdict with its numbers")
+    w("(live data exceeds the device, fragmentation, memory held elsewhere, or device full); the")
+    w("what-if over the run's other configurations on the same device, read from their own replays")
+    w("(they served the request, fail there too, or failed earlier); the largest live blocks with the")
+    w("events that allocated them; and the recorded frames of the failing request and of those")
+    w("blocks (file:line of the Python code, when the snapshot has them: the file is read again with")
+    w("its frames only when something is explained). `--explain-all` explains every OOM. In the JSON,")
+    w("each configuration with OOMs has `first_oom`, and `oom_reports` under `--explain-all`.")
+    w("`--html FILE` writes the tables, plots, breakdown at the peak, fits and explanations as one")
+    w("self-contained page.")
+    w("")
+    if oom:
+        w(f"A real example, from the same run:")
+        w("")
+        w("```")
+        for line in oom:
+            w(line)
+        w("```")
+        w("")
+
+
 BEGIN = "<!-- fragmentation totals: written by scripts/fragmentation-bench.sh -->"
 END = "<!-- end of fragmentation totals -->"
 
@@ -465,6 +610,7 @@ def write_totals(path, reports, command):
         text = f.read()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{path}: no '{BEGIN}' ... '{END}' section")
+    reports = programs(reports)
     configs, labels = config_labels(reports)
     lines = [BEGIN, ""]
     lines.append(f"Totals over the {len(reports)} traces of [fragmentation.md](fragmentation.md)"
@@ -488,6 +634,9 @@ def main(argv):
     ap.add_argument("--plots", default="")
     ap.add_argument("--readme", action="append", default=[])
     ap.add_argument("--command", default="")
+    ap.add_argument("--example", default="", help="stitch-replay's text for one trace with --fits "
+                    "and --capacity: the fits and OOM explanation examples")
+    ap.add_argument("--example-command", default="")
     ap.add_argument("json", nargs="+")
     a = ap.parse_args(argv)
     reports = []
@@ -498,7 +647,7 @@ def main(argv):
         for f in sorted(os.listdir(a.plots)):
             if f.endswith(".svg"):
                 shrink_svg(os.path.join(a.plots, f))
-    text = render(reports, read_readme_rows(a.readme), a.plots, a.out, a.command)
+    text = render(reports, read_readme_rows(a.readme), a.plots, a.out, a.command, a.example, a.example_command)
     with open(a.out, "w", encoding="utf-8") as f:
         f.write(text)
     if a.totals:

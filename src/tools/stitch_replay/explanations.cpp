@@ -1,6 +1,7 @@
 // tools/stitch_replay/explanations.cpp — the what-if over the other configurations, and frames.
 #include "tools/stitch_replay/explanations.hpp"
 
+#include <algorithm>
 #include <set>
 
 #include "tools/stitch_replay/trace_frames.hpp"
@@ -8,6 +9,23 @@
 namespace stitch::replay_cli {
 
 namespace {
+
+constexpr std::size_t kMostFrames = 6;
+
+// The frames worth printing: those with a file:line (the Python code, where the snapshot recorded
+// it; C++ frames carry no line), innermost first; without any, the innermost few.
+std::vector<std::string> code_frames(const std::vector<std::string>& frames) {
+  std::vector<std::string> out;
+  for (const std::string& f : frames) {
+    const auto colon = f.rfind(':');
+    const bool line = colon != std::string::npos && f.size() > colon + 2 && f.back() == ')' &&
+                      f.find_first_not_of("0123456789", colon + 1) == f.size() - 1;
+    if (line && out.size() < kMostFrames) out.push_back(f);
+  }
+  if (out.empty())
+    out.assign(frames.begin(), frames.begin() + static_cast<std::ptrdiff_t>(std::min(frames.size(), kMostFrames)));
+  return out;
+}
 
 // Event a comes before event b (the start before every event).
 bool before(std::size_t a, std::size_t b) {
@@ -41,7 +59,7 @@ void complete_explanations(TraceReport& t, const std::string& path) {
   const auto frames = frames_of_events(path, t.device, wanted);
   auto frames_at = [&](std::size_t event) {
     auto it = frames.find(event);
-    return it == frames.end() ? std::vector<std::string>{} : it->second;
+    return it == frames.end() ? std::vector<std::string>{} : code_frames(it->second);
   };
   for (Row& row : t.rows) {
     for (OomExplanation& e : row.result.explanations) {

@@ -36,8 +36,10 @@ struct OomExplanation {
   std::string verdict;       ///< "fragmentation", "device full", ...
   std::string verdict_text;  ///< the report's verdict paragraph, with its numbers
   std::vector<LiveBlock> largest_live;  ///< in the workload's addresses and events
-  std::vector<std::string> frames;      ///< the request's recorded frames (innermost first)
-  std::vector<std::vector<std::string>> live_frames;  ///< each largest live block's alloc frames
+  /// The request's recorded frames with a file:line (the Python code), innermost first, at most
+  /// six; the innermost few when none has a line.
+  std::vector<std::string> frames;
+  std::vector<std::vector<std::string>> live_frames;  ///< the same for each largest live block
   std::vector<WhatIfOther> what_if;     ///< filled once every configuration has run
 };
 
