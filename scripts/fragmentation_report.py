@@ -548,6 +548,19 @@ GPUS = [
 ]
 
 
+def code_block(w, intro, lines):
+    """`intro`, then `lines` as a code block (nothing when there are none)."""
+    if not lines:
+        return
+    w(intro)
+    w("")
+    w("```")
+    for line in lines:
+        w(line)
+    w("```")
+    w("")
+
+
 def render_fits(w, example, example_command):
     fits, oom = example_blocks(example)
     w("## Fits on which GPU")
@@ -568,14 +581,8 @@ def render_fits(w, example, example_command):
     for size, gpus, total, source in GPUS:
         w(f"| {size} | {gpus} | {total} | {source} |")
     w("")
-    if fits:
-        w(f"A real example (`{example_command}`; A = PyTorch's defaults, B = `expandable_segments:True`):")
-        w("")
-        w("```")
-        for line in fits:
-            w(line)
-        w("```")
-        w("")
+    code_block(w, f"A real example (`{example_command}`; A = PyTorch's defaults, B = `expandable_segments:True`):",
+               fits)
     w("## Out-of-memory explanations")
     w("")
     w("With `--capacity`, the first OOM of each configuration is explained as the live OOM report")
@@ -590,14 +597,7 @@ def render_fits(w, example, example_command):
     w("`--html FILE` writes the tables, plots, breakdown at the peak, fits and explanations as one")
     w("self-contained page.")
     w("")
-    if oom:
-        w(f"A real example, from the same run:")
-        w("")
-        w("```")
-        for line in oom:
-            w(line)
-        w("```")
-        w("")
+    code_block(w, "A real example, from the same run:", oom)
 
 
 BEGIN = "<!-- fragmentation totals: written by scripts/fragmentation-bench.sh -->"
