@@ -7,18 +7,22 @@
 //   *_mix_threads  1, 2, 4 and 8 threads, each doing the same; Arg 0: each thread on its own
 //                  stream, 1: all on the null stream, 2: own streams on two devices (thread i on
 //                  device i % 2). Wall time per pair and thread, and CPU time per pair.
+//   *_trace_mix   the requests of a real training step in turn (below).
 // The same-size pair stays in alloc_bench.cpp (BM_*_pair). stitch runs on the simulated device, so
 // no device call is ever timed: this is the allocator.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <iterator>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include "core/device_allocator.hpp"
 #include "stitch/allocator.hpp"
 #include "stitch/stitch.h"
+#include "peers/src/trace_sizes.hpp"
 
 namespace {
 
@@ -96,6 +100,47 @@ void BM_stitch_capi_mix(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_stitch_capi_mix)->Arg(0)->Arg(64);
+
+// ---- a real trace's sizes -------------------------------------------------------------------------
+// The 6,771 requests of a real training step in order (peers/src/trace_sizes.hpp: cs336-ctx128-
+// fullstep, 25 sizes from 1 B to 157 MiB). Arg 0: each allocated and freed at once; Arg 8: a
+// window of 8 live blocks (each request frees the block of 8 requests before).
+
+template <typename Alloc, typename Release>
+void trace_pairs(benchmark::State& state, Alloc alloc, Release release) {
+  constexpr std::size_t n = std::size(pb::kTraceSizes);
+  const auto window = static_cast<std::size_t>(state.range(0));
+  std::vector<std::pair<void*, std::size_t>> live(window == 0 ? 1 : window);
+  for (std::size_t s : pb::kTraceSizes) release(alloc(s), s);  // warm: every size once
+  std::size_t i = 0;
+  for (auto _ : state) {
+    const std::size_t size = pb::kTraceSizes[i % n];
+    void* p = alloc(size);
+    benchmark::DoNotOptimize(p);
+    auto& slot = live[window == 0 ? 0 : i % window];
+    if (window == 0) {
+      release(p, size);
+    } else {
+      if (slot.first != nullptr) release(slot.first, slot.second);
+      slot = {p, size};
+    }
+    ++i;
+  }
+  for (auto& [p, size] : live)
+    if (p != nullptr) release(p, size);
+}
+
+void BM_glibc_trace_mix(benchmark::State& state) {
+  trace_pairs(state, [](std::size_t n) { return malloc(n); }, [](void* p, std::size_t) { free(p); });
+}
+BENCHMARK(BM_glibc_trace_mix)->Arg(0)->Arg(8);
+
+void BM_stitch_capi_trace_mix(benchmark::State& state) {
+  if (!configure_capi(state)) return;
+  trace_pairs(state, [](std::size_t n) { return stitch_malloc(n, 0, nullptr); },
+              [](void* p, std::size_t n) { stitch_free(p, n, 0, nullptr); });
+}
+BENCHMARK(BM_stitch_capi_trace_mix)->Arg(0)->Arg(8);
 
 // ---- threads ------------------------------------------------------------------------------------
 

@@ -34,12 +34,12 @@
 
 namespace stitch::detail {
 
-/// Holds blocks outside the store (immediate reuse: a thread's parked free). The store asks it to
+/// Holds blocks outside the store (immediate reuse: a thread's extents). The store asks it to
 /// let go of one when the block's neighbour is filed.
 class BlockHolder {
  public:
-  /// `block` (parked) lies just before a block being filed: if its owner has freed it, complete
-  /// that free first, so that the two merge as they would have.
+  /// `block` (parked) lies next to a block being filed: its extent is settled first (filed if
+  /// free), so that the two merge as they would have.
   virtual void file_if_freed(Block& block) = 0;
   /// `block` (parked) now follows a free block, which a parked block never does: it leaves its
   /// slot (filed if freed, an ordinary allocation if handed out again).

@@ -85,28 +85,25 @@ double DeviceAllocator::memory_fraction() const {
   return static_cast<double>(*cap) / static_cast<double>(backend_.total_memory(device_));
 }
 
-void DeviceAllocator::set_immediate_reuse(bool on) {
+void DeviceAllocator::set_immediate_reuse(bool on, bool backoff) {
   std::lock_guard lock(mutex_);
   reuse_.set_enabled(on);
+  reuse_.set_backoff(backoff);
   note_pairs();
   reuse_.settle_all();  // a pair that began before the change has ended
 }
 
 // ---- allocation ---------------------------------------------------------------------------------
 
-DeviceAllocator::Allocation DeviceAllocator::malloc(std::size_t size, stream_t stream) {
+DeviceAllocator::Allocation DeviceAllocator::malloc_locked(std::size_t size, stream_t stream,
+                                                           detail::ThreadSlot* mine) {
   if (size == 0) return {nullptr, nullptr};
-  detail::ThreadSlot* mine = reuse_.mine();
-  // (A cold slot is empty: its owner files its frees at once for a while, ThreadSlot::cold.)
-  if (mine != nullptr && mine->cold == 0) {
-    if (void* again = reuse_.take(*mine, size, stream)) return {again, nullptr};  // no lock
-  }
   // Python frames for the history are gathered before the lock (they take the GIL).
   const detail::GatheredPythonFrames frames(python_frames_.load(std::memory_order_relaxed));
   detail::UnsettledGuard guard(mutex_);  // malloc and free alone may find the slots unsettled
   if (mine != nullptr) {  // its pairs, and the blocks it holds from its extents, came first
     reuse_.flush(*mine);
-    reuse_.settle_handouts(*mine);
+    reuse_.settle_handouts(*mine, true);
   }
   // Inside a region of this allocator (then `mine` is null: the thread's slots wait).
   if (const detail::RegionFrame* region = detail::innermost_region(owner_)) [[unlikely]]
@@ -177,16 +174,13 @@ void DeviceAllocator::complete_pending(Block* block) {
 
 // ---- freeing ------------------------------------------------------------------------------------
 
-FreeStatus DeviceAllocator::free(void* ptr, const std::size_t* expected_size,
-                                 const stream_t* stream, std::size_t* actual_size) {
-  detail::ThreadSlot* mine = reuse_.mine();
-  if (mine != nullptr && mine->cold == 0 &&
-      reuse_.free_again(*mine, ptr, expected_size, stream, actual_size))
-    return FreeStatus::freed;
+FreeStatus DeviceAllocator::free_locked(void* ptr, const std::size_t* expected_size,
+                                        const stream_t* stream, std::size_t* actual_size,
+                                        detail::ThreadSlot* mine) {
   detail::UnsettledGuard guard(mutex_);
   if (mine != nullptr) {  // its pairs, and the blocks it holds from its extents, came first
     reuse_.flush(*mine);
-    reuse_.settle_handouts(*mine);
+    reuse_.settle_handouts(*mine, false);
   }
   Block* block = live_.find(ptr);
   if (block == nullptr) return FreeStatus::not_found;
@@ -267,7 +261,7 @@ void DeviceAllocator::begin_allocate_to_pool(PoolId id, StreamFilter filter, std
     throw backend_error(fmt::format(
         "a graph pool begun in a region is tagged: its memory is mapped in pages, and backend:{} "
         "has no virtual-memory API on device {}", backend_.name(), device_));
-  std::lock_guard lock(mutex_);  // settles the threads' parked frees
+  std::lock_guard lock(mutex_);  // settles the threads' extents
   pools_.begin(id, std::move(filter), tag, backup);
   note_pairs();  // no unlocked reuse while a route is underway
 }

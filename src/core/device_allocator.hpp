@@ -6,7 +6,7 @@
 // each in its header:
 // - block_store.hpp: the blocks, segments and pools, and every change of their shape;
 // - immediate_reuse.hpp: the free blocks a thread's last frees ended in, kept in its slot as extents (thread_slots.hpp);
-// - device_lock.hpp: the lock, which settles the parked frees for every path but malloc's and free's;
+// - device_lock.hpp: the lock, which settles the threads' extents for every path but malloc's and free's;
 // - stream_events.hpp: cross-stream events, recorded, deferred and polled;
 // - private_pools.hpp: CUDA graph pools and their routes, and whether the device may be touched;
 // - ledger.hpp: what is held from the device, and the memory-fraction cap;
@@ -72,13 +72,27 @@ class DeviceAllocator {
     void* ptr;
     detail::OomCapture* failure;
   };
-  /// Allocates `size` bytes for `stream`. Throws backend_error.
-  Allocation malloc(std::size_t size, stream_t stream);
+  /// Allocates `size` bytes for `stream`. Throws backend_error. (Inline: the calling thread's
+  /// extent without the lock, core/immediate_reuse.hpp; else the locked path.)
+  Allocation malloc(std::size_t size, stream_t stream) {
+    detail::ThreadSlot* mine = reuse_.mine();
+    // (A cold slot is empty: its owner files its frees at once for a while, ThreadSlot::cold.)
+    if (mine != nullptr && mine->cold == 0 && size != 0) [[likely]] {
+      if (void* again = reuse_.take(*mine, size, stream)) return {again, nullptr};  // no lock
+    }
+    return malloc_locked(size, stream, mine);
+  }
   /// Frees `ptr` if this device owns it. `expected_size` (if not null) must equal the requested
   /// size; `stream` (if not null and not the allocation stream) is treated as a last use. The
   /// requested size is stored in `actual_size` when given.
   FreeStatus free(void* ptr, const std::size_t* expected_size, const stream_t* stream,
-                  std::size_t* actual_size = nullptr);
+                  std::size_t* actual_size = nullptr) {
+    detail::ThreadSlot* mine = reuse_.mine();
+    if (mine != nullptr && mine->cold == 0 &&
+        reuse_.free_again(*mine, ptr, expected_size, stream, actual_size)) [[likely]]
+      return FreeStatus::freed;
+    return free_locked(ptr, expected_size, stream, actual_size, mine);
+  }
   /// free() when the calling thread takes `ptr` back into its extent without the device lock
   /// (immediate reuse); false, with nothing done, otherwise.
   bool free_unlocked(void* ptr, const stream_t* stream) noexcept {
@@ -127,8 +141,9 @@ class DeviceAllocator {
   /// a fraction set with set_memory_fraction() survives a configure() of other keys.
   void set_config(const Config& config, bool apply_fraction);
   /// Immediate reuse (core/immediate_reuse.hpp) on (the default) or off. Results are identical
-  /// either way; tests compare the two.
-  void set_immediate_reuse(bool on);
+  /// either way; tests compare the two. `backoff` off: every free keeps an extent, even where
+  /// extents served nothing lately (the tests' way to exercise them most; ThreadSlot::cold).
+  void set_immediate_reuse(bool on, bool backoff = true);
 
   /// The statistics, after retiring the cross-stream events that have completed (so a block
   /// whose streams are done counts as free, not active, whether or not an allocation came since).
@@ -185,6 +200,10 @@ class DeviceAllocator {
   using Block = detail::Block;
   using BlockPool = detail::BlockPool;
 
+  /// malloc() and free() past the calling thread's extents (`mine`: its slot, or nullptr).
+  Allocation malloc_locked(std::size_t size, stream_t stream, detail::ThreadSlot* mine);
+  FreeStatus free_locked(void* ptr, const std::size_t* expected_size, const stream_t* stream,
+                         std::size_t* actual_size, detail::ThreadSlot* mine);
   /// Marks the allocated `block` as serving a request of `requested` bytes and counts it.
   [[gnu::always_inline]] inline void activate(Block* block, std::size_t requested) noexcept;
   /// malloc() from the tagged `pool` (a region tag's, or a tagged graph pool's): refused while the

@@ -1,8 +1,8 @@
-// core/device_lock.hpp — the device lock, which settles the threads' parked frees.
+// core/device_lock.hpp — the device lock, which settles the threads' extents.
 //
-// Immediate reuse parks a thread's last free in its slot (core/immediate_reuse.hpp): the block
-// stays in the live table, counted as allocated. Nothing but malloc and free may see it that
-// way, so the lock settles them: lock() — what std::lock_guard and every other entry point take
+// Immediate reuse keeps free blocks in the threads' slots, out of the free index, and hands out
+// blocks of them without the lock (core/immediate_reuse.hpp). Nothing but malloc and free may see
+// them that way, so the lock settles them: lock() — what std::lock_guard and every other entry point take
 // — settles every slot before returning, and only malloc and free take the lock without that
 // (lock_unsettled), settling what they need themselves. A path added later that locks the
 // device cannot forget it.
@@ -20,7 +20,7 @@ class DeviceLock {
   DeviceLock(const DeviceLock&) = delete;
   DeviceLock& operator=(const DeviceLock&) = delete;
 
-  /// Takes the lock and settles every parked free. If settling throws, the lock is released
+  /// Takes the lock and settles every extent. If settling throws, the lock is released
   /// and the exception passes on.
   void lock() {
     spin_.lock();

@@ -94,7 +94,7 @@ void DeviceAllocator::refuse_while_capturing(const char* what) {
 
 bool DeviceAllocator::sleep(const std::vector<std::uint16_t>& tags,
                             const std::vector<std::uint16_t>& backup_tags) {
-  std::lock_guard lock(mutex_);  // settles the threads' parked frees
+  std::lock_guard lock(mutex_);  // settles the threads' extents
   std::vector<std::uint16_t> todo;
   for (std::uint16_t t : tags)
     if (sleeper_.used(t) && !sleeper_.asleep(t)) todo.push_back(t);

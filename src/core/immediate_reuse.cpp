@@ -40,20 +40,20 @@ void* ImmediateReuse::take_back(ThreadSlot& s, std::size_t size, std::size_t rou
       best = x;
   }
   if (best == kExtents) return nullptr;  // none holds it: best fit looks elsewhere
-  std::size_t i = 0;
-  while (i < kVerdicts && !(s.requested[i] == size && s.extent_of[i] == best)) ++i;
-  if (i == kVerdicts) {
-    i = s.next_verdict;
+  const std::size_t bucket = verdict_bucket(size);
+  std::size_t i = bucket;
+  while (i < bucket + 2 && !(s.requested[i] == size && s.extent_of[i] == best && live(s, i))) ++i;
+  if (i == bucket + 2) {
+    i = live(s, bucket) ? bucket + 1 : bucket;  // a free entry, else the second
     const Verdict v = decide(s, best, i, size, rounded);
     if (v != Verdict::take) {
-      // Not taken: an indexed block comes first, or the locked path decides on the extent filed
-      // back. The thread's next frees keep no extent for a while.
-      if (v == Verdict::refile) settle_extent(s, best);
-      s.backoff = s.backoff == 0 ? 1 : static_cast<std::uint8_t>(std::min(2 * s.backoff, int{kColdFrees}));
-      s.cold = s.backoff;
+      // Not taken: an indexed block comes first (its free may well become the extent that
+      // serves this size), or the locked path decides on the extent filed back. An extent that
+      // gave no pair yet goes back (it would cost every request a decision; kept for nothing,
+      // it counts as a miss at the next request).
+      if (v == Verdict::refile || !s.extents[best].paired) settle_extent(s, best, true);
       return nullptr;
     }
-    s.next_verdict = static_cast<std::uint8_t>((i + 1) % kVerdicts);
     // The extent's verdicts in use agree on its shape: split (a tail after the head) or whole.
     Extent& e = s.extents[best];
     const bool split = s.size[i] < e.bytes;
@@ -65,15 +65,16 @@ void* ImmediateReuse::take_back(ThreadSlot& s, std::size_t size, std::size_t rou
         throw;
       }
       e.tail->slot = &s;
+      e.cur = kNoVerdict;
       drop_verdicts(s, best, false);
     } else if (!split && e.tail != nullptr) {
       e.head->size = e.bytes - e.tail->size;  // (where the border is; join_extent adds it back)
       store_.join_extent(e.head, e.tail);
       e.tail = nullptr;
+      e.cur = kNoVerdict;
       drop_verdicts(s, best, true);
     }
   }
-  s.backoff = 0;
   std::lock_guard slot_lock(s.lock);
   return hand_out(s, i);
 }
@@ -107,24 +108,21 @@ ImmediateReuse::Verdict ImmediateReuse::decide(ThreadSlot& s, std::size_t x, std
       effect = {PairEffect::fall_whole, static_cast<std::int64_t>(e.bytes)};
     }
   }
+  for (Extent& y : s.extents)
+    if (y.cur == i) y.cur = kNoVerdict;  // (a border set for this entry's last verdict)
   s.requested[i] = size;
   s.extent_of[i] = static_cast<std::uint8_t>(x);
+  s.vgen[i] = e.gen;
   s.size[i] = block;
   s.effect[i] = effect;
   s.pair_count[i] = 0;
   return Verdict::take;
 }
 
-void ImmediateReuse::drop_verdicts(ThreadSlot& s, std::size_t x) noexcept {
-  for (std::size_t i = 0; i < kVerdicts; ++i)
-    if (s.extent_of[i] == x) s.requested[i] = 0;
-}
-
 void ImmediateReuse::drop_verdicts(ThreadSlot& s, std::size_t x, bool split) noexcept {
   const std::size_t bytes = s.extents[x].bytes;
   for (std::size_t i = 0; i < kVerdicts; ++i)
-    if (s.extent_of[i] == x && s.requested[i] != 0 && (s.size[i] < bytes) == split)
-      s.requested[i] = 0;
+    if (s.extent_of[i] == x && live(s, i) && (s.size[i] < bytes) == split) s.requested[i] = 0;
 }
 
 void ImmediateReuse::park(ThreadSlot& s, Block* free) noexcept {
@@ -137,7 +135,7 @@ void ImmediateReuse::park(ThreadSlot& s, Block* free) noexcept {
     if (x == kExtents) {
       x = s.next_extent;
       s.next_extent = static_cast<std::uint8_t>((x + 1) % kExtents);
-      settle_extent(s, x);
+      settle_extent(s, x, true);  // (an extent without a pair was kept for nothing)
     }
     live_.insert(free->ptr, free);  // (the free just erased its block: no growth)
   } catch (...) {
@@ -155,10 +153,12 @@ void ImmediateReuse::park(ThreadSlot& s, Block* free) noexcept {
   e.epoch = free->segment->epoch;
   e.seen = e.epoch->load(std::memory_order_relaxed);
   e.out = false;
+  e.paired = false;
+  e.cur = kNoVerdict;
   s.parked_stream[x].store(free->stream, std::memory_order_relaxed);
 }
 
-bool ImmediateReuse::settle_extent(ThreadSlot& s, std::size_t x) {
+bool ImmediateReuse::settle_extent(ThreadSlot& s, std::size_t x, bool judge) {
   Extent& e = s.extents[x];
   Block* head = nullptr;
   Block* tail = nullptr;
@@ -173,6 +173,7 @@ bool ImmediateReuse::settle_extent(ThreadSlot& s, std::size_t x) {
     out = e.out;
     bytes = e.bytes;
     if (out) --s.outs[e.small ? 0 : 1];
+    if (judge && !e.paired) s.wasted = true;
     drop_verdicts(s, x);
     e.head = nullptr;
     e.tail = nullptr;
@@ -210,7 +211,7 @@ bool ImmediateReuse::settle(ThreadSlot& s) {
 bool ImmediateReuse::settle_block(Block& block) {
   ThreadSlot& s = *block.slot;
   for (std::size_t x = 0; x < kExtents; ++x)
-    if (s.extents[x].head == &block || s.extents[x].tail == &block) return settle_extent(s, x);
+    if (s.extents[x].head == &block || s.extents[x].tail == &block) return settle_extent(s, x, true);
   STITCH_ASSERT(false, "settle_block: a parked block is in its slot's extents");
   return false;
 }
@@ -222,8 +223,12 @@ void ImmediateReuse::settle_all() {
 void ImmediateReuse::settle_parked_on(stream_t stream, const ThreadSlot* except) {
   slots_.for_each([&](ThreadSlot& s) {
     if (&s == except) return;
-    for (std::size_t x = 0; x < kExtents; ++x)
-      if (s.parked_stream[x].load(std::memory_order_relaxed) == stream) settle_extent(s, x);
+    for (std::size_t x = 0; x < kExtents; ++x) {
+      if (s.parked_stream[x].load(std::memory_order_relaxed) == stream) {
+        settle_extent(s, x);
+        s.robbed = true;  // (its owner reads it under the device lock)
+      }
+    }
   });
 }
 
@@ -236,9 +241,15 @@ void ImmediateReuse::apply_all_pairs(ThreadSlot& s) noexcept {
       stamp[s.extent_of[i]] = true;
     }
   }
-  // The last pair's free filed the extent at the pool's clock now (its GC age).
-  for (std::size_t x = 0; x < kExtents; ++x)
-    if (stamp[x]) s.extents[x].head->gc_stamp = store_.pool_of(s.extents[x].head).calls;
+  // The last pair's free filed the extent at the pool's clock now (its GC age). A pair came
+  // back: the extent earned its keep, and the owner's misses in a row are over.
+  for (std::size_t x = 0; x < kExtents; ++x) {
+    if (stamp[x]) {
+      s.extents[x].head->gc_stamp = store_.pool_of(s.extents[x].head).calls;
+      s.extents[x].paired = true;
+      s.backoff = 0;
+    }
+  }
   s.pairs = 0;
 }
 

@@ -16,7 +16,7 @@
 //   fit would take F for it: F is the first of the stream's free blocks in best-fit order for the
 //   rounded size, may serve it, and is split at the rounded size or taken whole, as the policy
 //   says. The verdict (the block's size and what a pair does to the inactive-split statistics) is
-//   remembered for that request size, for up to kVerdicts sizes.
+//   remembered for that request size (kVerdicts entries, two per bucket of the size's hash).
 // - From then on the owner's requests of those sizes take F's front (split by moving the border
 //   between two blocks, `head` and `tail`, that stay linked), and their frees give it back, both
 //   in the slot: one uncontended spin lock, no shared write. So two threads on one device do not
@@ -39,6 +39,7 @@
 //   Tagged memory and private pools keep no extents.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -57,7 +58,7 @@ namespace stitch::detail {
 /// no candidate for its next request several times in a row, before one keeps an extent again (a
 /// mix best fit serves from elsewhere pays the detach and settle once in this many pairs; the
 /// first miss skips one free, the next two, then four ...).
-constexpr std::uint8_t kColdFrees = 16;
+constexpr std::uint8_t kColdFrees = 64;
 
 class ImmediateReuse final : public BlockHolder {
  public:
@@ -87,8 +88,10 @@ class ImmediateReuse final : public BlockHolder {
   /// Adds the running sums of the slot's pairs so far (its own slot; the extents stay).
   void flush(ThreadSlot& s) noexcept;
   /// The owner's blocks handed out from its extents become ordinary allocations (before its
-  /// locked request or free changes any statistic).
-  void settle_handouts(ThreadSlot& s);
+  /// locked request or free changes any statistic). At a request (`request`), an extent settled
+  /// since without a pair taken from it, or settled by another thread, is a miss (miss(),
+  /// ThreadSlot::wasted and robbed).
+  void settle_handouts(ThreadSlot& s, bool request);
   /// A locked allocation of `size` bytes (`rounded`) on `stream` from `pool`: a block of the
   /// thread's extent when best fit would give it (the verdict is decided here), else nullptr,
   /// with the extent filed back when it was a candidate.
@@ -100,6 +103,13 @@ class ImmediateReuse final : public BlockHolder {
   [[nodiscard]] bool may_park(const Block* block) const noexcept {
     return enabled_ && block->state == BlockState::allocated && !block->oversize &&
            block->segment->private_pool == nullptr && block->segment->tag == 0;
+  }
+  /// Extents did not serve the owner: its next frees keep none, one after a first miss, then
+  /// two, four ... up to kColdFrees after misses in a row (own slot, under the device lock).
+  void miss(ThreadSlot& s) const noexcept {
+    if (!backoff_) return;
+    s.backoff = s.backoff == 0 ? 1 : static_cast<std::uint8_t>(std::min(2 * s.backoff, int{kColdFrees}));
+    s.cold = s.backoff;
   }
   /// Whether the owner's free should not keep an extent (its extents were no candidate lately);
   /// counts the free (own slot, under the device lock).
@@ -133,14 +143,18 @@ class ImmediateReuse final : public BlockHolder {
   // ---- when pairs may run without the lock ------------------------------------------------------
   /// Immediate reuse on or off (on by default). Results are identical either way; tests compare.
   void set_enabled(bool on) noexcept { enabled_ = on; }
+  /// Misses make the owner's next frees keep no extent (on by default; see miss()).
+  void set_backoff(bool on) noexcept { backoff_ = on; }
   [[nodiscard]] bool enabled() const noexcept { return enabled_; }
   /// Whether nothing else forbids unlocked pairs (no recording, no private-pool route).
   void allow_pairs(bool allowed) noexcept {
     fast_ok_.store(enabled_ && allowed, std::memory_order_relaxed);
+    publish_take();
   }
   /// Whether events are outstanding (the locked path polls them first).
   void note_events(bool outstanding) noexcept {
     events_pending_.store(outstanding, std::memory_order_relaxed);
+    publish_take();
   }
 
  private:
@@ -152,28 +166,39 @@ class ImmediateReuse final : public BlockHolder {
   /// locked path must decide (it may not serve, or the block would be oversize).
   [[nodiscard]] Verdict decide(ThreadSlot& s, std::size_t x, std::size_t i, std::size_t size,
                                std::size_t rounded) const;
-  /// Settles extent `x` of `s` (see settle_block).
-  bool settle_extent(ThreadSlot& s, std::size_t x);
+  /// Settles extent `x` of `s` (see settle_block); with `judge`, for its owner's workload (a
+  /// handed-out block its owner's next request finds, an extent a newer one replaces): if no
+  /// pair came back from it, keeping it was wasted (ThreadSlot::wasted).
+  bool settle_extent(ThreadSlot& s, std::size_t x, bool judge = false);
   /// Adds the slot's pairs (its lock held).
   void apply_all_pairs(ThreadSlot& s) noexcept;
   /// Adds `times` pairs of verdict `i`: the statistics of each allocation and free in one.
   void apply_pairs(const ThreadSlot& s, std::size_t i, std::uint64_t times) noexcept;
-  /// Forgets the verdicts of extent `x`: all, or those that split it (`split`) or take it whole.
-  static void drop_verdicts(ThreadSlot& s, std::size_t x) noexcept;
+  /// Whether verdict entry `i` is live (its extent's generation).
+  static bool live(const ThreadSlot& s, std::size_t i) noexcept {
+    return s.requested[i] != 0 && s.vgen[i] == s.extents[s.extent_of[i]].gen;
+  }
+  /// Forgets the verdicts of extent `x`: all (a new generation), or those that split it
+  /// (`split`) or take it whole.
+  static void drop_verdicts(ThreadSlot& s, std::size_t x) noexcept { ++s.extents[x].gen; }
   static void drop_verdicts(ThreadSlot& s, std::size_t x, bool split) noexcept;
   /// Hands out verdict `i`'s block of its extent (the owner, its slot's lock held).
   static void* hand_out(ThreadSlot& s, std::size_t i) noexcept {
     Extent& e = s.extents[s.extent_of[i]];
     Block* h = e.head;
-    h->size = s.size[i];
-    h->requested = s.requested[i];
-    if (e.tail != nullptr) {
-      e.tail->ptr = h->ptr + s.size[i];
-      e.tail->size = e.bytes - s.size[i];
+    if (e.cur != i) {  // (the same request again finds the border where it was)
+      h->size = s.size[i];
+      h->requested = s.requested[i];
+      if (e.tail != nullptr) {
+        e.tail->ptr = h->ptr + s.size[i];
+        e.tail->size = e.bytes - s.size[i];
+      }
+      e.cur = static_cast<std::uint8_t>(i);
     }
     e.out = true;
-    e.cur = static_cast<std::uint8_t>(i);
     ++s.outs[e.small ? 0 : 1];
+    s.last_verdict = static_cast<std::uint8_t>(i);
+    s.last_out = s.extent_of[i];
     return h->ptr;
   }
 
@@ -183,8 +208,16 @@ class ImmediateReuse final : public BlockHolder {
   PtrMap<Block>& live_;
   ThreadSlots slots_;
   bool enabled_ = true;
+  bool backoff_ = true;  ///< see set_backoff
   std::atomic<bool> fast_ok_{true};          ///< see allow_pairs
   std::atomic<bool> events_pending_{false};  ///< see note_events
+  std::atomic<bool> take_ok_{true};          ///< fast_ok_ and no events: what take() reads
+  /// (Under the device lock, after either changes.)
+  void publish_take() noexcept {
+    take_ok_.store(fast_ok_.load(std::memory_order_relaxed) &&
+                       !events_pending_.load(std::memory_order_relaxed),
+                   std::memory_order_relaxed);
+  }
 };
 
 // ---- the pair's path, inline ---------------------------------------------------------------------
@@ -192,17 +225,19 @@ class ImmediateReuse final : public BlockHolder {
 inline void* ImmediateReuse::take(ThreadSlot& s, std::size_t size, stream_t stream) noexcept {
   s.lock.lock();
   void* out = nullptr;
-  if (fast_ok_.load(std::memory_order_relaxed) &&
-      !events_pending_.load(std::memory_order_relaxed)) {
-    for (std::size_t i = 0; i < kVerdicts; ++i) {
-      if (s.requested[i] != size) continue;
+  if (take_ok_.load(std::memory_order_relaxed)) {
+    // The last verdict first (the same size again), then the size's bucket.
+    std::size_t i = s.last_verdict;
+    if (s.requested[i] != size) {
+      i = verdict_bucket(size);
+      if (s.requested[i] != size) ++i;
+    }
+    if (s.requested[i] == size) {
       const Extent& e = s.extents[s.extent_of[i]];
       // (While a block of the pool is handed out, its free rest would change best fit.)
-      if (e.stream == stream && s.outs[e.small ? 0 : 1] == 0 &&
-          e.epoch->load(std::memory_order_acquire) == e.seen) {
+      if (s.vgen[i] == e.gen && e.stream == stream && s.outs[e.small ? 0 : 1] == 0 &&
+          e.epoch->load(std::memory_order_acquire) == e.seen)
         out = hand_out(s, i);
-        break;
-      }
     }
   }
   s.lock.unlock();
@@ -212,19 +247,29 @@ inline void* ImmediateReuse::take(ThreadSlot& s, std::size_t size, stream_t stre
 inline bool ImmediateReuse::free_again(ThreadSlot& s, void* ptr, const std::size_t* expected_size,
                                        const stream_t* stream, std::size_t* actual_size) noexcept {
   s.lock.lock();
-  bool again = false;
-  for (Extent& e : s.extents) {
-    if (!e.out || e.head->ptr != ptr) continue;
-    again = (expected_size == nullptr || *expected_size == e.head->requested) &&
-            (stream == nullptr || *stream == e.stream) && fast_ok_.load(std::memory_order_relaxed);
-    if (again) {
-      if (actual_size != nullptr) *actual_size = e.head->requested;
-      e.out = false;
-      --s.outs[e.small ? 0 : 1];
-      ++s.pair_count[e.cur];
-      ++s.pairs;
+  // The extent of the last block handed out first (the pair's own), then the others.
+  Extent* e = &s.extents[s.last_out];
+  if (!e->out || e->head->ptr != ptr) {
+    e = nullptr;
+    if (s.outs[0] + s.outs[1] != 0) {  // (another one is handed out)
+      for (Extent& x : s.extents) {
+        if (x.out && x.head->ptr == ptr) {
+          e = &x;
+          break;
+        }
+      }
     }
-    break;
+  }
+  const bool again = e != nullptr &&
+                     (expected_size == nullptr || *expected_size == e->head->requested) &&
+                     (stream == nullptr || *stream == e->stream) &&
+                     fast_ok_.load(std::memory_order_relaxed);
+  if (again) {
+    if (actual_size != nullptr) *actual_size = e->head->requested;
+    e->out = false;
+    --s.outs[e->small ? 0 : 1];
+    ++s.pair_count[e->cur];
+    ++s.pairs;
   }
   s.lock.unlock();
   return again;
@@ -238,11 +283,17 @@ inline void ImmediateReuse::flush(ThreadSlot& s) noexcept {
   apply_all_pairs(s);
 }
 
-inline void ImmediateReuse::settle_handouts(ThreadSlot& s) {
+inline void ImmediateReuse::settle_handouts(ThreadSlot& s, bool request) {
   // Own slot: `outs` changes only by this thread (or under the device lock, which it holds).
-  if (s.outs[0] == 0 && s.outs[1] == 0) return;
-  for (std::size_t x = 0; x < kExtents; ++x)
-    if (s.extents[x].out) settle_extent(s, x);
+  if (s.outs[0] != 0 || s.outs[1] != 0) {
+    for (std::size_t x = 0; x < kExtents; ++x)
+      if (s.extents[x].out) settle_extent(s, x, true);
+  }
+  if (request) {
+    if (s.robbed || s.wasted) miss(s);
+    s.robbed = false;
+    s.wasted = false;
+  }
 }
 
 }  // namespace stitch::detail

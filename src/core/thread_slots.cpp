@@ -20,7 +20,7 @@ thread_local Held t_held;
 
 }  // namespace
 
-thread_local ThreadSlots::Cached ThreadSlots::cached_;
+thread_local ThreadSlots::Cached ThreadSlots::cached_ __attribute__((tls_model("initial-exec")));
 
 ThreadSlots::ThreadSlots() : id_(g_next_id.fetch_add(1, std::memory_order_relaxed)) {}
 
