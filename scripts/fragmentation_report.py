@@ -537,14 +537,34 @@ def render_oom_rules(w, reports):
         w("")
 
 
-# The sizes of stitch-replay --fits (src/tools/stitch_replay/fits.cpp): reported total less 512 MiB.
+# The sizes of stitch-replay --fits (src/tools/stitch_replay/fits.cpp): the total CUDA reports,
+# less 512 MiB, rounded down to 2 MiB.
 GPUS = [
-    ("14.26 GiB", "16 GB class: NVIDIA T4", "15,110 MiB", "CUDA deviceQuery on a T4: \"15110 MBytes (15843721216 bytes)\""),
-    ("21.99 GiB", "24 GB class: NVIDIA L4 (A10G, RTX 4090 report a little more)", "23,034 MiB", "nvidia-smi memory.total of an L4"),
-    ("39.09 GiB", "A100 40GB", "40,536 MiB (39.59 GiB)", "PyTorch's OOM message on an A100 40GB: \"total capacity of 39.59 GiB\""),
-    ("44.49 GiB", "48 GB class: L40S (RTX 6000 Ada, A6000 report a little more)", "46,068 MiB", "nvidia-smi memory.total of an L40S"),
-    ("79.15 GiB", "80 GB class: H100 80GB (an A100 80GB reports 79.15 GiB, 0.5 GiB less)", "81,559 MiB (79.65 GiB)", "nvidia-smi memory.total of an H100 80GB HBM3; PyTorch's OOM messages on A100 80GB"),
-    ("139.90 GiB", "H200 (141 GB)", "143,771 MiB", "nvidia-smi memory.total of an H200"),
+    ("14.06 GiB", "16 GB class: NVIDIA T4", "14.56 GiB (14,909 MiB)",
+     "PyTorch's OOM messages on T4s: \"total capacity of 14.56 GiB\" (Zheng-Chong/CatVTON#133, "
+     "AlphaGPU/leetgpu-challenges#52), 14.57 GiB (QwenLM/Qwen3-VL#1046); older drivers 14.74 to "
+     "14.76 GiB (googlecolab/colabtools#3439, zai-org/CogVideo#741), i.e. deviceQuery's 15,110 MiB"),
+    ("21.55 GiB", "24 GB class: NVIDIA L4 (an A10 reports about the same, 21.99 GiB; an RTX 4090 "
+     "1.6 GiB more)", "22.05 GiB (22,579 MiB)",
+     "PyTorch's OOM messages on L4s: \"total capacity of 22.05 GiB\" (vllm-project/vllm#20214, "
+     "vllm-project/vllm-omni#168); A10: 21.99 GiB (zai-org/CogVLM#236); RTX 4090: 23.64 GiB "
+     "(3DTopia/Phidias-Diffusion#8)"),
+    ("39.09 GiB", "A100 40GB", "39.59 GiB (40,536 MiB)",
+     "PyTorch's OOM message on an A100 40GB: \"39.59 GiB total capacity\" "
+     "(raoyongming/DenseCLIP#52); others print 39.50 GiB (TianheWu/CoSeR#10) down to 39.38 GiB "
+     "(A100-PCIE-40GB, vllm-project/vllm#16749)"),
+    ("43.92 GiB", "48 GB class: L40S, RTX 6000 Ada", "44.42 GiB (45,486 MiB)",
+     "PyTorch's OOM message on an L40S: \"total capacity of 44.42 GiB\" "
+     "(stepfun-ai/Step-Video-T2V#8); RTX 6000 Ada: 44.43 GiB (DINGYANB/MTVCrafter#21)"),
+    ("78.61 GiB", "80 GB class: H100 80GB (an A100 80GB reports 79.15 to 79.25 GiB, a little more)",
+     "79.11 GiB (81,009 MiB)",
+     "PyTorch's OOM messages on an H100: \"total capacity of 79.11 GiB\" (vllm-project/vllm#27508) "
+     "and an H800 (verl-project/verl#2828); nvidia-smi says 81,559 MiB (LMCache/LMCache#259); "
+     "A100 80GB: 79.25 GiB (levihsu/OOTDiffusion#235)"),
+    ("139.30 GiB", "H200 (141 GB)", "139.80 GiB (143,155 MiB)",
+     "PyTorch's OOM messages on H200s print 139.80 GiB (139.81 and 139.72 GiB also seen) in "
+     "public notes found by text search; no issue thread to cite: to be checked on a device "
+     "(`torch.cuda.mem_get_info()`)"),
 ]
 
 
@@ -566,15 +586,25 @@ def render_fits(w, example, example_command):
     w("## Fits on which GPU")
     w("")
     w("`stitch-replay --fits` replays every configuration on the memory common GPUs report as their")
-    w("total, less 512 MiB for the CUDA context (about what a context with PyTorch's kernels takes on a")
-    w("large GPU), and says per size whether the trace fits (runs without an OOM, the criterion of")
-    w("`--min-capacity`), the headroom at the peak (size minus peak reserved), or the first OOM's")
-    w("verdict. `--fits=24GiB,40GiB` takes the sizes given (the `=` is needed). Each size is replayed")
-    w("for real, once per configuration; those replays bound the bisection of the smallest fitting")
-    w("device, which is printed too. Running out of memory is not always monotone in the device's")
-    w("size (`stitch_fine_above` is relative to it): where a size at or above the smallest fitting")
-    w("device fails, or one below it fits, both answers say so. The tool prints sizes; the GPUs")
-    w("behind them:")
+    w("total, less 512 MiB for the CUDA context, and says per size whether the trace fits (runs without")
+    w("an OOM, the criterion of `--min-capacity`), the headroom at the peak (size minus peak reserved),")
+    w("or the first OOM's verdict. `--fits=24GiB,40GiB` takes the sizes given (the `=` is needed). Each")
+    w("size is replayed for real, once per configuration; those replays bound the bisection of the")
+    w("smallest fitting device, which is printed too. Running out of memory is not always monotone in")
+    w("the device's size (`stitch_fine_above` is relative to it): where a size at or above the smallest")
+    w("fitting device fails, or one below it fits, both answers say so. The tool prints sizes; the GPUs")
+    w("behind them are below.")
+    w("")
+    w("\"Reported total\" is the total CUDA itself reports (`cudaMemGetInfo`, which PyTorch prints in an")
+    w("out-of-memory message as \"GPU 0 has a total capacity of X GiB\"), not nvidia-smi's `memory.total`:")
+    w("nvidia-smi counts memory the driver keeps for itself, 0.4 to 0.9 GiB more on these cards")
+    w("(nvidia-smi totals: modal-labs/modal-client#2797). The total also moves with the driver by up to")
+    w("0.2 GiB (a T4 printed 14.75 GiB in 2023, 14.56 GiB in 2025); the figures below are recent ones.")
+    w("PyTorch prints two decimals, so a total in MiB is good to about 5 MiB. The 512 MiB for the context")
+    w("is a margin over what PyTorch's context takes with lazy module loading, its default since 1.13:")
+    w("287,047,680 bytes after a first small tensor, 666,632,192 bytes with eager loading")
+    w("(pytorch/pytorch#86509), \"around 400MB\" (pytorch/pytorch#109888). Sources are GitHub threads")
+    w("(owner/repo#number).")
     w("")
     w("| size replayed | GPUs | reported total | source of the figure |")
     w("|---:|---|---:|---|")

@@ -47,7 +47,7 @@ options:
   --min-capacity    also find, by bisection, the smallest device on which each config completes
                     the trace without an OOM
   --fits            replay each config on the memory of common GPUs (their reported total less
-                    a 512 MiB CUDA context: 14.26, 21.99, 39.09, 44.49, 79.15 and 139.90 GiB;
+                    a 512 MiB CUDA context: 14.06, 21.55, 39.09, 43.92, 78.61 and 139.30 GiB;
                     docs/fragmentation.md names them) and say, per size, whether it fits (runs
                     without an OOM), the headroom at the peak, or the first OOM's verdict; the
                     smallest fitting device is found too, sharing those replays

@@ -20,8 +20,8 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 const std::vector<std::size_t>& common_gpu_sizes() {
   // Reported total memory (MiB) less a 512 MiB CUDA context, rounded down to 2 MiB: the GPUs
   // and the sources are in docs/fragmentation.md ("Fits on which GPU").
-  static const std::vector<std::size_t> sizes = {14598 * kMiB, 22522 * kMiB, 40024 * kMiB,
-                                                 45556 * kMiB, 81046 * kMiB, 143258 * kMiB};
+  static const std::vector<std::size_t> sizes = {14396 * kMiB, 22066 * kMiB, 40024 * kMiB,
+                                                 44974 * kMiB, 80496 * kMiB, 142642 * kMiB};
   return sizes;
 }
 
