@@ -363,7 +363,7 @@ TEST(BlockState, OnlyTheLifecycleTransitionsAreAllowed) {
 TEST(BlockStore, TakesSplitsFilesAndCoalescesKeepingEveryInvariant) {
   StoreFixture f;
   BlockPool& small = f.store.pool(true);
-  std::atomic<std::uint64_t>* epoch = f.store.epoch(nullptr);
+  std::atomic<std::uint64_t>* epoch = &f.store.stream_reuse(nullptr)->epoch;
   Block* seg = f.store.add_segment(small, nullptr, at(0x10000000), 2 * MiB, BlockState::free);
   EXPECT_EQ(seg->state, BlockState::free);
   f.check();

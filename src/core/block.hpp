@@ -163,13 +163,24 @@ struct Borrow {
   std::size_t count;
 };
 
+/// What the store keeps per stream for immediate reuse (core/immediate_reuse.hpp).
+struct StreamReuse {
+  /// Bumped whenever the stream's free blocks change (BlockStore::free_changed): a thread's
+  /// verdicts on the stream hold while it is unchanged.
+  std::atomic<std::uint64_t> epoch{0};
+  /// The threads' extents on the stream (under the device lock): a locked allocation on it
+  /// settles the other threads' ones first, and looks at the slots only when there are some.
+  std::uint32_t extents = 0;
+};
+
 struct Segment {
   char* base = nullptr;
   std::size_t size = 0;
   stream_t stream = nullptr;
   /// Its stream's epoch (core/thread_slots.hpp): bumped whenever the stream's free blocks
-  /// change (BlockStore::free_changed).
+  /// change (BlockStore::free_changed). It is `stream_reuse->epoch`.
   std::atomic<std::uint64_t>* epoch = nullptr;
+  StreamReuse* stream_reuse = nullptr;
   bool small = false;
   bool oversize = false;       ///< counted in oversize_segments
   PrivatePool* private_pool = nullptr;  ///< the private pool it belongs to (core/private_pool.hpp)

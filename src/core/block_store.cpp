@@ -26,9 +26,9 @@ BlockStore::~BlockStore() {
   }
 }
 
-std::atomic<std::uint64_t>* BlockStore::epoch(stream_t stream) {
-  auto& cell = epochs_[stream];
-  if (cell == nullptr) cell = std::make_unique<std::atomic<std::uint64_t>>(0);
+StreamReuse* BlockStore::stream_reuse(stream_t stream) {
+  auto& cell = streams_[stream];
+  if (cell == nullptr) cell = std::make_unique<StreamReuse>();
   return cell.get();
 }
 
@@ -38,12 +38,13 @@ Block* BlockStore::add_segment(BlockPool& pool, stream_t stream, char* base, std
                                BlockState initial) {
   STITCH_ASSERT(initial == BlockState::free || initial == BlockState::unmapped,
                 "add_segment: a new segment is free or unmapped");
-  std::atomic<std::uint64_t>* stream_epoch = epoch(stream);
+  StreamReuse* stream_state = stream_reuse(stream);
   auto segment = std::make_unique<Segment>();
   segment->base = base;
   segment->size = size;
   segment->stream = stream;
-  segment->epoch = stream_epoch;
+  segment->epoch = &stream_state->epoch;
+  segment->stream_reuse = stream_state;
   segment->small = pool.small;
   segment->private_pool = pool.owner;
   segment->tag = pool.tag;
@@ -306,11 +307,17 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
     arr[0] += v;
     arr[small ? 1 : 2] += v;
   };
+  // Validation runs with every slot settled (DeviceLock): no thread keeps an extent.
+  for (const auto& [stream, state] : streams_)
+    if (state->extents != 0)
+      broken(device, fmt::format("stream {} counts {} extents, none is kept",
+                                 static_cast<const void*>(stream), state->extents));
   std::vector<const Block*> lent;      // lent blocks, found in their ranges
   std::vector<const Block*> borrowed;  // lent blocks, as the stitched ranges list them
   for (const Segment* s = segments_; s != nullptr; s = s->next) {
     if (s->stitched && !s->expandable) broken(device, "a stitched segment is not expandable");
-    if (s->epoch == nullptr) broken(device, "a segment has no epoch");
+    if (s->epoch == nullptr || s->stream_reuse == nullptr || s->epoch != &s->stream_reuse->epoch)
+      broken(device, "a segment has no epoch");
     if (s->private_pool != nullptr) {
       c.private_segments.push_back(s->private_pool);
       if (s->expandable != (s->tag != 0))

@@ -121,8 +121,8 @@ class BlockStore {
   NodeStorage* nodes() noexcept { return &index_nodes_; }
   /// The newest segment (the list runs newest first through Segment::next).
   [[nodiscard]] Segment* segments() const noexcept { return segments_; }
-  /// The epoch of `stream`'s free blocks (created at first use).
-  std::atomic<std::uint64_t>* epoch(stream_t stream);
+  /// What the store keeps for `stream` (its epoch, its extents; created at first use).
+  StreamReuse* stream_reuse(stream_t stream);
   /// `segment`'s stream's free blocks changed: the one place their epoch moves.
   static void free_changed(const Segment* segment) noexcept {
     // Written under the device lock only: a load and a store, no read-modify-write.
@@ -315,7 +315,7 @@ class BlockStore {
   };
   std::vector<std::unique_ptr<TagPools>> tag_pools_;  ///< [tag - 1], created at first use
   Segment* segments_ = nullptr;
-  std::unordered_map<stream_t, std::unique_ptr<std::atomic<std::uint64_t>>> epochs_;
+  std::unordered_map<stream_t, std::unique_ptr<StreamReuse>> streams_;
 };
 
 // ---- the fast path's operations, inline: a cache hit runs them all -----------------------------

@@ -143,6 +143,7 @@ void ImmediateReuse::park(ThreadSlot& s, Block* free) noexcept {
   }
   store_.detach(free);
   free->slot = &s;
+  ++free->segment->stream_reuse->extents;
   std::lock_guard lock(s.lock);
   Extent& e = s.extents[x];
   e.head = free;
@@ -182,6 +183,7 @@ bool ImmediateReuse::settle_extent(ThreadSlot& s, std::size_t x, bool judge) {
   }
   head->slot = nullptr;
   if (tail != nullptr) tail->slot = nullptr;
+  --head->segment->stream_reuse->extents;
   if (out) {
     // Handed out: what a take of the free extent would have left, an ordinary allocation.
     store_.settle_extent_handout(head, tail, bytes);
@@ -221,6 +223,16 @@ void ImmediateReuse::settle_all() {
 }
 
 void ImmediateReuse::settle_parked_on(stream_t stream, const ThreadSlot* except) {
+  // Only when other threads have extents on the stream (threads that ended may keep theirs on
+  // other streams until a reader settles them: their slots are not looked at for every request).
+  if (stream != cached_stream_ || cached_reuse_ == nullptr) {
+    cached_reuse_ = store_.stream_reuse(stream);
+    cached_stream_ = stream;
+  }
+  std::uint32_t own = 0;
+  if (except != nullptr)
+    for (const Extent& e : except->extents) own += e.head != nullptr && e.stream == stream;
+  if (cached_reuse_->extents == own) return;
   slots_.for_each([&](ThreadSlot& s) {
     if (&s == except) return;
     for (std::size_t x = 0; x < kExtents; ++x) {

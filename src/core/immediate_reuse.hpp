@@ -209,6 +209,9 @@ class ImmediateReuse final : public BlockHolder {
   ThreadSlots slots_;
   bool enabled_ = true;
   bool backoff_ = true;  ///< see set_backoff
+  /// The last stream settle_parked_on looked up, and what the store keeps for it.
+  stream_t cached_stream_ = nullptr;
+  StreamReuse* cached_reuse_ = nullptr;
   std::atomic<bool> fast_ok_{true};          ///< see allow_pairs
   std::atomic<bool> events_pending_{false};  ///< see note_events
   std::atomic<bool> take_ok_{true};          ///< fast_ok_ and no events: what take() reads
