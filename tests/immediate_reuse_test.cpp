@@ -11,6 +11,7 @@
 // slot without the device lock.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -466,6 +467,40 @@ INSTANTIATE_TEST_SUITE_P(Configs, ImmediateReuseThreads,
                          ::testing::Values("max_split_size_mb:20000", "max_split_size_mb:24",
                                            "expandable_segments:True",
                                            "expandable_segments:True,stitching:True"));
+
+// Two live threads on one stream each keep their own extents (the accepted deviation of shared
+// streams): their pairs of every size come back without the lock, a request only another live
+// thread's extent could serve gets a segment of its own while the device has room (bounded: a
+// few small and large segments per thread), and when the thread ends its extents are anyone's
+// again: the next request on the stream files them back, and nothing grows.
+TEST(ImmediateReuseSharedStream, LiveThreadsKeepTheirExtentsAndEndedThreadsGiveThemBack) {
+  Side side("backend:sim", 4096 * MiB, true);
+  Allocator& a = *side.alloc;
+  const std::size_t sizes[4] = {512, 64 * KiB, MiB, 8 * MiB};
+  std::atomic<int> turn{0};
+  constexpr int kRounds = 2000;
+  // The two threads take turns (one round each, then the other), so the outcome is decided.
+  auto run = [&](int me) {
+    for (int r = 0; r < kRounds; ++r) {
+      while (turn.load() % 2 != me) std::this_thread::yield();
+      for (std::size_t s : sizes) a.deallocate(a.allocate(s, S(1)), s, 0, S(1));
+      turn.fetch_add(1);
+    }
+  };
+  std::thread t0(run, 0), t1(run, 1);
+  t0.join();
+  t1.join();
+  // The threads ended (no reader has settled their extents yet): another thread's request on the
+  // stream files them back first, so best fit sees that memory free and the device gives nothing.
+  const std::uint64_t device_allocations = side.sim->call_count(SimCall::allocate);
+  std::thread([&] { a.deallocate(a.allocate(8 * MiB, S(1))); }).join();
+  EXPECT_EQ(side.sim->call_count(SimCall::allocate), device_allocations);
+  const DeviceStats st = a.stats(0);
+  EXPECT_GT(st.num_immediate_reuses, 2 * kRounds * 4 * 9 / 10) << "pairs came back in the slots";
+  // Each thread has a small and a large segment of its own at most.
+  EXPECT_LE(st.segment[kAll].current, 4);
+  a.validate();
+}
 
 }  // namespace
 }  // namespace stitch

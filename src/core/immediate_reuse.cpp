@@ -222,9 +222,32 @@ void ImmediateReuse::settle_all() {
   slots_.for_each([this](ThreadSlot& s) { settle(s); });
 }
 
+bool ImmediateReuse::others_hold(stream_t stream, bool small, std::size_t rounded) {
+  const ThreadSlot* mine = slots_.mine();
+  bool found = false;
+  slots_.for_each([&](ThreadSlot& s) {
+    if (&s == mine || s.orphaned.load(std::memory_order_acquire)) return;
+    for (const Extent& e : s.extents)
+      found = found || (e.head != nullptr && e.stream == stream && e.small == small && e.bytes >= rounded);
+  });
+  return found;
+}
+
+bool ImmediateReuse::settle_all_for(stream_t stream, bool small, std::size_t rounded) {
+  bool fits = false;
+  slots_.for_each([&](ThreadSlot& s) {
+    for (std::size_t x = 0; x < kExtents; ++x) {
+      const Extent& e = s.extents[x];
+      fits = fits || (e.head != nullptr && e.stream == stream && e.small == small && e.bytes >= rounded);
+      settle_extent(s, x);
+    }
+  });
+  return fits;
+}
+
 void ImmediateReuse::settle_parked_on(stream_t stream, const ThreadSlot* except) {
-  // Only when other threads have extents on the stream (threads that ended may keep theirs on
-  // other streams until a reader settles them: their slots are not looked at for every request).
+  // Only when other threads have extents on the stream (the slots are not looked at for every
+  // request).
   if (stream != cached_stream_ || cached_reuse_ == nullptr) {
     cached_reuse_ = store_.stream_reuse(stream);
     cached_stream_ = stream;
@@ -234,13 +257,9 @@ void ImmediateReuse::settle_parked_on(stream_t stream, const ThreadSlot* except)
     for (const Extent& e : except->extents) own += e.head != nullptr && e.stream == stream;
   if (cached_reuse_->extents == own) return;
   slots_.for_each([&](ThreadSlot& s) {
-    if (&s == except) return;
-    for (std::size_t x = 0; x < kExtents; ++x) {
-      if (s.parked_stream[x].load(std::memory_order_relaxed) == stream) {
-        settle_extent(s, x);
-        s.robbed = true;  // (its owner reads it under the device lock)
-      }
-    }
+    if (&s == except || !s.orphaned.load(std::memory_order_acquire)) return;
+    for (std::size_t x = 0; x < kExtents; ++x)
+      if (s.parked_stream[x].load(std::memory_order_relaxed) == stream) settle_extent(s, x);
   });
 }
 

@@ -89,8 +89,7 @@ class ImmediateReuse final : public BlockHolder {
   void flush(ThreadSlot& s) noexcept;
   /// The owner's blocks handed out from its extents become ordinary allocations (before its
   /// locked request or free changes any statistic). At a request (`request`), an extent settled
-  /// since without a pair taken from it, or settled by another thread, is a miss (miss(),
-  /// ThreadSlot::wasted and robbed).
+  /// since without a pair taken from it is a miss (miss(), ThreadSlot::wasted).
   void settle_handouts(ThreadSlot& s, bool request);
   /// A locked allocation of `size` bytes (`rounded`) on `stream` from `pool`: a block of the
   /// thread's extent when best fit would give it (the verdict is decided here), else nullptr,
@@ -130,8 +129,16 @@ class ImmediateReuse final : public BlockHolder {
   /// Settles every slot: the device lock calls it (core/device_lock.hpp). Settling changes the
   /// representation only, never what any query reports.
   void settle_all();
-  /// Settles the other threads' extents on `stream`: a locked allocation on `stream` then sees
-  /// their memory free, as it is.
+  /// Whether another live thread (not the caller) keeps an extent on `stream` in the small or
+  /// large pool that could hold `rounded` bytes.
+  [[nodiscard]] bool others_hold(stream_t stream, bool small, std::size_t rounded);
+  /// settle_all() for the slow path of a request of `rounded` bytes on `stream` in the small or
+  /// large pool: returns whether an extent that could hold it was filed back (another live
+  /// thread's: the caller's own were weighed by take_back).
+  bool settle_all_for(stream_t stream, bool small, std::size_t rounded);
+  /// Settles the extents on `stream` of threads that have ended: a locked allocation on `stream`
+  /// then sees their memory free, as it is. (A live thread's extents are its own: see the header
+  /// comment; the slow path settles every extent before it asks for new memory.)
   void settle_parked_on(stream_t stream, const ThreadSlot* except);
   /// More than one thread has a slot.
   [[nodiscard]] bool shared() const noexcept { return slots_.shared(); }
@@ -293,8 +300,7 @@ inline void ImmediateReuse::settle_handouts(ThreadSlot& s, bool request) {
       if (s.extents[x].out) settle_extent(s, x, true);
   }
   if (request) {
-    if (s.robbed || s.wasted) miss(s);
-    s.robbed = false;
+    if (s.wasted) miss(s);
     s.wasted = false;
   }
 }

@@ -15,6 +15,10 @@ std::atomic<std::uint64_t> g_next_id{1};
 /// device's registry: whichever goes last frees the slot).
 struct Held {
   std::vector<std::pair<std::uint64_t, std::shared_ptr<ThreadSlot>>> slots;
+  /// The thread ends: its extents are anyone's to settle now (ImmediateReuse::settle_parked_on).
+  ~Held() {
+    for (auto& [owner, slot] : slots) slot->orphaned.store(true, std::memory_order_release);
+  }
 };
 thread_local Held t_held;
 

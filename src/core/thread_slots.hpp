@@ -78,10 +78,8 @@ struct alignas(64) ThreadSlot {
   std::uint8_t outs[2] = {};  ///< extents handed out, [0] small pool, [1] large pool
   std::uint8_t last_verdict = 0;  ///< the verdict of the last block handed out (looked at first)
   std::uint8_t last_out = 0;      ///< the extent of the last block handed out (looked at first)
-  /// Since the owner's last locked request, another thread settled an extent of this slot (a
-  /// locked allocation on its stream), or an extent went without a pair taken from it: a miss
+  /// Since the owner's last locked request, an extent went without a pair taken from it: a miss
   /// for the owner. Under the device lock only.
-  bool robbed = false;
   bool wasted = false;
   std::uint8_t next_extent = 0;   ///< the extent replaced next
   /// The requests best fit serves from an extent (0: none), then for each: the extent, the
@@ -96,6 +94,7 @@ struct alignas(64) ThreadSlot {
   Extent extents[kExtents];
   // Read by other threads under the device lock (a cache line of its own, rarely written).
   alignas(64) std::atomic<stream_t> parked_stream[kExtents] = {};  ///< each extent's stream
+  std::atomic<bool> orphaned{false};  ///< its thread has ended
 
   /// Whether it holds an extent.
   [[nodiscard]] bool holds() const noexcept {
