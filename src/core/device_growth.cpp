@@ -13,28 +13,6 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(BlockPool& pool, stream_t
                                                        std::size_t rounded,
                                                        std::size_t requested) {
   const bool touch = pools_.may_touch_device({stream});
-  const bool device_pool = pool.owner == nullptr && pool.tag == 0;
-  // Threads that share a stream keep their extents: a request of at most kOwnSegment's segment
-  // that only another live thread's extent could serve gets new memory while the device has room
-  // (at most kExtents such extents per thread), so that each thread's pairs stay its own instead
-  // of both taking one segment from each other at every request (docs/architecture.md).
-  constexpr std::size_t kOwnSegment = std::size_t{32} << 20;
-  const std::size_t segment = detail::segment_size(rounded);
-  if (device_pool && touch && segment <= kOwnSegment && reuse_.others_hold(stream, pool.small, rounded)) {
-    const double limit = static_cast<double>(
-        std::min(backend_.total_memory(device_), ledger_.cap().value_or(SIZE_MAX)));
-    if (static_cast<double>(ledger_.reserved() + segment) < 0.9 * limit) {
-      Block* block = config_.expandable_segments ? ranges_.grow(pool, stream, rounded, false)
-                                                 : plain_.allocate(pool, stream, segment);
-      if (block != nullptr) return block;
-    }
-  }
-  // The threads' extents are free memory: filed back before growing (the slow path may release,
-  // move or reuse any free block), and best fit looks again when there were some (another live
-  // thread's extent on this stream may serve the request; the thread's own were weighed).
-  if (reuse_.settle_all_for(stream, pool.small, rounded) && device_pool) {
-    if (Block* block = store_.best_fit(pool, stream, rounded)) return block;
-  }
   // Tagged memory always lies in expandable ranges of its own (a sleep unmaps their pages), a
   // tagged graph pool's too; an untagged private pool grows by plain segments of its own.
   const bool private_pool = pool.owner != nullptr && pool.tag == 0;
@@ -49,6 +27,26 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(BlockPool& pool, stream_t
     return ranged ? ranges_.grow(pool, stream, rounded, !touch)
                   : plain_.allocate(pool, stream, alloc_size);
   };
+  const bool device_pool = pool.owner == nullptr && pool.tag == 0;
+  // Threads that share a stream keep their extents: a request of at most kOwnSegment's segment
+  // that only another live thread's extent could serve gets new memory while the device has room
+  // (at most kExtents such extents per thread), so that each thread's pairs stay its own instead
+  // of both taking one segment from each other at every request (docs/architecture.md).
+  constexpr std::size_t kOwnSegment = std::size_t{32} << 20;
+  const std::size_t segment = detail::segment_size(rounded);
+  if (device_pool && touch && segment <= kOwnSegment && reuse_.others_hold(stream, pool.small, rounded)) {
+    const double limit = static_cast<double>(
+        std::min(backend_.total_memory(device_), ledger_.cap().value_or(SIZE_MAX)));
+    if (static_cast<double>(ledger_.reserved() + segment) < 0.9 * limit) {
+      if (Block* block = grow()) return block;
+    }
+  }
+  // The threads' extents are free memory: filed back before growing (the slow path may release,
+  // move or reuse any free block), and best fit looks again when there were some (another live
+  // thread's extent on this stream may serve the request; the thread's own were weighed).
+  if (reuse_.settle_all_for(stream, pool.small, rounded) && device_pool) {
+    if (Block* block = store_.best_fit(pool, stream, rounded)) return block;
+  }
   Block* block = nullptr;
   if (!touch) {
     // A stream may be capturing: new memory only, nothing released, synchronized, unmapped or

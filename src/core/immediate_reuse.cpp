@@ -156,7 +156,6 @@ void ImmediateReuse::park(ThreadSlot& s, Block* free) noexcept {
   e.out = false;
   e.paired = false;
   e.cur = kNoVerdict;
-  s.parked_stream[x].store(free->stream, std::memory_order_relaxed);
 }
 
 bool ImmediateReuse::settle_extent(ThreadSlot& s, std::size_t x, bool judge) {
@@ -179,7 +178,6 @@ bool ImmediateReuse::settle_extent(ThreadSlot& s, std::size_t x, bool judge) {
     e.head = nullptr;
     e.tail = nullptr;
     e.out = false;
-    s.parked_stream[x].store(nullptr, std::memory_order_relaxed);
   }
   head->slot = nullptr;
   if (tail != nullptr) tail->slot = nullptr;
@@ -227,8 +225,7 @@ bool ImmediateReuse::others_hold(stream_t stream, bool small, std::size_t rounde
   bool found = false;
   slots_.for_each([&](ThreadSlot& s) {
     if (&s == mine || s.orphaned.load(std::memory_order_acquire)) return;
-    for (const Extent& e : s.extents)
-      found = found || (e.head != nullptr && e.stream == stream && e.small == small && e.bytes >= rounded);
+    for (const Extent& e : s.extents) found = found || holds(e, stream, small, rounded);
   });
   return found;
 }
@@ -237,8 +234,7 @@ bool ImmediateReuse::settle_all_for(stream_t stream, bool small, std::size_t rou
   bool fits = false;
   slots_.for_each([&](ThreadSlot& s) {
     for (std::size_t x = 0; x < kExtents; ++x) {
-      const Extent& e = s.extents[x];
-      fits = fits || (e.head != nullptr && e.stream == stream && e.small == small && e.bytes >= rounded);
+      fits = fits || holds(s.extents[x], stream, small, rounded);
       settle_extent(s, x);
     }
   });
@@ -259,7 +255,7 @@ void ImmediateReuse::settle_parked_on(stream_t stream, const ThreadSlot* except)
   slots_.for_each([&](ThreadSlot& s) {
     if (&s == except || !s.orphaned.load(std::memory_order_acquire)) return;
     for (std::size_t x = 0; x < kExtents; ++x)
-      if (s.parked_stream[x].load(std::memory_order_relaxed) == stream) settle_extent(s, x);
+      if (s.extents[x].head != nullptr && s.extents[x].stream == stream) settle_extent(s, x);
   });
 }
 

@@ -9,7 +9,7 @@
 // split off, so every size of the turn lands at the same address. Immediate reuse does exactly
 // that, in the slot:
 // - The free completes under the lock as any other (statistics, filing); the free block it ended
-//   in, F, then leaves the index into the thread's slot, state `parked`: one extent per pool kind.
+//   in, F, then leaves the index into the thread's slot, state `parked`: up to kExtents of them.
 //   F is still free memory to everyone: the statistics count it free, and every reader and every
 //   other path settles the slot first (DeviceLock::lock), which files F back.
 // - A request of the owner, on F's stream, in F's pool, under the lock, decides once whether best
@@ -54,10 +54,10 @@
 
 namespace stitch::detail {
 
-/// At most this many frees are filed without keeping an extent, after extents of the thread were
-/// no candidate for its next request several times in a row, before one keeps an extent again (a
-/// mix best fit serves from elsewhere pays the detach and settle once in this many pairs; the
-/// first miss skips one free, the next two, then four ...).
+/// At most this many frees are filed without keeping an extent, after extents of the thread went
+/// without a pair several times in a row (miss()), before one keeps an extent again (lifetimes
+/// that outlive the next request pay the detach and settle once in this many frees; the first
+/// miss skips one free, the next two, then four ...).
 constexpr std::uint8_t kColdFrees = 64;
 
 class ImmediateReuse final : public BlockHolder {
@@ -92,8 +92,9 @@ class ImmediateReuse final : public BlockHolder {
   /// since without a pair taken from it is a miss (miss(), ThreadSlot::wasted).
   void settle_handouts(ThreadSlot& s, bool request);
   /// A locked allocation of `size` bytes (`rounded`) on `stream` from `pool`: a block of the
-  /// thread's extent when best fit would give it (the verdict is decided here), else nullptr,
-  /// with the extent filed back when it was a candidate.
+  /// thread's first extent that holds it, when best fit would give it (the verdict is decided
+  /// here), else nullptr, with that extent filed back when the locked path must decide on it or
+  /// it gave no pair yet.
   void* take_back(ThreadSlot& s, std::size_t size, std::size_t rounded, stream_t stream,
                   BlockPool& pool);
   /// Whether a free of the allocated `block` (no events) may keep the free block it ends in as
@@ -110,15 +111,15 @@ class ImmediateReuse final : public BlockHolder {
     s.backoff = s.backoff == 0 ? 1 : static_cast<std::uint8_t>(std::min(2 * s.backoff, int{kColdFrees}));
     s.cold = s.backoff;
   }
-  /// Whether the owner's free should not keep an extent (its extents were no candidate lately);
+  /// Whether the owner's free should not keep an extent (its extents went without pairs lately);
   /// counts the free (own slot, under the device lock).
   [[nodiscard]] static bool cold_free(ThreadSlot& s) noexcept {
     if (s.cold == 0) return false;
     --s.cold;
     return true;
   }
-  /// The free block `free` (just filed) becomes the calling thread's extent of its pool kind,
-  /// the one held before filed back. No verdict yet: the next request of its pool decides.
+  /// The free block `free` (just filed) becomes an extent of the calling thread (the oldest filed
+  /// back when it keeps kExtents). No verdict yet: the next request of its pool decides.
   void park(ThreadSlot& s, Block* free) noexcept;
   /// Settles `s`'s extents: files back free ones, turns handed-out blocks into ordinary
   /// allocations. Returns whether any extent was free (not handed out).
@@ -181,6 +182,11 @@ class ImmediateReuse final : public BlockHolder {
   void apply_all_pairs(ThreadSlot& s) noexcept;
   /// Adds `times` pairs of verdict `i`: the statistics of each allocation and free in one.
   void apply_pairs(const ThreadSlot& s, std::size_t i, std::uint64_t times) noexcept;
+  /// Whether extent `e` lies on `stream` in the small or large pool and could hold `rounded`
+  /// bytes (under the device lock).
+  static bool holds(const Extent& e, stream_t stream, bool small, std::size_t rounded) noexcept {
+    return e.head != nullptr && e.stream == stream && e.small == small && e.bytes >= rounded;
+  }
   /// Whether verdict entry `i` is live (its extent's generation).
   static bool live(const ThreadSlot& s, std::size_t i) noexcept {
     return s.requested[i] != 0 && s.vgen[i] == s.extents[s.extent_of[i]].gen;

@@ -57,6 +57,8 @@ struct Extent {
   std::uint32_t gen = 0;   ///< its verdicts' generation: bumped to forget them all at once
   bool small = false;      ///< of the small pool
   bool out = false;        ///< `head` is handed out (for verdict `cur`)
+  // (head, stream, small and bytes change only under the device lock: other threads read them
+  // under it without the slot's lock.)
   /// The verdict the border (head and tail sizes) was last set for (kNoVerdict: none).
   bool paired = false;     ///< a block of it came back without the lock (it earned its keep)
   std::uint8_t cur = kNoVerdict;
@@ -92,9 +94,8 @@ struct alignas(64) ThreadSlot {
   PairEffect effect[kVerdicts] = {};
   std::uint64_t pair_count[kVerdicts] = {};
   Extent extents[kExtents];
-  // Read by other threads under the device lock (a cache line of its own, rarely written).
-  alignas(64) std::atomic<stream_t> parked_stream[kExtents] = {};  ///< each extent's stream
-  std::atomic<bool> orphaned{false};  ///< its thread has ended
+  // Read by other threads (a cache line of its own, written once).
+  alignas(64) std::atomic<bool> orphaned{false};  ///< its thread has ended
 
   /// Whether it holds an extent.
   [[nodiscard]] bool holds() const noexcept {
