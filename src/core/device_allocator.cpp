@@ -122,7 +122,8 @@ DeviceAllocator::Allocation DeviceAllocator::malloc_locked(std::size_t size, str
   BlockPool& pool =
       pools_.routing() ? pools_.route(stream, small, store_.pool(small)) : store_.pool(small);
   if (pool.tag != 0) [[unlikely]] return malloc_in_tagged_pool(pool, mine, size, rounded, stream);
-  // Other threads' extents on this stream are free memory best fit weighs: filed back first.
+  // Ended threads' extents on this stream are free memory best fit weighs: filed back first (a
+  // live thread's are its own, ImmediateReuse::settle_parked_on).
   if (reuse_.shared()) reuse_.settle_parked_on(stream, mine);
   if (mine != nullptr && mine->holds()) {
     if (void* again = reuse_.take_back(*mine, size, rounded, stream, pool)) {

@@ -76,7 +76,7 @@ class DeviceAllocator {
   /// extent without the lock, core/immediate_reuse.hpp; else the locked path.)
   Allocation malloc(std::size_t size, stream_t stream) {
     detail::ThreadSlot* mine = reuse_.mine();
-    // (A cold slot is empty: its owner files its frees at once for a while, ThreadSlot::cold.)
+    // (While the slot is cold its owner takes the locked path: ThreadSlot::cold.)
     if (mine != nullptr && mine->cold == 0 && size != 0) [[likely]] {
       if (void* again = reuse_.take(*mine, size, stream)) return {again, nullptr};  // no lock
     }
