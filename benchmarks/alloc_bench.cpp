@@ -61,13 +61,12 @@ void BM_stitch_pair(benchmark::State& state) {
 }
 BENCHMARK(BM_stitch_pair)->Apply(size_args);
 
-// The same pair with immediate reuse off: each free is completed at once (merged back into its
-// free neighbour) and each allocation searches the free index and splits again. That is the
-// cost of a cache hit whose free is not followed by a request of the same size on the stream.
-void BM_stitch_pair_filed(benchmark::State& state) {
+// The same pair with the cache hit off: every request takes the device lock (its own and every
+// stream shard's) instead of its stream's lock alone; the same best fit, split and coalescing.
+void BM_stitch_pair_device_lock(benchmark::State& state) {
   const auto size = static_cast<std::size_t>(state.range(0));
   stitch::Allocator a(stitch::Config::parse("backend:sim,sim_capacity_mb:65536"));
-  a.device(0).set_immediate_reuse(false);
+  a.device(0).set_cache_hit(false);
   a.deallocate(a.allocate(size));
   for (auto _ : state) {
     void* p = a.allocate(size);
@@ -75,7 +74,7 @@ void BM_stitch_pair_filed(benchmark::State& state) {
     a.deallocate(p);
   }
 }
-BENCHMARK(BM_stitch_pair_filed)->Arg(512)->Arg(1 << 20);
+BENCHMARK(BM_stitch_pair_device_lock)->Arg(512)->Arg(1 << 20);
 
 // The recorder's cost: the same pair with record_history on (with and without native stacks),
 // in allocators of their own. BM_stitch_pair above is the recorder-off reference.

@@ -3,7 +3,7 @@
 // with glibc's pair of the same sizes in the same binary as the reference:
 //   *_mix          one thread, the four sizes in turn, each allocated and freed (Arg: the live
 //                  working set held around the pairs: 0 or 64 blocks of 16 KiB to 32 MiB;
-//                  BM_stitch_mix's second Arg 1: immediate reuse off);
+//                  BM_stitch_mix's second Arg 1: the cache hit off: the device lock serves every request);
 //   *_mix_threads  1, 2, 4 and 8 threads, each doing the same; Arg 0: each thread on its own
 //                  stream, 1: all on the null stream, 2: own streams on two devices (thread i on
 //                  device i % 2). Wall time per pair and thread, and CPU time per pair.
@@ -71,7 +71,7 @@ BENCHMARK(BM_glibc_mix)->Arg(0)->Arg(64);
 
 void BM_stitch_mix(benchmark::State& state) {
   stitch::Allocator a(stitch::Config::parse("backend:sim,sim_capacity_mb:65536"));
-  if (state.range(1) != 0) a.device(0).set_immediate_reuse(false);
+  if (state.range(1) != 0) a.device(0).set_cache_hit(false);
   WorkingSet live(static_cast<std::size_t>(state.range(0)), [&](std::size_t n) { return a.allocate(n); },
                   [&](void* p, std::size_t) { a.deallocate(p); });
   for (std::size_t s : kMix) a.deallocate(a.allocate(s));
@@ -82,7 +82,7 @@ void BM_stitch_mix(benchmark::State& state) {
     a.deallocate(p);
   }
 }
-// Arg 1: immediate reuse off (every free filed at once under the lock).
+// Arg 1: the cache hit off (every request takes the device lock).
 BENCHMARK(BM_stitch_mix)->Args({0, 0})->Args({64, 0})->Args({0, 1})->Args({64, 1});
 
 void BM_stitch_capi_mix(benchmark::State& state) {

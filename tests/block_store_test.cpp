@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "core/block_store.hpp"
-#include "core/thread_slots.hpp"
+#include "core/stream_shards.hpp"
 #include "support/allocator_fixture.hpp"
 
 namespace stitch {
@@ -306,24 +306,19 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 
 char* at(std::uintptr_t a) { return reinterpret_cast<char*>(a); }
 
-/// Records what the store asks of the holder of parked blocks.
-struct Holder final : BlockHolder {
-  std::vector<std::pair<Block*, bool>> asked;  ///< (block, released: true / file_if_freed: false)
-  void file_if_freed(Block& b) override { asked.emplace_back(&b, false); }
-  void release(Block& b) override {
-    asked.emplace_back(&b, true);
-    b.slot = nullptr;  // as ImmediateReuse does for a handed-out block
-    set_state(b, BlockState::allocated);
-  }
-};
-
 struct StoreFixture {
   Config config = Config::parse("backend:sim");
-  HotStats hot;
-  BlockStore store{config, hot};
-  Holder holder;
+  StreamShards shards;
+  HotStats hot{shards.head()};
+  BlockStore store{config, shards, hot};
   std::vector<const Block*> live;
-  StoreFixture() { store.set_holder(&holder); }
+  /// The current value of hot counter `c` in pool `small`, summed over the streams.
+  std::int64_t hot_current(int c, bool small) const {
+    std::int64_t n = 0;
+    for (const StreamShard* s = shards.first(); s != nullptr; s = s->next.load())
+      n += s->stats.cur[c][small ? 0 : 1].load();
+    return n;
+  }
   StoreCount check() {
     return store.validate(0, [&](const Block* b) {
       return std::find(live.begin(), live.end(), b) != live.end();
@@ -343,8 +338,7 @@ struct StoreFixture {
 TEST(BlockState, OnlyTheLifecycleTransitionsAreAllowed) {
   using S = BlockState;
   EXPECT_TRUE(may_become(S::free, S::allocated));
-  EXPECT_TRUE(may_become(S::allocated, S::parked));
-  EXPECT_TRUE(may_become(S::parked, S::free));
+  EXPECT_TRUE(may_become(S::allocated, S::free));
   EXPECT_TRUE(may_become(S::allocated, S::deferred));
   EXPECT_TRUE(may_become(S::deferred, S::pending));
   EXPECT_TRUE(may_become(S::pending, S::free));
@@ -356,25 +350,22 @@ TEST(BlockState, OnlyTheLifecycleTransitionsAreAllowed) {
   EXPECT_FALSE(may_become(S::unmapped, S::allocated)) << "mapped first";
   EXPECT_FALSE(may_become(S::lent, S::unmapped));
   EXPECT_FALSE(may_become(S::free, S::free));
-  EXPECT_FALSE(may_become(S::parked, S::pending)) << "a parked block never waits for events";
+  EXPECT_FALSE(may_become(S::unmapped, S::lent)) << "only mapped free memory is lent";
   EXPECT_STREQ(to_string(S::deferred), "deferred");
 }
 
 TEST(BlockStore, TakesSplitsFilesAndCoalescesKeepingEveryInvariant) {
   StoreFixture f;
-  BlockPool& small = f.store.pool(true);
-  std::atomic<std::uint64_t>* epoch = &f.store.stream_reuse(nullptr)->epoch;
-  Block* seg = f.store.add_segment(small, nullptr, at(0x10000000), 2 * MiB, BlockState::free);
+  BlockPool& small = f.store.pool(nullptr, true);
+  Block* seg = f.store.add_segment(f.store.prepare_segment(small, nullptr), small, nullptr, at(0x10000000), 2 * MiB, BlockState::free);
   EXPECT_EQ(seg->state, BlockState::free);
   f.check();
-  const std::uint64_t e0 = epoch->load();
   Block* a = f.take(small, f.store.best_fit(small, nullptr, 4 * KiB), 4 * KiB);
   Block* b = f.take(small, f.store.best_fit(small, nullptr, 8 * KiB), 8 * KiB);
   EXPECT_EQ(a->state, BlockState::allocated);
   EXPECT_EQ(b->ptr, a->ptr + 4 * KiB) << "splits hand out the front, address order";
-  EXPECT_GT(epoch->load(), e0) << "every change of the stream's free blocks bumps its epoch";
   EXPECT_EQ(f.check().inactive[1], 1) << "the free rest of a split segment is inactive_split";
-  EXPECT_EQ(f.hot.inactive_split.pool[0].current, 1);
+  EXPECT_EQ(f.hot_current(kInactiveSplits, true), 1);
   // Freeing in any order coalesces back into one free block over the segment.
   f.file(small, a);
   EXPECT_EQ(f.check().inactive[0], 2);
@@ -389,33 +380,11 @@ TEST(BlockStore, TakesSplitsFilesAndCoalescesKeepingEveryInvariant) {
   EXPECT_EQ(f.check().free_blocks[0], 0u);
 }
 
-TEST(BlockStore, AParkedNeighbourIsFiledFirstOrLetGo) {
-  StoreFixture f;
-  BlockPool& small = f.store.pool(true);
-  f.store.add_segment(small, nullptr, at(0x20000000), 2 * MiB, BlockState::free);
-  Block* a = f.take(small, f.store.best_fit(small, nullptr, 4 * KiB), 4 * KiB);
-  Block* b = f.take(small, f.store.best_fit(small, nullptr, 4 * KiB), 4 * KiB);
-  Block* c = f.take(small, f.store.best_fit(small, nullptr, 4 * KiB), 4 * KiB);
-  ThreadSlot slot_a, slot_c;
-  set_state(*a, BlockState::parked);
-  a->slot = &slot_a;
-  set_state(*c, BlockState::parked);
-  c->slot = &slot_c;
-  // Filing b: its parked neighbours are offered first (to merge); this holder keeps them, so the
-  // successor, still parked, now follows a free block and leaves its slot.
-  f.file(small, b);
-  ASSERT_EQ(f.holder.asked.size(), 3u);
-  EXPECT_EQ(f.holder.asked[0], std::make_pair(a, false));
-  EXPECT_EQ(f.holder.asked[1], std::make_pair(c, false));
-  EXPECT_EQ(f.holder.asked[2], std::make_pair(c, true));
-  EXPECT_EQ(c->state, BlockState::allocated);
-}
-
 TEST(BlockStore, TakesPagesOutMapsThemBackAndLendsThem) {
   StoreFixture f;
-  BlockPool& large = f.store.pool(false);
+  BlockPool& large = f.store.pool(nullptr, false);
   const std::size_t page = 2 * MiB;
-  Segment* r = f.store.add_range(large, nullptr, at(0x40000000), 16 * page, page, false,
+  Segment* r = f.store.add_range(f.store.prepare_segment(large, nullptr), large, nullptr, at(0x40000000), 16 * page, page, false,
                                  BlockState::unmapped);
   EXPECT_TRUE(r->wholly_unmapped());
   f.check();
@@ -451,8 +420,8 @@ TEST(BlockStore, TakesPagesOutMapsThemBackAndLendsThem) {
 
 TEST(BlockStore, PlacesARecordedStartState) {
   StoreFixture f;
-  BlockPool& large = f.store.pool(false);
-  Block* seg = f.store.add_segment(large, nullptr, at(0x30000000), 20 * MiB, BlockState::free);
+  BlockPool& large = f.store.pool(nullptr, false);
+  Block* seg = f.store.add_segment(f.store.prepare_segment(large, nullptr), large, nullptr, at(0x30000000), 20 * MiB, BlockState::free);
   const std::vector<SeedBlock> blocks = {
       {2 * MiB, 4 * MiB, 4 * MiB - 100}, {6 * MiB, 2 * MiB, 2 * MiB}, {30 * MiB, MiB, MiB}};
   const std::vector<Block*> placed = f.store.place(large, seg, seg->ptr, blocks);
@@ -468,13 +437,13 @@ TEST(BlockStore, PlacesARecordedStartState) {
   EXPECT_EQ(c.allocated, 2u);
   EXPECT_EQ(c.free_blocks[1], 2u) << "the 2 MiB before and the 12 MiB after";
   EXPECT_EQ(c.inactive[2], 2);
-  EXPECT_EQ(f.hot.inactive_split.pool[1].current, 2) << "counted as the recount gives";
+  EXPECT_EQ(f.hot_current(kInactiveSplits, false), 2) << "counted as the recount gives";
 }
 
 TEST(BlockStore, ValidateFindsWhatIsBroken) {
   StoreFixture f;
-  BlockPool& small = f.store.pool(true);
-  f.store.add_segment(small, nullptr, at(0x50000000), 2 * MiB, BlockState::free);
+  BlockPool& small = f.store.pool(nullptr, true);
+  f.store.add_segment(f.store.prepare_segment(small, nullptr), small, nullptr, at(0x50000000), 2 * MiB, BlockState::free);
   Block* a = f.take(small, f.store.best_fit(small, nullptr, 4 * KiB), 4 * KiB);
   f.check();
   f.live.clear();  // the caller's live table lost it

@@ -1,7 +1,7 @@
 // Tests of the core's data structures on their own (src/core): FreeIndex (best fit, in-place
-// re-keying), PtrMap (probing, backward-shift deletion, growth), ObjectPool and RawPool (reuse
-// without the heap), the fast path's statistics (HotStats against a naive model), PageTable, and
-// the undo guard. The core's types have files of their own (block_store_test.cpp, ...).
+// re-keying), AtomicMap (claims, tombstones, rebuilds, readers without a lock), ObjectPool and
+// RawPool (reuse without the heap), the fast path's statistics (HotStats over several stream
+// shards against a naive model of the device-wide sums and peaks), PageTable, and the undo guard. The core's types have files of their own (block_store_test.cpp, ...).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -22,7 +23,8 @@
 #include "core/hot_stats.hpp"
 #include "core/object_pool.hpp"
 #include "core/page_table.hpp"
-#include "core/ptr_map.hpp"
+#include "core/atomic_map.hpp"
+#include "core/stream_shards.hpp"
 #include "core/undo.hpp"
 #include "stitch/errors.hpp"
 #include "stitch/sim_backend.hpp"
@@ -41,7 +43,7 @@ struct IndexFixture {
   FreeIndex index{&nodes};
   std::vector<std::unique_ptr<Block>> blocks;
   Block* make(std::uintptr_t addr, std::size_t size, std::uintptr_t stream = 0) {
-    blocks.push_back(std::make_unique<Block>(reinterpret_cast<char*>(addr), size, S(stream), nullptr, false,
+    blocks.push_back(std::make_unique<Block>(reinterpret_cast<char*>(addr), size, S(stream), nullptr, nullptr, false,
                                                     BlockState::free));
     return blocks.back().get();
   }
@@ -104,38 +106,87 @@ TEST(FreeIndex, ShrinkAndGrowKeepTheOrderWhetherOrNotTheNodeMoves) {
   }
 }
 
-// ---- PtrMap ---------------------------------------------------------------------------------
+// ---- AtomicMap ------------------------------------------------------------------------------
 
-TEST(PtrMap, AgreesWithAHashMapThroughGrowthAndBackwardShiftDeletion) {
-  PtrMap<int> map;
-  std::unordered_map<const void*, int*> model;
+TEST(AtomicMap, AgreesWithAHashMapThroughTombstonesAndRebuilds) {
+  AtomicMap<int> map(1024);
+  std::unordered_map<std::uintptr_t, int*> model;
   std::vector<int> values(20000);
   std::mt19937_64 rng(11);
-  std::vector<const void*> keys;
+  int rebuilds = 0;
   for (int step = 0; step < 60000; ++step) {
-    // 512-byte aligned keys close together: long probe runs, the case deletion must handle.
-    const auto key = reinterpret_cast<const void*>(0x7f0000000000 + (rng() % 20000) * 512);
+    // 512-byte aligned keys close together: long probe runs, full of tombstones.
+    const std::uintptr_t key = 0x7f0000000000 + (rng() % 20000) * 512;
     if (model.count(key) == 0 && rng() % 3 != 0) {
-      int* v = &values[(reinterpret_cast<std::uintptr_t>(key) - 0x7f0000000000) / 512];
-      map.insert(key, v);
+      int* v = &values[(key - 0x7f0000000000) / 512];
+      auto* slot = map.claim(key);
+      if (slot == nullptr) {  // crowded: the owner rebuilds (here: nothing else runs)
+        EXPECT_TRUE(map.crowded());
+        slot = map.claim_excluding_writers(key);
+      }
+      AtomicMap<int>::publish(slot, v);
       model[key] = v;
     } else {
-      EXPECT_EQ(map.erase(key), model.count(key) ? model[key] : nullptr);
+      EXPECT_EQ(map.erase(key), model.count(key) != 0);
       model.erase(key);
     }
+    if (map.crowded()) {
+      map.rebuild();
+      ++rebuilds;
+      EXPECT_FALSE(map.crowded());
+    }
     if (step % 1000 == 0) {
-      ASSERT_EQ(map.size(), model.size());
+      ASSERT_EQ(map.count(), model.size());
       for (const auto& [k, v] : model) ASSERT_EQ(map.find(k), v);
       std::size_t seen = 0;
-      map.for_each([&](const void* k, int* v) {
+      map.for_each([&](std::uintptr_t k, int* v) {
         ++seen;
         EXPECT_EQ(model.at(k), v);
       });
       EXPECT_EQ(seen, model.size());
     }
   }
-  EXPECT_EQ(map.find(reinterpret_cast<const void*>(0x1234)), nullptr);
-  EXPECT_EQ(map.erase(reinterpret_cast<const void*>(0x1234)), nullptr);
+  EXPECT_GT(rebuilds, 0) << "the test meant to crowd the map";
+  EXPECT_EQ(map.find(0x1234), nullptr);
+  EXPECT_FALSE(map.erase(0x1234));
+}
+
+TEST(AtomicMap, ReadersWithoutALockSeeEveryEntryPublishedBeforeThem) {
+  // Two writers on disjoint keys (two streams' shards) and a reader; each writer checks, after
+  // publishing, that the reader's kind of lookup finds its key, and after erasing, that it does
+  // not. Run under ThreadSanitizer by scripts/sanitize-smoke.sh.
+  AtomicMap<int> map(1024);
+  std::vector<int> values(2 * 4096);
+  std::atomic<bool> stop{false};
+  std::atomic<long> found{0};
+  auto writer = [&](int id) {
+    std::mt19937_64 rng(static_cast<std::uint64_t>(id) + 1);
+    std::vector<std::uintptr_t> mine;
+    for (int step = 0; step < 40000; ++step) {
+      if (mine.size() < 64 && rng() % 2 == 0) {
+        const std::uintptr_t key = (static_cast<std::uintptr_t>(id) << 40) + (rng() % 4096 + 1) * 512;
+        if (std::find(mine.begin(), mine.end(), key) != mine.end()) continue;
+        auto* slot = map.claim(key);
+        if (slot == nullptr) continue;  // crowded: an owner would take the device lock
+        AtomicMap<int>::publish(slot, &values[static_cast<std::size_t>(id) * 4096 + (key >> 9) % 4096]);
+        ASSERT_NE(map.find(key), nullptr);
+        mine.push_back(key);
+      } else if (!mine.empty()) {
+        const std::size_t i = rng() % mine.size();
+        ASSERT_TRUE(map.erase(mine[i]));
+        ASSERT_EQ(map.find(mine[i]), nullptr);
+        mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+    }
+  };
+  std::thread reader([&] {
+    while (!stop.load()) found += map.find((std::uintptr_t{1} << 40) + 512) != nullptr;
+  });
+  std::thread a(writer, 1), b(writer, 2);
+  a.join();
+  b.join();
+  stop = true;
+  reader.join();
 }
 
 // ---- ObjectPool -----------------------------------------------------------------------------
@@ -188,68 +239,67 @@ struct NaiveStats {
   }
 };
 
-TEST(HotStats, ExpandsToWhatANaiveCountGives) {
-  HotStats hot;
+TEST(HotStats, SumsAndPeaksOverStreamShardsAreWhatANaiveDeviceCountGives) {
+  // Counters per stream shard, peaks of the device-wide sums: one thread, so every peak must be
+  // exact, however the changes alternate between the shards.
+  StreamShards shards;
+  HotStats hot(shards.head());
+  std::vector<StreamShard*> streams;
+  for (std::uintptr_t s : {0x30, 0x10, 0x0, 0x20})  // (created out of order: listed in order)
+    streams.push_back(&shards.get(reinterpret_cast<stream_t>(s)));
   NaiveStats naive;
   std::mt19937_64 rng(3);
   struct Live {
+    StreamShard* shard;
     bool small;
     std::int64_t bytes, requested;
     bool pending;
   };
   std::vector<Live> live;
-  for (int step = 0; step < 20000; ++step) {
-    const int op = static_cast<int>(rng() % 10);
+  std::int64_t split[2] = {};  // an inactive-split count of the naive model, per pool
+  for (int step = 0; step < 40000; ++step) {
+    const int op = static_cast<int>(rng() % 11);
+    StreamShard* shard = streams[rng() % streams.size()];
     if (op < 4 || live.empty()) {
       const bool small = rng() % 2 == 0;
       const std::int64_t bytes = static_cast<std::int64_t>((1 + rng() % 100) * 512);
       const std::int64_t requested = bytes - static_cast<std::int64_t>(rng() % 512);
-      hot.allocated_block(small, bytes, requested);
+      hot.allocated_block(shard->stats, small, bytes, requested);
       naive.up(naive.s.allocation, small, 1);
       naive.up(naive.s.allocated_bytes, small, bytes);
       naive.up(naive.s.requested_bytes, small, requested);
       naive.up(naive.s.active, small, 1);
       naive.up(naive.s.active_bytes, small, bytes);
-      live.push_back({small, bytes, requested, false});
+      live.push_back({shard, small, bytes, requested, false});
+      continue;
+    }
+    if (op == 10) {  // a split or a merge: inactive_split moves by a net amount
+      const bool small = rng() % 2 == 0;
+      const std::int64_t n = static_cast<std::int64_t>(rng() % 3) - 1;
+      if (split[small ? 0 : 1] + n < 0) continue;
+      hot.change(shard->stats, kInactiveSplits, small, n);
+      if (n > 0) naive.up(naive.s.inactive_split, small, n);
+      if (n < 0) naive.down(naive.s.inactive_split, small, -n);
+      split[small ? 0 : 1] += n;
       continue;
     }
     const std::size_t i = rng() % live.size();
     Live& l = live[i];
     if (l.pending) {  // its last event completed
       hot.pending_done(l.small, l.bytes);
-      hot.inactive_block(l.small, l.requested);
+      HotStats::inactive_block(l.shard->stats, l.small, l.requested);
       naive.down(naive.s.active, l.small, 1);
       naive.down(naive.s.active_bytes, l.small, l.bytes);
       naive.down(naive.s.requested_bytes, l.small, l.requested);
       live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
     } else if (op == 9) {  // freed, waiting for another stream
-      hot.freed_block(l.small, l.bytes, true);
+      hot.freed_block(l.shard->stats, l.small, l.bytes, true);
       naive.down(naive.s.allocation, l.small, 1);
       naive.down(naive.s.allocated_bytes, l.small, l.bytes);
       l.pending = true;
-    } else if (op == 8) {  // pairs of an extent (immediate reuse): allocated and freed in turn
-      if (std::any_of(live.begin(), live.end(), [](const Live& x) { return x.pending; })) continue;
-      const std::int64_t bytes = static_cast<std::int64_t>((1 + rng() % 100) * 512);
-      const std::int64_t requested = bytes - static_cast<std::int64_t>(rng() % 512);
-      const std::int64_t times = 1 + static_cast<std::int64_t>(rng() % 3);
-      hot.allocation.rise_and_fall(l.small, 1, times);
-      hot.allocated_bytes.rise_and_fall(l.small, bytes, times);
-      hot.requested_bytes.rise_and_fall(l.small, requested, times);
-      for (std::int64_t t = 0; t < times; ++t) {
-        naive.up(naive.s.allocation, l.small, 1);
-        naive.up(naive.s.allocated_bytes, l.small, bytes);
-        naive.up(naive.s.requested_bytes, l.small, requested);
-        naive.up(naive.s.active, l.small, 1);
-        naive.up(naive.s.active_bytes, l.small, bytes);
-        naive.down(naive.s.allocation, l.small, 1);
-        naive.down(naive.s.allocated_bytes, l.small, bytes);
-        naive.down(naive.s.requested_bytes, l.small, requested);
-        naive.down(naive.s.active, l.small, 1);
-        naive.down(naive.s.active_bytes, l.small, bytes);
-      }
     } else {  // freed outright
-      hot.freed_block(l.small, l.bytes, false);
-      hot.inactive_block(l.small, l.requested);
+      hot.freed_block(l.shard->stats, l.small, l.bytes, false);
+      HotStats::inactive_block(l.shard->stats, l.small, l.requested);
       naive.down(naive.s.allocation, l.small, 1);
       naive.down(naive.s.allocated_bytes, l.small, l.bytes);
       naive.down(naive.s.active, l.small, 1);
@@ -257,12 +307,13 @@ TEST(HotStats, ExpandsToWhatANaiveCountGives) {
       naive.down(naive.s.requested_bytes, l.small, l.requested);
       live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
     }
-    if (step == 10000) {  // the resets start everything over from the values now
+    if (step == 10000 || step == 25000) {  // the resets start everything over from the values now
       hot.reset_peak();
       hot.reset_accumulated();
       naive.s.reset_peak();
       naive.s.reset_accumulated();
     }
+    if (step == 17000) streams.push_back(&shards.get(reinterpret_cast<stream_t>(0x18)));
   }
   DeviceStats out;
   hot.expand(out);
@@ -271,7 +322,8 @@ TEST(HotStats, ExpandsToWhatANaiveCountGives) {
         std::tuple{"allocated_bytes", &out.allocated_bytes, &naive.s.allocated_bytes},
         std::tuple{"requested_bytes", &out.requested_bytes, &naive.s.requested_bytes},
         std::tuple{"active", &out.active, &naive.s.active},
-        std::tuple{"active_bytes", &out.active_bytes, &naive.s.active_bytes}}) {
+        std::tuple{"active_bytes", &out.active_bytes, &naive.s.active_bytes},
+        std::tuple{"inactive_split", &out.inactive_split, &naive.s.inactive_split}}) {
     for (int p = 0; p < 3; ++p) {
       SCOPED_TRACE(std::string(name) + " pool " + std::to_string(p));
       EXPECT_EQ((*have)[p].current, (*want)[p].current);
@@ -279,6 +331,11 @@ TEST(HotStats, ExpandsToWhatANaiveCountGives) {
       EXPECT_EQ((*have)[p].allocated, (*want)[p].allocated);
       EXPECT_EQ((*have)[p].freed, (*want)[p].freed);
     }
+  }
+  std::int64_t prev = 0;
+  for (StreamShard* s = shards.first(); s != nullptr; s = s->next.load()) {
+    EXPECT_GE(reinterpret_cast<std::intptr_t>(s->stream), prev) << "shards are listed in stream order";
+    prev = reinterpret_cast<std::intptr_t>(s->stream);
   }
 }
 

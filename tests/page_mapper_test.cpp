@@ -198,7 +198,7 @@ TEST(PageMapper, ARemapOfBorrowedMemoryLeavesTheLendersHandle) {
   borrower.pages.make_room(3);
   ASSERT_TRUE(pages.map_pieces(borrower.base + borrower.page, {MapPiece{coarse, 2 * borrower.page}}));
   borrower.pages.set(1, 2, coarse, 0);
-  Block lent(lender.base, 2 * lender.page, nullptr, &lender, false, BlockState::lent);
+  Block lent(lender.base, 2 * lender.page, nullptr, &lender, nullptr, false, BlockState::lent);
   borrower.borrows.push_back(Borrow{&lent, 1, 2});
   fill_slot(borrower, 1, 0x44);  // the lender's slot 0, through the second mapping
   ASSERT_TRUE(slot_holds(lender, 0, 0x44));

@@ -291,7 +291,7 @@ TEST(PrivatePoolRoutes, TheDeviceIsNotTouchedDuringARouteOrACapture) {
   sim.begin_capture(0, S(2));  // a capture stitch was not told about
   EXPECT_TRUE(pools.may_touch_device({S(1)}));
   EXPECT_FALSE(pools.may_touch_device({S(1), S(2)}));
-  Block b(nullptr, 512, S(1), nullptr, true, BlockState::allocated);
+  Block b(nullptr, 512, S(1), nullptr, nullptr, true, BlockState::allocated);
   EXPECT_TRUE(pools.may_touch_device(&b));
   b.stream_uses = {S(3), S(2)};
   EXPECT_FALSE(pools.may_touch_device(&b)) << "it was used on the capturing stream";

@@ -232,7 +232,7 @@ stream_t S(std::uintptr_t s) { return reinterpret_cast<stream_t>(s); }
 TEST(StreamEvents, ABlockBecomesFreeWhenItsLastStreamIsDone) {
   SimBackend sim;
   StreamEvents events(sim, 0);
-  Block b(nullptr, 512, S(1), nullptr, true, BlockState::allocated);
+  Block b(nullptr, 512, S(1), nullptr, nullptr, true, BlockState::allocated);
   b.stream_uses = {S(2), S(3)};
   sim.hold_stream(S(2));
   events.record(&b);
@@ -248,7 +248,7 @@ TEST(StreamEvents, ABlockBecomesFreeWhenItsLastStreamIsDone) {
   EXPECT_EQ(events.outstanding(), 0u);
   EXPECT_FALSE(events.wait_all([&](Block*) { ADD_FAILURE(); }));
   // A failing record puts its events back: nothing is counted.
-  Block c(nullptr, 512, S(1), nullptr, true, BlockState::allocated);
+  Block c(nullptr, 512, S(1), nullptr, nullptr, true, BlockState::allocated);
   c.stream_uses = {S(2), S(4)};
   sim.inject_fault(SimCall::record_event, 2, SimFault::error);
   EXPECT_THROW(events.record(&c), stitch::backend_error);
@@ -259,8 +259,8 @@ TEST(StreamEvents, ABlockBecomesFreeWhenItsLastStreamIsDone) {
 TEST(StreamEvents, DeferredEventsAreRecordedOnceTheirStreamsMayBeTouched) {
   SimBackend sim;
   StreamEvents events(sim, 0);
-  Block a(nullptr, 512, S(1), nullptr, true, BlockState::allocated);
-  Block b(nullptr, 512, S(1), nullptr, true, BlockState::allocated);
+  Block a(nullptr, 512, S(1), nullptr, nullptr, true, BlockState::allocated);
+  Block b(nullptr, 512, S(1), nullptr, nullptr, true, BlockState::allocated);
   a.stream_uses = {S(2)};
   b.stream_uses = {S(3)};
   events.defer(&a);

@@ -63,14 +63,15 @@ struct STITCH_EXPORT DeviceStats {
   std::int64_t num_stitches = 0;          ///< stitched ranges made (stitching:True; each is one
                                           ///< reserve, one unmap per source run, one map per page)
   std::int64_t stitched_bytes = 0;        ///< bytes of the stitched ranges made, summed
-  std::int64_t num_immediate_reuses = 0;  ///< allocations that took the last free straight
-                                          ///< back (a free then the same size on its stream)
   std::int64_t num_page_reuses = 0;       ///< grows served partly by moving the stream's free
                                           ///< pages (stitch_reuse_pages; each is one stream sync,
                                           ///< one unmap per source run, one map per page)
   std::int64_t num_page_borrows = 0;      ///< free parts of partly used coarse pages mapped a
                                           ///< second time into a stitched range (one map each;
                                           ///< lent until that range goes back whole)
+  std::int64_t num_cache_hits = 0;        ///< allocations served under their stream's lock
+                                          ///< alone (the cache hit: best fit found a free block
+                                          ///< of the stream, nothing else was needed)
   std::int64_t num_compactions = 0;       ///< coarse pages emptied by compaction (stitch_compact;
                                           ///< each is one remap of the page's live granules)
   std::int64_t num_staged_compactions = 0;  ///< of those, staged through host memory (the device

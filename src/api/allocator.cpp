@@ -80,8 +80,8 @@ void Allocator::deallocate(void* ptr, stream_t stream) { free_any_device(ptr, &s
 
 void Allocator::free_any_device(void* ptr, const stream_t* stream) {
   if (ptr == nullptr) return;
-  // The calling thread's own pair first, on every device: no device lock is taken for a block
-  // of another device's extent.
+  // The cache hit first, on every device (no device lock is taken for another device's block),
+  // then the device lock of each, which also answers for a pointer that is not live anywhere.
   for (int d = 0; d < device_count_; ++d)
     if (devices_[static_cast<std::size_t>(d)]->free_unlocked(ptr, stream)) return;
   for (int d = 0; d < device_count_; ++d) {

@@ -7,7 +7,6 @@
 
 #include "core/device_allocator.hpp"
 #include "core/region_stack.hpp"
-#include "core/thread_slots.hpp"
 #include "stitch/allocator.hpp"
 #include "stitch/errors.hpp"
 
@@ -57,16 +56,15 @@ void Allocator::begin_region(std::string_view tag, bool backup) {
     throw invalid_argument(fmt::format("region tag '{}' has a comma (tags are listed with commas)", tag));
   const std::uint16_t id = tag_id(trimmed(tag), true);
   const std::string name = tag_name(id);
-  // Each device learns the name, and its lock settles this thread's slots, which wait while a
-  // region is open (the cache hit never reads regions: core/region_stack.hpp).
+  // Each device learns the name (the device lock routes the thread's allocations while a region
+  // is open: the cache hit leaves them to it, core/region_stack.hpp).
   for (int d = 0; d < device_count_; ++d) devices_[static_cast<std::size_t>(d)]->name_tag(id, name);
-  detail::t_regions.push_back(detail::RegionFrame{this, id, backup});
-  detail::t_open_regions = static_cast<int>(detail::t_regions.size());
-  detail::ThreadSlots::forget_mine();
+  detail::t_regions.frames.push_back(detail::RegionFrame{this, id, backup});
+  detail::t_open_regions = static_cast<int>(detail::t_regions.frames.size());
 }
 
 void Allocator::end_region() {
-  auto& frames = detail::t_regions;
+  auto& frames = detail::t_regions.frames;
   const auto it = std::find_if(frames.rbegin(), frames.rend(),
                                [this](const detail::RegionFrame& f) { return f.owner == this; });
   if (it == frames.rend()) throw invalid_argument("no region is open on this thread");

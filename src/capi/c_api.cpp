@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -108,7 +110,17 @@ size_t copy_out(const std::string& text, char* buf, size_t cap) noexcept {
   return text.size();
 }
 
+// fork(): a child never finds g_init_mutex held by a thread that the fork left behind (the
+// allocator itself refuses in a child, core/fork_guard.hpp; a child with none creates its own).
+void guard_init_mutex_over_fork() {
+  static const int registered = pthread_atfork([] { g_init_mutex.lock(); },
+                                               [] { g_init_mutex.unlock(); },
+                                               [] { g_init_mutex.unlock(); });
+  (void)registered;
+}
+
 [[gnu::noinline]] stitch::Allocator& create_allocator() {
+  guard_init_mutex_over_fork();
   std::lock_guard lock(g_init_mutex);
   stitch::Allocator* a = g_allocator.load(std::memory_order_relaxed);
   if (a == nullptr) {

@@ -5,7 +5,6 @@
 // store (core/block_store.hpp) changes states and asserts every transition.
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <set>
@@ -20,8 +19,9 @@ namespace stitch::detail {
 
 struct Segment;
 struct Block;
-struct ThreadSlot;
 struct PrivatePool;
+struct StreamShard;
+struct BlockPool;
 
 /// Ordering of free blocks: (stream, size, address). A FreeKey searches without a Block.
 struct FreeKey {
@@ -47,18 +47,12 @@ using FreeSet = std::set<Block*, FreeOrder, PoolAllocator<Block*>>;
 struct AddressOrder {
   inline bool operator()(const Block* a, const Block* b) const noexcept;
 };
-using UnmappedSet = std::set<Block*, AddressOrder>;
+using UnmappedSet = std::set<Block*, AddressOrder, PoolAllocator<Block*>>;
 
 /// Where a block is in its life. Exactly one holds at a time, and each says which set holds the
-/// block: the live table, a thread slot, the event queues, a pool's free index or unmapped set.
+/// block: the live table, the event queues, a pool's free index or unmapped set.
 enum class BlockState : std::uint8_t {
   allocated,  ///< handed to a caller (in the live table)
-  /// Part of a thread's extent (core/immediate_reuse.hpp): free memory the thread's slot holds
-  /// out of the index, or the block its owner handed out from it. The slot says which (its owner
-  /// switches between the two, and moves the split, without the device lock); everyone else
-  /// settles the slot before looking at the block (in the live table while it is the extent's
-  /// head).
-  parked,
   pending,    ///< freed, waiting for `event_count` events on other streams (StreamEvents)
   /// Freed while a stream it was used on may be capturing a graph: its events are recorded
   /// once none is (StreamEvents::record_deferred); then it is pending.
@@ -74,7 +68,6 @@ enum class BlockState : std::uint8_t {
 constexpr const char* to_string(BlockState s) noexcept {
   switch (s) {
     case BlockState::allocated: return "allocated";
-    case BlockState::parked: return "parked";
     case BlockState::pending: return "pending";
     case BlockState::deferred: return "deferred";
     case BlockState::free: return "free";
@@ -89,11 +82,10 @@ constexpr const char* to_string(BlockState s) noexcept {
 constexpr bool may_become(BlockState from, BlockState to) noexcept {
   using S = BlockState;
   switch (from) {
-    case S::allocated: return to == S::parked || to == S::pending || to == S::deferred || to == S::free;
-    case S::parked: return to == S::allocated || to == S::free;
+    case S::allocated: return to == S::pending || to == S::deferred || to == S::free;
     case S::pending: return to == S::free;
     case S::deferred: return to == S::pending;
-    case S::free: return to == S::allocated || to == S::parked || to == S::unmapped || to == S::lent;
+    case S::free: return to == S::allocated || to == S::unmapped || to == S::lent;
     case S::unmapped: return to == S::free;
     case S::lent: return to == S::free;
   }
@@ -110,6 +102,9 @@ struct Block {
   std::size_t requested = 0;   ///< bytes the caller asked for (allocated and pending blocks)
   stream_t stream = nullptr;   ///< stream the block belongs to (its segment's stream)
   Segment* segment = nullptr;
+  /// Its stream's shard, whose lock guards it (and whose pool holds the object, so this never
+  /// changes: a reader without the lock may follow it, core/cache_hit.hpp).
+  StreamShard* shard = nullptr;
   Block* prev = nullptr;       ///< address neighbour in the same segment
   Block* next = nullptr;
   BlockState state;
@@ -120,20 +115,19 @@ struct Block {
   bool backup = false;         ///< tagged, allocated in a region with backup: kept over a sleep
   std::uint64_t gc_stamp = 0;  ///< pool call counter when it was last freed (GC age)
   std::vector<stream_t> stream_uses;  ///< other streams that used it (record_stream)
-  /// Parked: the thread slot that holds it (set and cleared under the device lock).
-  ThreadSlot* slot = nullptr;
   FreeSet::iterator pos{};     ///< free: its position in the pool's FreeIndex
 
-  Block(char* p, std::size_t s, stream_t st, Segment* seg, bool is_small, BlockState initial) noexcept
-      : ptr(p), size(s), stream(st), segment(seg), state(initial), small(is_small) {}
+  Block(char* p, std::size_t s, stream_t st, Segment* seg, StreamShard* sh, bool is_small,
+        BlockState initial) noexcept
+      : ptr(p), size(s), stream(st), segment(seg), shard(sh), state(initial), small(is_small) {}
 
   [[nodiscard]] bool is_split() const noexcept { return prev != nullptr || next != nullptr; }
   [[nodiscard]] bool is_free() const noexcept { return state == BlockState::free; }
   [[nodiscard]] bool is_mapped() const noexcept { return state != BlockState::unmapped; }
   /// Allocated or pending: counted in the active statistics, with its requested bytes.
   [[nodiscard]] bool is_active() const noexcept {
-    return state == BlockState::allocated || state == BlockState::parked ||
-           state == BlockState::pending || state == BlockState::deferred;
+    return state == BlockState::allocated || state == BlockState::pending ||
+           state == BlockState::deferred;
   }
 };
 
@@ -163,24 +157,12 @@ struct Borrow {
   std::size_t count;
 };
 
-/// What the store keeps per stream for immediate reuse (core/immediate_reuse.hpp).
-struct StreamReuse {
-  /// Bumped whenever the stream's free blocks change (BlockStore::free_changed): a thread's
-  /// verdicts on the stream hold while it is unchanged.
-  std::atomic<std::uint64_t> epoch{0};
-  /// The threads' extents on the stream (under the device lock): a locked allocation on it
-  /// settles the other threads' ones first, and looks at the slots only when there are some.
-  std::uint32_t extents = 0;
-};
-
 struct Segment {
   char* base = nullptr;
   std::size_t size = 0;
   stream_t stream = nullptr;
-  /// Its stream's epoch (core/thread_slots.hpp): bumped whenever the stream's free blocks
-  /// change (BlockStore::free_changed). It is `stream_reuse->epoch`.
-  std::atomic<std::uint64_t>* epoch = nullptr;
-  StreamReuse* stream_reuse = nullptr;
+  StreamShard* shard = nullptr;  ///< its stream's (the Block objects of its blocks are there)
+  BlockPool* pool = nullptr;     ///< the pool its free blocks are filed in (BlockStore::pool_of)
   bool small = false;
   bool oversize = false;       ///< counted in oversize_segments
   PrivatePool* private_pool = nullptr;  ///< the private pool it belongs to (core/private_pool.hpp)

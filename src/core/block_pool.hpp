@@ -1,8 +1,9 @@
 // core/block_pool.hpp — BlockPool: the free blocks of one size class (small <= 1 MiB, or large)
-// of one owner, the device's default pool, a region tag's (core/sleeper.hpp) or a private (graph)
-// pool, best fit by FreeIndex.
+// of one owner: a stream's share of the device's pool (core/stream_shard.hpp), a region tag's
+// (core/sleeper.hpp) or a private (graph) pool's, best fit by FreeIndex.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "core/block.hpp"
@@ -14,18 +15,29 @@ namespace stitch::detail {
 struct PrivatePool;
 
 struct BlockPool {
+  /// `gc_clock`: the clock it shares (the device's, for the streams' pools); nullptr: its own.
   BlockPool(PoolAllocator<Block*>::Storage* nodes, bool is_small, PrivatePool* of = nullptr,
-            std::uint16_t tag_id = 0)
-      : index(nodes), small(is_small), owner(of), tag(tag_id) {}
+            std::uint16_t tag_id = 0, std::atomic<std::uint64_t>* gc_clock = nullptr)
+      : index(nodes), unmapped(AddressOrder{}, PoolAllocator<Block*>(nodes)), nodes(nodes),
+        small(is_small), owner(of), tag(tag_id), clock(gc_clock != nullptr ? gc_clock : &own_clock) {}
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
   FreeIndex index;
   UnmappedSet unmapped;  ///< expandable segments' unmapped ranges
+  /// The nodes of both (RawPool::reserve: a change that must not fail halfway reserves them).
+  PoolAllocator<Block*>::Storage* nodes;
   bool small;
   /// The private pool it is part of (its new segments belong to it); nullptr for the device's.
   PrivatePool* owner;
   /// The region tag of its memory (0: untagged). A tagged pool's segments are expandable ranges
   /// of their own: pages never cross tags, so that a sleep frees what it unmaps.
   std::uint16_t tag;
-  std::uint64_t calls = 0;  ///< best-fit lookups (BlockStore::best_fit): the GC clock
+  /// The garbage-collection clock: best-fit lookups, counted while garbage_collection_threshold
+  /// is set (BlockStore::best_fit); a freed block is stamped with it. The device's pools of every
+  /// stream share one per size class, as PyTorch's one pool does.
+  std::atomic<std::uint64_t>* clock;
+  std::atomic<std::uint64_t> own_clock{0};
 };
 
 }  // namespace stitch::detail

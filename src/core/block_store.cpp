@@ -11,14 +11,15 @@
 
 namespace stitch::detail {
 
-BlockStore::BlockStore(const Config& config, HotStats& hot) : config_(config), hot_(hot) {}
+BlockStore::BlockStore(const Config& config, StreamShards& shards, HotStats& hot)
+    : config_(config), shards_(shards), hot_(hot) {}
 
 BlockStore::~BlockStore() {
   for (Segment* s = segments_; s != nullptr;) {
     Segment* next = s->next;
     for (Block* b = s->head; b != nullptr;) {
       Block* following = b->next;
-      blocks_.destroy(b);
+      destroy(b);
       b = following;
     }
     delete s;
@@ -26,38 +27,43 @@ BlockStore::~BlockStore() {
   }
 }
 
-StreamReuse* BlockStore::stream_reuse(stream_t stream) {
-  auto& cell = streams_[stream];
-  if (cell == nullptr) cell = std::make_unique<StreamReuse>();
-  return cell.get();
+BlockStore::FreeBlocks BlockStore::free_blocks(bool small, std::uint16_t tag) {
+  if (tag == 0) return FreeBlocks(nullptr, shards_.first(), small);
+  if (tag > tag_pools_.size() || tag_pools_[tag - 1] == nullptr) return FreeBlocks(nullptr, nullptr, small);
+  TagPools& t = *tag_pools_[tag - 1];
+  return FreeBlocks(small ? &t.small : &t.large, nullptr, small);
 }
 
 // ---- segments -------------------------------------------------------------------------------------
 
-Block* BlockStore::add_segment(BlockPool& pool, stream_t stream, char* base, std::size_t size,
-                               BlockState initial) {
+std::unique_ptr<Segment> BlockStore::prepare_segment(BlockPool& pool, stream_t stream) {
+  StreamShard& shard = shards_.get(stream);
+  shard.blocks.reserve(1);
+  pool.nodes->reserve(1);
+  return std::make_unique<Segment>();
+}
+
+Block* BlockStore::add_segment(std::unique_ptr<Segment> segment, BlockPool& pool, stream_t stream,
+                               char* base, std::size_t size, BlockState initial) noexcept {
   STITCH_ASSERT(initial == BlockState::free || initial == BlockState::unmapped,
                 "add_segment: a new segment is free or unmapped");
-  StreamReuse* stream_state = stream_reuse(stream);
-  auto segment = std::make_unique<Segment>();
+  STITCH_ASSERT(segment != nullptr && shards_.find(stream) != nullptr,
+                "add_segment: the space prepare_segment() took");
+  StreamShard& shard = *shards_.find(stream);
   segment->base = base;
   segment->size = size;
   segment->stream = stream;
-  segment->epoch = &stream_state->epoch;
-  segment->stream_reuse = stream_state;
+  segment->shard = &shard;
+  segment->pool = &pool;
   segment->small = pool.small;
   segment->private_pool = pool.owner;
   segment->tag = pool.tag;
-  Block* block = blocks_.create(base, size, stream, segment.get(), pool.small, initial);
-  try {
-    if (initial == BlockState::free) {
-      pool.index.insert(block);
-    } else {
-      pool.unmapped.insert(block);
-    }
-  } catch (...) {
-    blocks_.destroy(block);
-    throw;
+  // (prepare_segment reserved the block and the entry: neither allocates)
+  Block* block = shard.blocks.create(base, size, stream, segment.get(), &shard, pool.small, initial);
+  if (initial == BlockState::free) {
+    pool.index.insert(block);
+  } else {
+    pool.unmapped.insert(block);
   }
   Segment* s = segment.release();
   s->head = block;
@@ -65,13 +71,13 @@ Block* BlockStore::add_segment(BlockPool& pool, stream_t stream, char* base, std
   s->next = segments_;
   if (segments_ != nullptr) segments_->prev = s;
   segments_ = s;
-  if (initial == BlockState::free) free_changed(s);
   return block;
 }
 
-Segment* BlockStore::add_range(BlockPool& pool, stream_t stream, char* va, std::size_t bytes,
-                               std::size_t page, bool stitched, BlockState initial) {
-  Segment* segment = add_segment(pool, stream, va, bytes, initial)->segment;
+Segment* BlockStore::add_range(std::unique_ptr<Segment> space, BlockPool& pool, stream_t stream,
+                               char* va, std::size_t bytes, std::size_t page, bool stitched,
+                               BlockState initial) noexcept {
+  Segment* segment = add_segment(std::move(space), pool, stream, va, bytes, initial)->segment;
   segment->expandable = true;
   segment->stitched = stitched;
   segment->page = page;
@@ -86,7 +92,6 @@ void BlockStore::remove_segment(Segment* segment) noexcept {
   BlockPool& pool = pool_of(segment);
   if (head->is_free()) {
     pool.index.erase(head);
-    free_changed(segment);
   } else {
     pool.unmapped.erase(head);
   }
@@ -94,7 +99,7 @@ void BlockStore::remove_segment(Segment* segment) noexcept {
   if (segment->prev != nullptr) segment->prev->next = segment->next;
   if (segment->next != nullptr) segment->next->prev = segment->prev;
   if (segments_ == segment) segments_ = segment->next;
-  blocks_.destroy(head);
+  destroy(head);
   delete segment;
 }
 
@@ -123,7 +128,6 @@ Block* BlockStore::take_pages(Block* block, std::size_t start, std::size_t end, 
   block->size = end - start;
   set_state(*block, to);
   if (to == BlockState::unmapped) file_unmapped(block);
-  free_changed(segment);
   return block;
 }
 
@@ -143,7 +147,6 @@ Block* BlockStore::mapped(Block* block, char* at, std::size_t bytes, bool merge)
   if (merge) return file(pool, block);
   set_state(*block, BlockState::free);
   pool.index.insert(block);
-  free_changed(block->segment);
   return block;
 }
 
@@ -179,7 +182,7 @@ void BlockStore::file_unmapped(Block* block) {
       if (block->next != nullptr) block->next->prev = block;
     }
     block->size += n->size;
-    blocks_.destroy(n);
+    destroy(n);
   }
   pool.unmapped.insert(block);
 }
@@ -206,7 +209,7 @@ std::vector<Block*> BlockStore::place(BlockPool& pool, Block* run, char* origin,
       Block* front = link_new_front(rest, static_cast<std::size_t>(at - rest->ptr), BlockState::free);
       rest->ptr = at;
       rest->size -= front->size;
-      front->gc_stamp = pool.calls;
+      front->gc_stamp = pool.clock->load(std::memory_order_relaxed);
       pool.index.insert(front);
     }
     Block* back = nullptr;
@@ -217,13 +220,12 @@ std::vector<Block*> BlockStore::place(BlockPool& pool, Block* run, char* origin,
     rest = back;
   }
   if (rest != nullptr) {
-    rest->gc_stamp = pool.calls;
+    rest->gc_stamp = pool.clock->load(std::memory_order_relaxed);
     pool.index.insert(rest);
   }
   // Free pieces of a split segment count as inactive_split (no-op for expandable ranges).
   for (Block* b = segment->head; b != nullptr; b = b->next)
     if (b->is_free() && b->ptr >= begin && b->ptr < end) account_inactive(b, 1);
-  free_changed(segment);
   return out;
 }
 
@@ -231,16 +233,16 @@ std::vector<Block*> BlockStore::place(BlockPool& pool, Block* run, char* origin,
 
 std::size_t BlockStore::largest_free_block() const {
   std::size_t largest = 0;
-  for (const BlockPool* pool : {&small_, &large_})
-    for (const Block* b : pool->index) largest = std::max(largest, b->size);
+  for (const StreamShard* s = shards_.first(); s != nullptr; s = s->next.load(std::memory_order_relaxed))
+    for (const BlockPool* pool : {&s->small, &s->large})
+      for (const Block* b : pool->index) largest = std::max(largest, b->size);
   return largest;
 }
 
 namespace {
 const char* snapshot_state(const Block* b) {
   switch (b->state) {
-    case BlockState::allocated:
-    case BlockState::parked: return "active_allocated";
+    case BlockState::allocated: return "active_allocated";
     case BlockState::pending:
     case BlockState::deferred: return "active_pending_free";
     default: return "inactive";
@@ -278,7 +280,7 @@ void BlockStore::snapshot(int device, std::vector<SegmentSnapshot>& out, bool ol
         out.push_back(std::move(seg));
         cur = &out.back();
       }
-      const bool allocated = b->state == BlockState::allocated || b->state == BlockState::parked;
+      const bool allocated = b->state == BlockState::allocated;
       BlockSnapshot block;
       block.address = reinterpret_cast<std::uintptr_t>(b->ptr);
       block.size = b->size;
@@ -307,17 +309,16 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
     arr[0] += v;
     arr[small ? 1 : 2] += v;
   };
-  // Validation runs with every slot settled (DeviceLock): no thread keeps an extent.
-  for (const auto& [stream, state] : streams_)
-    if (state->extents != 0)
-      broken(device, fmt::format("stream {} counts {} extents, none is kept",
-                                 static_cast<const void*>(stream), state->extents));
   std::vector<const Block*> lent;      // lent blocks, found in their ranges
   std::vector<const Block*> borrowed;  // lent blocks, as the stitched ranges list them
   for (const Segment* s = segments_; s != nullptr; s = s->next) {
     if (s->stitched && !s->expandable) broken(device, "a stitched segment is not expandable");
-    if (s->epoch == nullptr || s->stream_reuse == nullptr || s->epoch != &s->stream_reuse->epoch)
-      broken(device, "a segment has no epoch");
+    if (s->shard == nullptr || s->shard->stream != s->stream || shards_.find(s->stream) != s->shard)
+      broken(device, "a segment's stream shard is not its stream's");
+    if (s->pool != &const_cast<BlockStore*>(this)->pool_of(s) ||
+        (s->private_pool != nullptr && s->pool != &s->private_pool->pool(s->small)) ||
+        (s->private_pool == nullptr && s->tag == 0 && s->pool != &s->shard->pool(s->small)))
+      broken(device, "a segment files its blocks in another pool");
     if (s->private_pool != nullptr) {
       c.private_segments.push_back(s->private_pool);
       if (s->expandable != (s->tag != 0))
@@ -383,11 +384,8 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
                                    static_cast<const void*>(b->ptr)));
       if (b->size == 0 || b->size % kMinBlockSize != 0)
         broken(device, "block size not a multiple of 512");
-      if (b->small != s->small || b->stream != s->stream)
-        broken(device, "block pool or stream differs from its segment");
-      if ((b->slot != nullptr) != (b->state == BlockState::parked))
-        broken(device, fmt::format("a {} block {} a thread slot", to_string(b->state),
-                                   b->slot != nullptr ? "is in" : "is not in"));
+      if (b->small != s->small || b->stream != s->stream || b->shard != s->shard)
+        broken(device, "block pool, stream or shard differs from its segment");
       if ((b->event_count != 0) != (b->state == BlockState::pending))
         broken(device, fmt::format("a {} block waits for {} events", to_string(b->state),
                                    b->event_count));
@@ -414,7 +412,7 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
         broken(device, "a free block is not in its pool's free index");
       if (b->state != BlockState::free && pool.index.contains(const_cast<Block*>(b)))
         broken(device, fmt::format("a {} block is in the free index", to_string(b->state)));
-      if (live(b) != (b->state == BlockState::allocated || b->state == BlockState::parked))
+      if (live(b) != (b->state == BlockState::allocated))
         broken(device, fmt::format("a {} block {} the live table", to_string(b->state),
                                    live(b) ? "is in" : "is missing from"));
       switch (b->state) {
@@ -433,7 +431,6 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
           if (s->private_pool == nullptr) ++(s->tag != 0 ? c.tag_unmapped : c.unmapped_blocks[b->small ? 0 : 1]);
           break;
         case BlockState::allocated:
-        case BlockState::parked:
           ++c.allocated;
           count(c.allocation, b->small, 1);
           count(c.allocated_bytes, b->small, size);
@@ -476,9 +473,20 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
   std::sort(c.handles.begin(), c.handles.end());
   if (std::adjacent_find(c.handles.begin(), c.handles.end()) != c.handles.end())
     broken(device, "a physical handle is mapped in two pages");
-  if (c.free_blocks[0] != small_.index.size() || c.free_blocks[1] != large_.index.size())
+  std::size_t indexed[2] = {}, unmapped[2] = {};
+  for (const StreamShard* sh = shards_.first(); sh != nullptr; sh = sh->next.load(std::memory_order_relaxed)) {
+    if (sh->small.owner != nullptr || sh->small.tag != 0 || !sh->small.small || sh->large.small)
+      broken(device, "a stream shard's pools are not the device's");
+    for (const BlockPool* p : {&sh->small, &sh->large}) {
+      indexed[p->small ? 0 : 1] += p->index.size();
+      unmapped[p->small ? 0 : 1] += p->unmapped.size();
+      for (const Block* b : p->index)
+        if (b->shard != sh) broken(device, "a stream shard's index holds another stream's block");
+    }
+  }
+  if (c.free_blocks[0] != indexed[0] || c.free_blocks[1] != indexed[1])
     broken(device, "the free index holds blocks that are not free in any segment");
-  if (c.unmapped_blocks[0] != small_.unmapped.size() || c.unmapped_blocks[1] != large_.unmapped.size())
+  if (c.unmapped_blocks[0] != unmapped[0] || c.unmapped_blocks[1] != unmapped[1])
     broken(device, "the unmapped set holds blocks that are not unmapped in any segment");
   std::size_t tag_free = 0, tag_unmapped = 0;
   for (const auto& t : tag_pools_) {

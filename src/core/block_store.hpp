@@ -3,16 +3,16 @@
 // filing a block free (coalesced with its free neighbours), taking whole pages out of a free
 // block (to unmap or lend them), mapping pages back in, and placing a recorded start state.
 //
-// The store owns the blocks, the free index's nodes, the segment list, the device's two block
-// pools and the per-stream epochs of the free blocks; it changes a block's state (BlockState) only
-// along the transitions block.hpp allows, asserting each, and it keeps the inactive-split
-// statistics, which follow the shape. Every change to a stream's free blocks bumps that stream's
-// epoch (free_changed), which is what tells immediate reuse that a parked block's verdict is void
-// (core/immediate_reuse.hpp). Nothing here calls the device: the callers map, unmap and allocate
-// (core/page_mapper.hpp, core/plain_segments.hpp) and book it (core/ledger.hpp).
+// The store owns the segment list and the region tags' pools; the device's pools are the stream
+// shards' (core/stream_shards.hpp), whose objects (blocks, index nodes) it draws from the
+// segment's shard. It changes a block's state (BlockState) only along the transitions block.hpp
+// allows, asserting each, and it keeps the inactive-split statistics, which follow the shape, in
+// the block's shard. A change inside one stream's segments (best fit, take, file: the cache hit,
+// core/cache_hit.hpp) needs that shard's lock only; everything else the device lock. Nothing here
+// calls the device: the callers map, unmap and allocate (core/page_mapper.hpp,
+// core/plain_segments.hpp) and book it (core/ledger.hpp).
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -29,25 +29,11 @@
 #include "core/hot_stats.hpp"
 #include "core/object_pool.hpp"
 #include "core/private_pool.hpp"
+#include "core/stream_shards.hpp"
 #include "stitch/config.hpp"
 #include "stitch/snapshot.hpp"
 
 namespace stitch::detail {
-
-/// Holds blocks outside the store (immediate reuse: a thread's extents). The store asks it to
-/// let go of one when the block's neighbour is filed.
-class BlockHolder {
- public:
-  /// `block` (parked) lies next to a block being filed: its extent is settled first (filed if
-  /// free), so that the two merge as they would have.
-  virtual void file_if_freed(Block& block) = 0;
-  /// `block` (parked) now follows a free block, which a parked block never does: it leaves its
-  /// slot (filed if freed, an ordinary allocation if handed out again).
-  virtual void release(Block& block) = 0;
-
- protected:
-  ~BlockHolder() = default;
-};
 
 /// A block of a recorded start state (replays): where it lies, from its segment's or range's
 /// start, its size (a multiple of 512) and the bytes asked for.
@@ -68,11 +54,11 @@ struct StoreCount {
   std::int64_t segment[3] = {}, reserved[3] = {}, allocation[3] = {}, allocated_bytes[3] = {},
                active[3] = {}, active_bytes[3] = {}, requested[3] = {}, inactive[3] = {},
                inactive_bytes[3] = {};
-  std::size_t allocated = 0;    ///< allocated and parked blocks (the live table holds them)
+  std::size_t allocated = 0;    ///< allocated blocks (the live table holds them)
   std::size_t pending_events = 0;  ///< events pending blocks wait for
   std::size_t deferred = 0;     ///< deferred blocks
-  std::size_t free_blocks[2] = {};      ///< free blocks of the device's [small, large] pool
-  std::size_t unmapped_blocks[2] = {};  ///< unmapped blocks of the device's [small, large] pool
+  std::size_t free_blocks[2] = {};      ///< free blocks of the streams' [small, large] pools
+  std::size_t unmapped_blocks[2] = {};  ///< unmapped blocks of the streams' [small, large] pools
   /// The private pool of each segment that has one, and the free blocks in those segments.
   std::vector<const PrivatePool*> private_segments;
   std::size_t private_free = 0;
@@ -85,61 +71,61 @@ class BlockStore {
  public:
   using NodeStorage = PoolAllocator<Block*>::Storage;
 
-  /// `config` (max_split_size, max_non_split_rounding) and `hot` (the inactive-split counters)
-  /// must outlive the store.
-  BlockStore(const Config& config, HotStats& hot);
+  class FreeBlocks;
+
+  /// `config` (max_split_size, max_non_split_rounding, garbage_collection_threshold), `shards`
+  /// and `hot` (the inactive-split counters) must outlive the store.
+  BlockStore(const Config& config, StreamShards& shards, HotStats& hot);
   /// Forgets every segment and block (the memory is the device's or its callers').
   ~BlockStore();
   BlockStore(const BlockStore&) = delete;
   BlockStore& operator=(const BlockStore&) = delete;
 
-  /// Who holds parked blocks (immediate reuse).
-  void set_holder(BlockHolder* holder) noexcept { holder_ = holder; }
-
-  // ---- pools, segments, epochs ------------------------------------------------------------------
-  BlockPool& pool(bool small) noexcept { return small ? small_ : large_; }
-  /// The pool of region tag `tag` (0: the device's), created at its first use (throws
-  /// std::bad_alloc then).
+  // ---- pools, segments --------------------------------------------------------------------------
+  /// `stream`'s share of the device's small or large pool (its shard, created at its first use:
+  /// device lock; throws std::bad_alloc then).
+  BlockPool& pool(stream_t stream, bool small) { return shards_.get(stream).pool(small); }
+  /// The pool of region tag `tag` (not 0), created at its first use (throws std::bad_alloc then).
   BlockPool& pool(bool small, std::uint16_t tag) {
-    if (tag == 0) return pool(small);
+    STITCH_ASSERT(tag != 0, "the tag pools are of tags");
     if (tag > tag_pools_.size()) tag_pools_.resize(tag);
     std::unique_ptr<TagPools>& t = tag_pools_[tag - 1];
     if (t == nullptr) t = std::make_unique<TagPools>(&index_nodes_, tag);
     return small ? t->small : t->large;
   }
-  /// The pool `segment`'s blocks are filed in: its private pool's, its tag's, or the device's.
-  BlockPool& pool_of(const Segment* segment) noexcept {
-    if (segment->private_pool != nullptr) return segment->private_pool->pool(segment->small);
-    if (segment->tag != 0) {
-      TagPools& t = *tag_pools_[segment->tag - 1];
-      return segment->small ? t.small : t.large;
-    }
-    return pool(segment->small);
-  }
-  BlockPool& pool_of(const Block* block) noexcept { return pool_of(block->segment); }
-  /// The free index's node storage, shared with the private pools' indexes.
+  /// The pool `segment`'s blocks are filed in: its private pool's, its tag's, or its stream's
+  /// share of the device's.
+  static BlockPool& pool_of(const Segment* segment) noexcept { return *segment->pool; }
+  static BlockPool& pool_of(const Block* block) noexcept { return pool_of(block->segment); }
+  /// The index nodes of the tags' and the private pools' indexes (the streams' shards have their
+  /// own).
   NodeStorage* nodes() noexcept { return &index_nodes_; }
   /// The newest segment (the list runs newest first through Segment::next).
   [[nodiscard]] Segment* segments() const noexcept { return segments_; }
-  /// What the store keeps for `stream` (its epoch, its extents; created at first use).
-  StreamReuse* stream_reuse(stream_t stream);
-  /// `segment`'s stream's free blocks changed: the one place their epoch moves.
-  static void free_changed(const Segment* segment) noexcept {
-    // Written under the device lock only: a load and a store, no read-modify-write.
-    std::atomic<std::uint64_t>* e = segment->epoch;
-    e->store(e->load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  /// The free blocks of every stream's share of the device's small or large pool (tag 0), in
+  /// (stream, size, address) order, or of region tag `tag`'s pool (device lock).
+  [[nodiscard]] FreeBlocks free_blocks(bool small, std::uint16_t tag = 0);
+  /// Whether best-fit lookups are counted (garbage_collection_threshold is set: BlockPool::clock).
+  [[nodiscard]] bool gc_clock_runs() const noexcept {
+    return config_.garbage_collection_threshold > 0.0;
   }
 
   /// A new segment over [base, base + size) of `pool` and `stream`, linked in as the newest, with
   /// one block over all of it: free (filed in the index) or unmapped (a reserved range: filed in
-  /// the unmapped set). Returns the block.
-  Block* add_segment(BlockPool& pool, stream_t stream, char* base, std::size_t size,
-                     BlockState initial);
+  /// the unmapped set). Returns the block. `space` is prepare_segment()'s, for `pool` and
+  /// `stream`: nothing here can fail.
+  Block* add_segment(std::unique_ptr<Segment> space, BlockPool& pool, stream_t stream, char* base,
+                     std::size_t size, BlockState initial) noexcept;
   /// A new expandable range over the reserved [va, va + bytes), in page slots of `page` bytes
   /// (`stitched`: a stitching range), with one block over all of it: unmapped, or free (a range
-  /// whose pages the caller has just mapped and enters in its page table).
-  Segment* add_range(BlockPool& pool, stream_t stream, char* va, std::size_t bytes,
-                     std::size_t page, bool stitched, BlockState initial);
+  /// whose pages the caller has just mapped and enters in its page table). As add_segment().
+  Segment* add_range(std::unique_ptr<Segment> space, BlockPool& pool, stream_t stream, char* va,
+                     std::size_t bytes, std::size_t page, bool stitched, BlockState initial) noexcept;
+  /// The host memory a new segment of `pool` and `stream` needs (the Segment, its stream's shard,
+  /// its first block and its index or unmapped-set entry), taken before the caller changes the
+  /// device (allocates, reserves, maps), so that adding the segment after that cannot fail.
+  /// Throws std::bad_alloc with nothing changed (the stream's shard may be made).
+  [[nodiscard]] std::unique_ptr<Segment> prepare_segment(BlockPool& pool, stream_t stream);
   /// Unlinks and deletes `segment`, whose one block is free or unmapped.
   void remove_segment(Segment* segment) noexcept;
 
@@ -160,16 +146,32 @@ class BlockStore {
   }
 
   // ---- blocks -----------------------------------------------------------------------------------
-  /// Best fit for `rounded` bytes of `stream` in `pool` (counts a pool call, the GC clock): the
-  /// smallest free block that may serve it, or nullptr.
-  Block* best_fit(BlockPool& pool, stream_t stream, std::size_t rounded);
-  /// Takes the free `block` out of the index for `rounded` bytes, splitting off the rest when the
-  /// policy says so; returns the block to hand out, allocated (the caller activates it).
+  /// Best fit for `rounded` bytes of `stream` in `pool`: the smallest free block that may serve
+  /// it, or nullptr. Changes nothing.
+  [[nodiscard]] Block* find_fit(BlockPool& pool, stream_t stream, std::size_t rounded) const;
+  /// A best-fit lookup in `pool` happened: the GC clock ticks (while it runs).
+  void tick(BlockPool& pool) const noexcept {
+    if (gc_clock_runs()) pool.clock->fetch_add(1, std::memory_order_relaxed);
+  }
+  /// tick() and find_fit().
+  Block* best_fit(BlockPool& pool, stream_t stream, std::size_t rounded) {
+    tick(pool);
+    return find_fit(pool, stream, rounded);
+  }
+  /// The GC clock of the device's small or large pools.
+  [[nodiscard]] std::uint64_t gc_clock(bool small) const noexcept {
+    return shards_.clocks()[small ? 0 : 1].load(std::memory_order_relaxed);
+  }
+  /// Takes the free `block` (best_fit's) out of the index for `rounded` bytes, splitting off the
+  /// rest when the policy says so; returns the block to hand out, allocated (the caller activates
+  /// it). Throws std::bad_alloc with nothing changed.
   Block* take(BlockPool& pool, Block* block, std::size_t rounded);
   /// Files `block` free, coalescing it with free neighbours; returns the block it ended in.
+  /// Throws std::bad_alloc with nothing changed.
   Block* file(BlockPool& pool, Block* block);
   /// A block whose free completed (its caller's free, or its last event): it leaves the active
   /// set (its requested bytes), forgets its other streams and is filed. Returns the free block.
+  /// Throws std::bad_alloc with nothing changed.
   Block* file_freed(Block* block);
   /// Bytes [start, end) of `block`'s segment, whole pages inside the free `block`, become one
   /// block of state `to` (unmapped: merged with unmapped neighbours; lent); the rest stays free
@@ -179,6 +181,14 @@ class BlockStore {
   /// before and after it stay unmapped, and it becomes free: filed coalesced (`merge`), or alone
   /// in the index (a recorded start state placed next). Returns the block.
   Block* mapped(Block* block, char* at, std::size_t bytes, bool merge);
+  /// The next `blocks` new Block objects of `segment` and `nodes` entries of its pool's index or
+  /// unmapped set will not fail for want of host memory (std::bad_alloc here instead, nothing
+  /// changed): a caller about to change the device first (map, unmap) asks, so that the store's
+  /// change that follows cannot fail.
+  static void reserve(const Segment* segment, std::size_t blocks, std::size_t nodes) {
+    segment->shard->blocks.reserve(blocks);
+    segment->pool->nodes->reserve(nodes);
+  }
   /// The lent `block`'s second mapping is gone: it is free again where it lies.
   Block* return_lent(Block* block);
   /// A recorded start state: `blocks` (offsets from `origin`, address order) are placed inside
@@ -187,75 +197,14 @@ class BlockStore {
   std::vector<Block*> place(BlockPool& pool, Block* run, char* origin,
                             const std::vector<SeedBlock>& blocks);
 
-  // ---- a thread's extent (core/immediate_reuse.hpp) ------------------------------------------------
-  // A free block a thread slot holds out of the index (state parked): free to the statistics (its
-  // inactive-split share stays counted), handed out and taken back by its owner without the
-  // device lock, always split at one place. It is never next to a free block: whoever files its
-  // neighbour settles it first (BlockHolder).
+  // ---- the policy's questions --------------------------------------------------------------------
   /// Whether a block of `bytes` counts as oversize (>= max_split_size).
   [[nodiscard]] bool oversize(std::size_t bytes) const noexcept {
     return bytes >= config_.max_split_size;
   }
-  /// Takes the free `block` out of its pool's index into a slot (parked). The stream's free
-  /// memory is unchanged, so its epoch does not move.
-  void detach(Block* block) noexcept {
-    pool_of(block).index.erase(block);
-    set_state(*block, BlockState::parked);
-  }
-  /// The parked `head` splits after `keep` bytes: a parked tail block for the rest, returned.
-  Block* split_extent(Block* head, std::size_t keep) {
-    Block* tail = link_new_back(head, keep, BlockState::parked);
-    head->size = keep;
-    return tail;
-  }
-  /// The parked `tail` goes back into `head` (its successor).
-  void join_extent(Block* head, Block* tail) noexcept {
-    head->size += tail->size;
-    head->next = tail->next;
-    if (head->next != nullptr) head->next->prev = head;
-    blocks_.destroy(tail);
-  }
-  /// Whether the extent from `head` to `last` is part of a larger segment (inactive split).
-  [[nodiscard]] static bool extent_split(const Block* head, const Block* last) noexcept {
-    return head->prev != nullptr || last->next != nullptr;
-  }
-  /// The parked extent `head` (its tail joined) is filed again: back into the index as it was,
-  /// or merged with a free neighbour that came next to it meanwhile (BlockHolder::release).
-  void refile_extent(Block* head) {
-    const bool alone = (head->prev == nullptr || !head->prev->is_free()) &&
-                       (head->next == nullptr || !head->next->is_free());
-    if (alone) {
-      pool_of(head).index.insert(head);
-      set_state(*head, BlockState::free);
-      free_changed(head->segment);
-      return;
-    }
-    if (head->is_split()) account_inactive_change(head, -1, -static_cast<std::int64_t>(head->size));
-    file(pool_of(head), head);
-  }
-  /// The extent `head` (+ `tail`, or none) of `bytes`, handed out as `head`, becomes what a take
-  /// of the free extent gives: `head` allocated, `tail` the free rest (filed; never next to a
-  /// free block).
-  void settle_extent_handout(Block* head, Block* tail, std::size_t bytes) {
-    const bool was_split = extent_split(head, tail != nullptr ? tail : head);
-    set_state(*head, BlockState::allocated);
-    if (tail != nullptr) {
-      pool_of(tail).index.insert(tail);
-      set_state(*tail, BlockState::free);
-      tail->gc_stamp = head->gc_stamp;  // (a take leaves the free rest its stamp)
-      if (was_split) {
-        account_inactive_change(tail, 0, -static_cast<std::int64_t>(head->size));
-      } else {
-        account_inactive_change(tail, 1, static_cast<std::int64_t>(tail->size));
-      }
-    } else if (was_split) {
-      account_inactive_change(head, -1, -static_cast<std::int64_t>(bytes));
-    }
-    free_changed(head->segment);
-  }
 
   // ---- queries ----------------------------------------------------------------------------------
-  /// The largest free block of the device's pools.
+  /// The largest free block of the streams' shares of the device's pools.
   [[nodiscard]] std::size_t largest_free_block() const;
   /// Every mapped run of every segment as a snapshot segment of `device` (newest segment first,
   /// or oldest first). Lent memory is shown where it is used: in the range that borrowed it.
@@ -291,21 +240,17 @@ class BlockStore {
                                std::int64_t bytes) noexcept {
     // Expandable segments are never "inactive split": their free pages can always be unmapped.
     if (block->segment->expandable) return;
-    auto apply = [small = block->small](PoolCounter& c, std::int64_t n) {
-      if (n > 0) c.add(small, n);
-      if (n < 0) c.sub(small, -n);
-    };
-    apply(hot_.inactive_split, blocks);
-    apply(hot_.inactive_split_bytes, bytes);
+    ShardStats& st = block->shard->stats;
+    hot_.change(st, kInactiveSplits, block->small, blocks);
+    hot_.change(st, kInactiveSplitBytes, block->small, bytes);
   }
+  /// Gives `b`'s object back to its shard.
+  static void destroy(Block* b) noexcept { b->shard->blocks.destroy(b); }
 
   const Config& config_;
+  StreamShards& shards_;
   HotStats& hot_;
-  BlockHolder* holder_ = nullptr;
-  NodeStorage index_nodes_;
-  ObjectPool<Block> blocks_;
-  BlockPool small_{&index_nodes_, true};
-  BlockPool large_{&index_nodes_, false};
+  NodeStorage index_nodes_;  ///< for the tags' and private pools' indexes
   /// The pools of a region tag (tagged segments that are not a private pool's).
   struct TagPools {
     TagPools(NodeStorage* nodes, std::uint16_t tag)
@@ -315,13 +260,70 @@ class BlockStore {
   };
   std::vector<std::unique_ptr<TagPools>> tag_pools_;  ///< [tag - 1], created at first use
   Segment* segments_ = nullptr;
-  std::unordered_map<stream_t, std::unique_ptr<StreamReuse>> streams_;
+};
+
+/// The free blocks of the streams' shares of one of the device's pools, shard after shard in
+/// stream order, or of one tag's pool: a forward range over Block* (device lock).
+class BlockStore::FreeBlocks {
+ public:
+  class iterator {
+   public:
+    using value_type = Block*;
+    using difference_type = std::ptrdiff_t;
+    iterator() = default;
+    Block* operator*() const noexcept { return *it_; }
+    iterator& operator++() noexcept {
+      ++it_;
+      skip_empty();
+      return *this;
+    }
+    iterator operator++(int) noexcept {
+      iterator old = *this;
+      ++*this;
+      return old;
+    }
+    bool operator==(const iterator& o) const noexcept {
+      return pool_ == o.pool_ && (pool_ == nullptr || it_ == o.it_);
+    }
+
+   private:
+    friend class FreeBlocks;
+    /// At the first block of `pool` (then of the shards after `shard`, when it is not null).
+    iterator(const BlockPool* pool, StreamShard* shard, bool small) noexcept
+        : pool_(pool), shard_(shard), small_(small) {
+      if (pool_ != nullptr) it_ = pool_->index.begin();
+      skip_empty();
+    }
+    /// Past the end of a pool: on to the next shard's, or the end.
+    void skip_empty() noexcept {
+      while (pool_ != nullptr && it_ == pool_->index.end()) {
+        shard_ = shard_ != nullptr ? shard_->next.load(std::memory_order_relaxed) : nullptr;
+        pool_ = shard_ != nullptr ? &shard_->pool(small_) : nullptr;
+        if (pool_ != nullptr) it_ = pool_->index.begin();
+      }
+    }
+    const BlockPool* pool_ = nullptr;  ///< nullptr: the end
+    StreamShard* shard_ = nullptr;      ///< the shard whose pool this is (nullptr: a tag's)
+    bool small_ = false;
+    FreeIndex::iterator it_{};
+  };
+
+  /// `tag_pool`'s blocks, or (nullptr) those of every shard from `first`.
+  FreeBlocks(const BlockPool* tag_pool, StreamShard* first, bool small) noexcept
+      : begin_(tag_pool != nullptr ? iterator(tag_pool, nullptr, small)
+                                   : iterator(first != nullptr ? &first->pool(small) : nullptr,
+                                              first, small)) {}
+  [[nodiscard]] iterator begin() const noexcept { return begin_; }
+  [[nodiscard]] static iterator end() noexcept { return iterator(); }
+
+ private:
+  iterator begin_;
 };
 
 // ---- the fast path's operations, inline: a cache hit runs them all -----------------------------
 
 inline Block* BlockStore::link_new_front(Block* b, std::size_t bytes, BlockState state) {
-  Block* front = blocks_.create(b->ptr, bytes, b->stream, b->segment, b->small, state);
+  Block* front = b->shard->blocks.create(b->ptr, bytes, b->stream, b->segment, b->shard, b->small, state);
   front->prev = b->prev;
   front->next = b;
   if (front->prev != nullptr) {
@@ -334,7 +336,8 @@ inline Block* BlockStore::link_new_front(Block* b, std::size_t bytes, BlockState
 }
 
 inline Block* BlockStore::link_new_back(Block* b, std::size_t keep, BlockState state) {
-  Block* back = blocks_.create(b->ptr + keep, b->size - keep, b->stream, b->segment, b->small, state);
+  Block* back = b->shard->blocks.create(b->ptr + keep, b->size - keep, b->stream, b->segment,
+                                        b->shard, b->small, state);
   back->prev = b;
   back->next = b->next;
   if (back->next != nullptr) back->next->prev = back;
@@ -342,8 +345,7 @@ inline Block* BlockStore::link_new_back(Block* b, std::size_t keep, BlockState s
   return back;
 }
 
-inline Block* BlockStore::best_fit(BlockPool& pool, stream_t stream, std::size_t rounded) {
-  ++pool.calls;
+inline Block* BlockStore::find_fit(BlockPool& pool, stream_t stream, std::size_t rounded) const {
   auto it = pool.index.best_fit(stream, rounded);
   if (it == pool.index.end()) return nullptr;
   Block* block = *it;
@@ -362,7 +364,7 @@ inline Block* BlockStore::take(BlockPool& pool, Block* block, std::size_t rounde
     // place (no tree rebalancing when its order is unchanged). An already split free block
     // shrinks; an unsplit one becomes a split remainder.
     const bool was_split = block->is_split();
-    out = link_new_front(block, rounded, BlockState::allocated);
+    out = link_new_front(block, rounded, BlockState::allocated);  // (may throw: nothing changed)
     pool.index.shrink(block, block->ptr + rounded, block->size - rounded);
     if (was_split) {
       account_inactive_change(block, 0, -static_cast<std::int64_t>(rounded));
@@ -374,7 +376,6 @@ inline Block* BlockStore::take(BlockPool& pool, Block* block, std::size_t rounde
     pool.index.erase(block);
     set_state(*block, BlockState::allocated);
   }
-  free_changed(out->segment);
   return out;
 }
 
@@ -382,15 +383,11 @@ inline Block* BlockStore::file(BlockPool& pool, Block* block) {
   // Files a block, coalescing it with free neighbours. A free neighbour survives, re-keyed in
   // place, and `block` is recycled, so the common case needs no tree insert.
   STITCH_ASSERT(may_become(block->state, BlockState::free), "file: a block that may become free");
-  // A thread's extent next to this block is filed first, so that they merge as they would have.
-  if (block->prev != nullptr && block->prev->state == BlockState::parked)
-    holder_->file_if_freed(*block->prev);
-  if (block->next != nullptr && block->next->state == BlockState::parked)
-    holder_->file_if_freed(*block->next);
   // The inactive_split statistics change once, by the net effect (as PyTorch's free_block):
   // each merged neighbour (a free block in a split segment) leaves, the survivor joins.
   Block* prev = block->prev != nullptr && block->prev->is_free() ? block->prev : nullptr;
   Block* next = block->next != nullptr && block->next->is_free() ? block->next : nullptr;
+  if (prev == nullptr && next == nullptr) pool.index.reserve();  // (may throw: nothing changed)
   std::int64_t inactive_blocks = -static_cast<std::int64_t>((prev != nullptr) + (next != nullptr));
   std::int64_t inactive_bytes = -static_cast<std::int64_t>((prev != nullptr ? prev->size : 0) +
                                                            (next != nullptr ? next->size : 0));
@@ -404,8 +401,8 @@ inline Block* BlockStore::file(BlockPool& pool, Block* block) {
     Block* after = next != nullptr ? next->next : block->next;
     prev->next = after;
     if (after != nullptr) after->prev = prev;
-    if (next != nullptr) blocks_.destroy(next);
-    blocks_.destroy(block);
+    if (next != nullptr) destroy(next);
+    destroy(block);
     pool.index.grow(prev, prev->ptr, size);
     survivor = prev;
   } else if (next != nullptr) {
@@ -417,33 +414,30 @@ inline Block* BlockStore::file(BlockPool& pool, Block* block) {
     }
     char* ptr = block->ptr;
     const std::size_t size = block->size + next->size;
-    blocks_.destroy(block);
+    destroy(block);
     pool.index.grow(next, ptr, size);
     survivor = next;
   } else {
     pool.index.insert(block);
     set_state(*block, BlockState::free);
   }
-  survivor->gc_stamp = pool.calls;
+  survivor->gc_stamp = pool.clock->load(std::memory_order_relaxed);
   if (survivor->is_split()) {
     inactive_blocks += 1;
     inactive_bytes += static_cast<std::int64_t>(survivor->size);
   }
   account_inactive_change(survivor, inactive_blocks, inactive_bytes);
-  free_changed(survivor->segment);
-  // A parked block never follows a free block (core/immediate_reuse.hpp): the one after this
-  // one leaves its slot (freed, it is filed now and merges here; handed out, it becomes an
-  // ordinary allocation).
-  if (survivor->next != nullptr && survivor->next->state == BlockState::parked)
-    holder_->release(*survivor->next);  // `survivor` stays, grown if they merged
   return survivor;
 }
 
 inline Block* BlockStore::file_freed(Block* block) {
-  hot_.inactive_block(block->small, static_cast<std::int64_t>(block->requested));
+  BlockPool& pool = pool_of(block);
+  pool.index.reserve();  // (may throw: nothing changed)
+  HotStats::inactive_block(block->shard->stats, block->small,
+                           static_cast<std::int64_t>(block->requested));
   block->requested = 0;
   block->stream_uses.clear();
-  return file(pool_of(block), block);
+  return file(pool, block);
 }
 
 }  // namespace stitch::detail

@@ -1,12 +1,14 @@
-// core/device_allocator.hpp — the caching allocator of one device: the orchestration of the core's
-// types under one lock.
+// core/device_allocator.hpp — the caching allocator of one device: it routes each request to the
+// cache hit or to the device lock, and orchestrates the core's types under the device lock.
 //
-// The fast path (a cache hit) is: lock, best-fit lookup, optional split, table insert, unlock —
-// no heap allocation, no scan, no backend call. The concepts around it are types of their own,
-// each in its header:
+// The fast path (a cache hit, core/cache_hit.hpp) takes its stream shard's lock only: best-fit
+// lookup, optional split, live-table insert — no heap allocation, no scan, no backend call. The
+// concepts around it are types of their own, each in its header:
+// - stream_shards.hpp: each stream's share of the device (its lock, pools and statistics);
+// - cache_hit.hpp: the allocations and frees served under a shard's lock alone;
 // - block_store.hpp: the blocks, segments and pools, and every change of their shape;
-// - immediate_reuse.hpp: the free blocks a thread's last frees ended in, kept in its slot as extents (thread_slots.hpp);
-// - device_lock.hpp: the lock, which settles the threads' extents for every path but malloc's and free's;
+// - hot_stats.hpp: the statistics every allocation changes, per shard, and their exact peaks;
+// - device_lock.hpp: the device lock (its own and every shard's), for every other path;
 // - stream_events.hpp: cross-stream events, recorded, deferred and polled;
 // - private_pools.hpp: CUDA graph pools and their routes, and whether the device may be touched;
 // - ledger.hpp: what is held from the device, and the memory-fraction cap;
@@ -31,18 +33,18 @@
 #include <vector>
 
 #include "core/block_store.hpp"
+#include "core/cache_hit.hpp"
 #include "core/compactor.hpp"
 #include "core/device_lock.hpp"
 #include "core/expandable_ranges.hpp"
 #include "core/hot_stats.hpp"
-#include "core/immediate_reuse.hpp"
 #include "core/ledger.hpp"
 #include "core/oom_capture.hpp"
 #include "core/page_mapper.hpp"
 #include "core/plain_segments.hpp"
 #include "core/private_pools.hpp"
-#include "core/ptr_map.hpp"
 #include "core/sleeper.hpp"
+#include "core/stream_shards.hpp"
 #include "core/stitcher.hpp"
 #include "core/stream_events.hpp"
 #include "diagnostics/recorder.hpp"
@@ -72,33 +74,27 @@ class DeviceAllocator {
     void* ptr;
     detail::OomCapture* failure;
   };
-  /// Allocates `size` bytes for `stream`. Throws backend_error. (Inline: the calling thread's
-  /// extent without the lock, core/immediate_reuse.hpp; else the locked path.)
+  /// Allocates `size` bytes for `stream`. Throws backend_error and std::bad_alloc, with nothing
+  /// changed. (Inline: the cache hit under the stream's shard lock; else the device lock.)
   Allocation malloc(std::size_t size, stream_t stream) {
-    detail::ThreadSlot* mine = reuse_.mine();
-    // (While the slot is cold its owner takes the locked path: ThreadSlot::cold.)
-    if (mine != nullptr && mine->cold == 0 && size != 0) [[likely]] {
-      if (void* again = reuse_.take(*mine, size, stream)) return {again, nullptr};  // no lock
-    }
-    return malloc_locked(size, stream, mine);
+    if (void* p = hits_.allocate(size, stream)) [[likely]] return {p, nullptr};
+    return malloc_locked(size, stream);
   }
   /// Frees `ptr` if this device owns it. `expected_size` (if not null) must equal the requested
   /// size; `stream` (if not null and not the allocation stream) is treated as a last use. The
   /// requested size is stored in `actual_size` when given.
   FreeStatus free(void* ptr, const std::size_t* expected_size, const stream_t* stream,
                   std::size_t* actual_size = nullptr) {
-    detail::ThreadSlot* mine = reuse_.mine();
-    if (mine != nullptr && mine->cold == 0 &&
-        reuse_.free_again(*mine, ptr, expected_size, stream, actual_size)) [[likely]]
-      return FreeStatus::freed;
-    return free_locked(ptr, expected_size, stream, actual_size, mine);
+    switch (hits_.free(ptr, expected_size, stream, actual_size)) {
+      case detail::CacheHit::Freed::yes: return FreeStatus::freed;
+      case detail::CacheHit::Freed::wrong_size: return FreeStatus::wrong_size;
+      default: return free_locked(ptr, expected_size, stream, actual_size);
+    }
   }
-  /// free() when the calling thread takes `ptr` back into its extent without the device lock
-  /// (immediate reuse); false, with nothing done, otherwise.
-  bool free_unlocked(void* ptr, const stream_t* stream) noexcept {
-    detail::ThreadSlot* mine = reuse_.mine();
-    return mine != nullptr && mine->cold == 0 &&
-           reuse_.free_again(*mine, ptr, nullptr, stream, nullptr);
+  /// free() when the cache hit frees `ptr` (without the device lock); false, with nothing done,
+  /// otherwise (another device's pointer, or a free the device lock must do).
+  bool free_unlocked(void* ptr, const stream_t* stream) {
+    return hits_.free(ptr, nullptr, stream, nullptr) == detail::CacheHit::Freed::yes;
   }
   /// Adds `stream` as a user of the live block at `ptr`; false if this device does not own it.
   bool record_stream(void* ptr, stream_t stream);
@@ -140,10 +136,9 @@ class DeviceAllocator {
   /// when `apply_fraction` (the key was given) or when it differs from the current setting, so
   /// a fraction set with set_memory_fraction() survives a configure() of other keys.
   void set_config(const Config& config, bool apply_fraction);
-  /// Immediate reuse (core/immediate_reuse.hpp) on (the default) or off. Results are identical
-  /// either way; tests compare the two. `backoff` off: every free keeps an extent, even where
-  /// extents served nothing lately (the tests' way to exercise them most; ThreadSlot::cold).
-  void set_immediate_reuse(bool on, bool backoff = true);
+  /// The cache hit (core/cache_hit.hpp) on (the default) or off: off, the device lock serves
+  /// every request. Results are identical either way; tests and benchmarks compare the two.
+  void set_cache_hit(bool on);
 
   /// The statistics, after retiring the cross-stream events that have completed (so a block
   /// whose streams are done counts as free, not active, whether or not an allocation came since).
@@ -200,16 +195,16 @@ class DeviceAllocator {
   using Block = detail::Block;
   using BlockPool = detail::BlockPool;
 
-  /// malloc() and free() past the calling thread's extents (`mine`: its slot, or nullptr).
-  Allocation malloc_locked(std::size_t size, stream_t stream, detail::ThreadSlot* mine);
+  /// malloc() and free() under the device lock (what the cache hit leaves).
+  Allocation malloc_locked(std::size_t size, stream_t stream);
   FreeStatus free_locked(void* ptr, const std::size_t* expected_size, const stream_t* stream,
-                         std::size_t* actual_size, detail::ThreadSlot* mine);
+                         std::size_t* actual_size);
   /// Marks the allocated `block` as serving a request of `requested` bytes and counts it.
   [[gnu::always_inline]] inline void activate(Block* block, std::size_t requested) noexcept;
   /// malloc() from the tagged `pool` (a region tag's, or a tagged graph pool's): refused while the
-  /// tag is asleep. `mine`: the caller's slot, settled first.
-  Allocation malloc_in_tagged_pool(BlockPool& pool, detail::ThreadSlot* mine, std::size_t size,
-                                   std::size_t rounded, stream_t stream);
+  /// tag is asleep.
+  Allocation malloc_in_tagged_pool(BlockPool& pool, std::size_t size, std::size_t rounded,
+                                   stream_t stream);
   /// malloc() (locked) inside a region: memory of region tag `tag`, kept over a sleep when
   /// `backup`. Throws error while the tag is asleep here, and backend_error where the device has
   /// no virtual-memory API. An allocation a private-pool route takes is the pool's.
@@ -223,14 +218,18 @@ class DeviceAllocator {
   /// A pending block's last event completed: it becomes free.
   void complete_pending(Block* block);
   /// Retires the completed events, when the device may be touched: for an allocation on
-  /// `*stream` (also recording the deferred events, after settling the caller's slot `mine`), or
-  /// for a reader (`stream` null: only when no stream with events outstanding captures).
-  void poll_events(detail::ThreadSlot* mine, const stream_t* stream);
+  /// `*stream` (also recording the deferred events), or for a reader (`stream` null: only when
+  /// no stream with events outstanding captures).
+  void poll_events(const stream_t* stream);
   /// Records the deferred events of the blocks none of whose streams captures any more.
   void record_deferred_events();
-  /// Whether the threads' slots may take pairs without the lock (immediate reuse on, no
-  /// recording, no private-pool route).
-  void note_pairs() noexcept { reuse_.allow_pairs(!recorder_.enabled() && !pools_.routing()); }
+  /// Closes the cache hit while the history is recorded, a private-pool route is underway or
+  /// events are outstanding or deferred, and opens it when none is.
+  void note_hit_rules() noexcept {
+    hits_.close(detail::CacheHit::kRecording, recorder_.enabled());
+    hits_.close(detail::CacheHit::kRouting, pools_.routing());
+    hits_.close(detail::CacheHit::kEvents, events_.outstanding() != 0 || events_.deferred() != 0);
+  }
   /// DeviceStats with the fast path's counters expanded in (the lock is held).
   [[nodiscard]] DeviceStats stats_locked() const noexcept;
 
@@ -262,14 +261,15 @@ class DeviceAllocator {
   bool configured_ = false;  ///< set_config() ran once
 
   DeviceStats stats_;       ///< every statistic except the fast path's (hot_)
-  detail::HotStats hot_;    ///< allocation, active, requested and inactive-split counters
   detail::Recorder recorder_;
   detail::Ledger ledger_{stats_, recorder_};  ///< what is held from the device, and the cap
-  detail::BlockStore store_{config_, hot_};
-  /// The live allocations, and the blocks parked in the threads' slots (core/immediate_reuse.hpp).
-  detail::PtrMap<Block> live_;
-  detail::ImmediateReuse reuse_{store_, hot_, stats_, live_};
-  mutable detail::DeviceLock<detail::ImmediateReuse> mutex_{&reuse_};
+  detail::StreamShards shards_;
+  /// allocation, active, requested and inactive-split counters (per shard) and their peaks
+  detail::HotStats hot_{shards_.head()};
+  detail::BlockStore store_{config_, shards_, hot_};
+  detail::LiveTable live_{1024};  ///< the live allocations
+  mutable detail::DeviceLock mutex_{shards_};
+  detail::CacheHit hits_{config_, shards_, store_, hot_, live_, mutex_.generation()};
   detail::PageMapper pages_{backend_, device_};
   detail::StreamEvents events_{backend_, device_};
   detail::PrivatePools pools_{backend_, device_, store_.nodes()};
@@ -292,9 +292,16 @@ DeviceAllocator::Allocation DeviceAllocator::allocate_from(BlockPool& pool, std:
     block = allocate_slow(pool, stream, rounded, size);
     if (block == nullptr) return {nullptr, failed_.release()};
   }
-  block = store_.take(pool, block, rounded);
+  // The live table's slot first: nothing changes if it cannot be had (std::bad_alloc).
+  detail::LiveTable::Slot* slot = live_.claim_excluding_writers(detail::LiveTable::key_of(block->ptr));
+  try {
+    block = store_.take(pool, block, rounded);
+  } catch (...) {
+    detail::LiveTable::abandon(slot);
+    throw;
+  }
+  detail::LiveTable::publish(slot, block);
   activate(block, size);
-  live_.insert(block->ptr, block);
   recorder_.trace(TraceAction::alloc, block->ptr, size, stream);
   return {block->ptr, nullptr};
 }
@@ -303,7 +310,7 @@ void DeviceAllocator::activate(Block* block, std::size_t requested) noexcept {
   block->requested = requested;
   block->oversize = block->size >= config_.max_split_size;
   if (block->oversize) stats_.oversize_allocations.increase(1);
-  hot_.allocated_block(block->small, static_cast<std::int64_t>(block->size),
+  hot_.allocated_block(block->shard->stats, block->small, static_cast<std::int64_t>(block->size),
                        static_cast<std::int64_t>(requested));
 }
 

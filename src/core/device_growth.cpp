@@ -3,7 +3,6 @@
 // everything cached and retrying, compaction), and the release of everything cached.
 #include "core/device_allocator.hpp"
 
-#include <algorithm>
 #include <cstdint>
 #include "core/size_policy.hpp"
 
@@ -27,26 +26,6 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(BlockPool& pool, stream_t
     return ranged ? ranges_.grow(pool, stream, rounded, !touch)
                   : plain_.allocate(pool, stream, alloc_size);
   };
-  const bool device_pool = pool.owner == nullptr && pool.tag == 0;
-  // Threads that share a stream keep their extents: a request of at most kOwnSegment's segment
-  // that only another live thread's extent could serve gets new memory while the device has room
-  // (at most kExtents such extents per thread), so that each thread's pairs stay its own instead
-  // of both taking one segment from each other at every request (docs/architecture.md).
-  constexpr std::size_t kOwnSegment = std::size_t{32} << 20;
-  const std::size_t segment = detail::segment_size(rounded);
-  if (device_pool && touch && segment <= kOwnSegment && reuse_.others_hold(stream, pool.small, rounded)) {
-    const double limit = static_cast<double>(
-        std::min(backend_.total_memory(device_), ledger_.cap().value_or(SIZE_MAX)));
-    if (static_cast<double>(ledger_.reserved() + segment) < 0.9 * limit) {
-      if (Block* block = grow()) return block;
-    }
-  }
-  // The threads' extents are free memory: filed back before growing (the slow path may release,
-  // move or reuse any free block), and best fit looks again when there were some (another live
-  // thread's extent on this stream may serve the request; the thread's own were weighed).
-  if (reuse_.settle_all_for(stream, pool.small, rounded) && device_pool) {
-    if (Block* block = store_.best_fit(pool, stream, rounded)) return block;
-  }
   Block* block = nullptr;
   if (!touch) {
     // A stream may be capturing: new memory only, nothing released, synchronized, unmapped or
@@ -93,9 +72,9 @@ void DeviceAllocator::release_cached_blocks(std::size_t keep) {
     ++stats_.num_sync_all_streams;
     events_.wait_all([this](Block* b) { complete_pending(b); });
   }
-  reuse_.note_events(events_.outstanding() != 0);
-  plain_.release_free(store_.pool(true), keep);
-  plain_.release_free(store_.pool(false), keep);
+  note_hit_rules();
+  plain_.release_free(true, keep);
+  plain_.release_free(false, keep);
   ranges_.release_free_pages(keep);
   if (keep != 0 && ledger_.reserved() <= keep) return;
   release_unused_pools();

@@ -1,56 +1,47 @@
-// core/device_lock.hpp — the device lock, which settles the threads' extents.
+// core/device_lock.hpp — the device lock: the device's own lock and then every stream shard's
+// (core/stream_shards.hpp), in stream order. Whoever holds it owns the whole device: every block,
+// segment, pool and statistic, with no cache hit running (a hit holds one shard's lock only,
+// core/cache_hit.hpp). Every path but the cache hit takes it: growth and the out-of-memory ladder,
+// events, stitching, compaction, sleep, the queries and the configuration.
 //
-// Immediate reuse keeps free blocks in the threads' slots, out of the free index, and hands out
-// blocks of them without the lock (core/immediate_reuse.hpp). Nothing but malloc and free may see
-// them that way, so the lock settles them: lock() — what std::lock_guard and every other entry point take
-// — settles every slot before returning, and only malloc and free take the lock without that
-// (lock_unsettled), settling what they need themselves. A path added later that locks the
-// device cannot forget it.
+// It refuses, with stitch::error and before touching any lock, in a child process that fork()
+// made after the allocator was created: a lock another thread of the parent held is held forever
+// in the child, CUDA cannot be used in a forked child, and the simulated device's memory is
+// shared with the parent (core/fork_guard.hpp).
 #pragma once
 
+#include <cstdint>
+
+#include "core/fork_guard.hpp"
 #include "core/spin_lock.hpp"
+#include "core/stream_shards.hpp"
 
 namespace stitch::detail {
 
-/// `Owner::settle_all()` settles every thread's slot (under the lock): ImmediateReuse.
-template <typename Owner>
 class DeviceLock {
  public:
-  explicit DeviceLock(Owner* owner) noexcept : owner_(owner) {}
+  explicit DeviceLock(StreamShards& shards) noexcept
+      : shards_(shards), generation_(fork_generation()) {}
   DeviceLock(const DeviceLock&) = delete;
   DeviceLock& operator=(const DeviceLock&) = delete;
 
-  /// Takes the lock and settles every extent. If settling throws, the lock is released
-  /// and the exception passes on.
+  /// Takes the device's lock and every shard's. Throws stitch::error in a forked child.
   void lock() {
+    refuse_after_fork(generation_);
     spin_.lock();
-    try {
-      owner_->settle_all();
-    } catch (...) {
-      spin_.unlock();
-      throw;
-    }
+    shards_.lock_all();
   }
-  void unlock() noexcept { spin_.unlock(); }
-  /// Takes the lock leaving the slots as they are: malloc and free only.
-  void lock_unsettled() noexcept { spin_.lock(); }
+  void unlock() noexcept {
+    shards_.unlock_all();
+    spin_.unlock();
+  }
+  /// The fork generation the allocator was created in (the cache hit checks it too).
+  [[nodiscard]] std::uint32_t generation() const noexcept { return generation_; }
 
  private:
   SpinLock spin_;
-  Owner* owner_;
-};
-
-/// The lock without settling, released at scope exit.
-template <typename Lock>
-class UnsettledGuard {
- public:
-  explicit UnsettledGuard(Lock& lock) noexcept : lock_(lock) { lock_.lock_unsettled(); }
-  ~UnsettledGuard() { lock_.unlock(); }
-  UnsettledGuard(const UnsettledGuard&) = delete;
-  UnsettledGuard& operator=(const UnsettledGuard&) = delete;
-
- private:
-  Lock& lock_;
+  StreamShards& shards_;
+  const std::uint32_t generation_;
 };
 
 }  // namespace stitch::detail

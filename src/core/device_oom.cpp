@@ -85,11 +85,11 @@ void DeviceAllocator::capture_oom(std::size_t requested, std::size_t rounded,
   }
   f.allowed = ledger_.cap();
   f.reserved = ledger_.reserved();
-  f.allocated = static_cast<std::size_t>(hot_.allocated_bytes.current());
+  f.allocated = static_cast<std::size_t>(hot_.current(detail::kAllocatedBytes));
   f.largest_free_block = store_.largest_free_block();
   f.expandable = config_.expandable_segments;
   for (const bool pool_small : {true, false}) {
-    for (const Block* b : store_.pool(pool_small).index) {
+    for (const Block* b : store_.free_blocks(pool_small)) {
       if (pool_small != small) {
         f.free_other_pool += b->size;
       } else if (b->stream != stream) {
@@ -107,7 +107,7 @@ void DeviceAllocator::capture_oom(std::size_t requested, std::size_t rounded,
   }
   // The five largest live blocks, with their allocation stacks when they were recorded.
   std::vector<const Block*> live;
-  live_.for_each([&](const void*, const Block* b) { live.push_back(b); });
+  live_.for_each([&](detail::LiveTable::Key, const Block* b) { live.push_back(b); });
   const std::size_t top = std::min<std::size_t>(5, live.size());
   std::partial_sort(live.begin(), live.begin() + static_cast<std::ptrdiff_t>(top), live.end(),
                     [](const Block* x, const Block* y) { return x->size > y->size; });

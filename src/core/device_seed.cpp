@@ -11,15 +11,15 @@ std::size_t DeviceAllocator::expandable_page(bool small) {
 }
 
 void DeviceAllocator::seeded(Block* block, const SeedBlock& seed) {
+  detail::LiveTable::publish(live_.claim_excluding_writers(detail::LiveTable::key_of(block->ptr)), block);
   activate(block, seed.requested);
-  live_.insert(block->ptr, block);
   recorder_.trace(TraceAction::alloc, block->ptr, seed.requested, block->stream);
 }
 
 std::vector<void*> DeviceAllocator::seed_segment(stream_t stream, bool small, std::size_t bytes,
                                                  const std::vector<SeedBlock>& blocks) {
   std::lock_guard lock(mutex_);
-  BlockPool& pool = store_.pool(small);
+  BlockPool& pool = store_.pool(stream, small);
   Block* head = plain_.allocate(pool, stream, bytes);
   if (head == nullptr) return {};
   const std::vector<Block*> placed = store_.place(pool, head, head->ptr, blocks);
@@ -37,7 +37,7 @@ std::vector<void*> DeviceAllocator::seed_expandable(stream_t stream, bool small,
                                                     const std::vector<SeedBlock>& blocks) {
   std::lock_guard lock(mutex_);
   const std::vector<Block*> placed = ranges_.seed(
-      store_.pool(small), stream, runs, blocks,
+      store_.pool(stream, small), stream, runs, blocks,
       [this](Block* b, const SeedBlock& seed) { seeded(b, seed); });
   std::vector<void*> out;
   out.reserve(placed.size());

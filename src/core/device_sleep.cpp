@@ -27,24 +27,22 @@ DeviceAllocator::Allocation DeviceAllocator::malloc_tagged(std::size_t size, str
     capture_oom(size, size, size, false, stream);
     return {nullptr, failed_.release()};
   }
-  if (events_.outstanding() != 0 || events_.deferred() != 0) poll_events(nullptr, &stream);
+  if (events_.outstanding() != 0 || events_.deferred() != 0) poll_events(&stream);
   const std::size_t rounded = detail::round_size(size, config_.roundup_power2_divisions);
   const bool small = detail::is_small(rounded);
   // A route's private pool takes it (a graph's, tagged by the region its capture began in).
   BlockPool& pool = pools_.routing() ? pools_.route(stream, small, store_.pool(small, tag))
                                      : store_.pool(small, tag);
   if (pool.tag == 0) return allocate_from(pool, size, rounded, stream);  // an untagged graph pool
-  const Allocation a = malloc_in_tagged_pool(pool, nullptr, size, rounded, stream);
-  if (a.ptr != nullptr && pool.owner == nullptr) live_.find(a.ptr)->backup = backup;
+  const Allocation a = malloc_in_tagged_pool(pool, size, rounded, stream);
+  if (a.ptr != nullptr && pool.owner == nullptr) live_.find(detail::LiveTable::key_of(a.ptr))->backup = backup;
   return a;
 }
 
 DeviceAllocator::Allocation DeviceAllocator::malloc_in_tagged_pool(BlockPool& pool,
-                                                                   detail::ThreadSlot* mine,
                                                                    std::size_t size,
                                                                    std::size_t rounded,
                                                                    stream_t stream) {
-  if (mine != nullptr) reuse_.settle(*mine);
   if (sleeper_.asleep(pool.tag))
     throw error(fmt::format(
         "cannot allocate {} bytes under region tag '{}' on device {}: the tag is asleep "
@@ -52,12 +50,13 @@ DeviceAllocator::Allocation DeviceAllocator::malloc_in_tagged_pool(BlockPool& po
   sleeper_.note_used(pool.tag);
   const Allocation a = allocate_from(pool, size, rounded, stream);
   // A graph pool's blocks are kept over a sleep as its region asked (the region's own: below).
-  if (a.ptr != nullptr) live_.find(a.ptr)->backup = pool.owner != nullptr && pool.owner->backup;
+  if (a.ptr != nullptr)
+    live_.find(detail::LiveTable::key_of(a.ptr))->backup = pool.owner != nullptr && pool.owner->backup;
   return a;
 }
 
 void DeviceAllocator::name_tag(std::uint16_t tag, const std::string& name) {
-  std::lock_guard lock(mutex_);  // (settles every slot: the thread's wait while a region is open)
+  std::lock_guard lock(mutex_);
   if (tag_names_.size() <= tag) tag_names_.resize(std::size_t{tag} + 1);
   tag_names_[tag] = name;
 }
@@ -94,7 +93,7 @@ void DeviceAllocator::refuse_while_capturing(const char* what) {
 
 bool DeviceAllocator::sleep(const std::vector<std::uint16_t>& tags,
                             const std::vector<std::uint16_t>& backup_tags) {
-  std::lock_guard lock(mutex_);  // settles the threads' extents
+  std::lock_guard lock(mutex_);
   std::vector<std::uint16_t> todo;
   for (std::uint16_t t : tags)
     if (sleeper_.used(t) && !sleeper_.asleep(t)) todo.push_back(t);
@@ -107,7 +106,7 @@ bool DeviceAllocator::sleep(const std::vector<std::uint16_t>& tags,
   // The blocks freed on other streams are free now: their events have completed.
   record_deferred_events();
   events_.poll([this](Block* b) { complete_pending(b); });
-  reuse_.note_events(events_.outstanding() != 0);
+  note_hit_rules();
   sleeper_.sleep(todo, [&](const Block* b) {
     return b->backup ||
            std::find(backup_tags.begin(), backup_tags.end(), b->segment->tag) != backup_tags.end();
@@ -149,7 +148,7 @@ void DeviceAllocator::trim(std::size_t keep) {
 
 std::string DeviceAllocator::residency(const std::function<std::string(std::uint16_t)>& tag_name) {
   std::lock_guard lock(mutex_);
-  poll_events(nullptr, nullptr);
+  poll_events(nullptr);
   // Per owner: live bytes, cached (free, mapped) bytes, reserved (mapped) bytes.
   struct Sums {
     std::size_t live = 0, cached = 0, reserved = 0, segments = 0;

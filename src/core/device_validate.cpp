@@ -33,8 +33,10 @@ void check_stat(int device, const char* name, const StatArray& have, const std::
 void DeviceAllocator::validate() const {
   std::lock_guard lock(mutex_);
   const detail::StoreCount c =
-      store_.validate(device_, [this](const Block* b) { return live_.find(b->ptr) == b; });
-  if (c.allocated != live_.size()) broken(device_, "the live table holds unknown pointers");
+      store_.validate(device_, [this](const Block* b) {
+        return live_.find(detail::LiveTable::key_of(b->ptr)) == b;
+      });
+  if (c.allocated != live_.count()) broken(device_, "the live table holds unknown pointers");
   events_.validate(device_, c.pending_events, c.deferred);
   pools_.validate(c);
   // A handle waiting for its release (orphaned) is mapped nowhere.

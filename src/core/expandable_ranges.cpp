@@ -39,9 +39,10 @@ Segment* ExpandableRanges::create(BlockPool& pool, stream_t stream, std::size_t 
   const std::size_t total = pages_.device_total();
   const std::size_t bytes =
       std::max(round_up(total + total / 8, page), round_up(min_bytes, page));
+  std::unique_ptr<Segment> space = store_.prepare_segment(pool, stream);  // (before the device)
   char* va = pages_.reserve(bytes, pages_.granularity());
   if (va == nullptr) return nullptr;
-  return store_.add_range(pool, stream, va, bytes, page, false, BlockState::unmapped);
+  return store_.add_range(std::move(space), pool, stream, va, bytes, page, false, BlockState::unmapped);
 }
 
 template <typename Pick>
@@ -49,7 +50,7 @@ Block* ExpandableRanges::first_or_new(BlockPool& pool, stream_t stream, std::siz
                                       std::size_t slot, Pick&& pick) {
   // The unmapped blocks of `stream` in address order (the pool's unmapped set is ordered by
   // stream, then address): the lowest hole that serves comes first.
-  Block probe(nullptr, 0, stream, nullptr, pool.small, BlockState::unmapped);
+  Block probe(nullptr, 0, stream, nullptr, nullptr, pool.small, BlockState::unmapped);
   for (auto it = pool.unmapped.lower_bound(&probe);
        it != pool.unmapped.end() && (*it)->stream == stream; ++it) {
     if ((*it)->segment->page != slot) continue;  // a range of the other kind (stitching or not)
@@ -133,6 +134,7 @@ Block* ExpandableRanges::map_front(Block* target, std::size_t bytes, std::size_t
   Segment* segment = target->segment;
   if (!ledger_.fits(bytes)) return nullptr;
   const std::size_t first = static_cast<std::size_t>(target->ptr - segment->base) / segment->page;
+  BlockStore::reserve(segment, 2, 4);  // mapped() below cannot fail (may throw: nothing changed)
   if (!pages_.map(*segment, first, bytes / segment->page, unit / segment->page)) return nullptr;
   ledger_.mapped(*segment, target->ptr, bytes);
   return store_.mapped(target, target->ptr, bytes, /*merge=*/true);

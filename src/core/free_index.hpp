@@ -23,6 +23,8 @@ class FreeIndex {
   explicit FreeIndex(PoolAllocator<Block*>::Storage* nodes)
       : set_(FreeOrder{}, PoolAllocator<Block*>(nodes)) {}
 
+  /// The next insert() will not throw for want of a node (std::bad_alloc here instead).
+  void reserve() { set_.get_allocator().storage_->reserve(1); }
   /// Files `b` (the block store marks it free).
   void insert(Block* b) { b->pos = set_.insert(b).first; }
   void erase(Block* b) noexcept { set_.erase(b->pos); }

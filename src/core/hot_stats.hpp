@@ -1,179 +1,164 @@
-// core/hot_stats.hpp — the statistics that every allocation and free changes, kept in a form
-// that costs the fast path fewer memory updates than DeviceStats, and expanded into DeviceStats
-// on read (HotStats::expand).
+// core/hot_stats.hpp — the statistics that every allocation and free changes: counted per stream
+// shard (core/stream_shard.hpp), so that threads on different streams write none of the same
+// memory, and summed on read; and their peaks, which are the device's, kept exact by PeakBoard.
 //
-// Two identities do the saving:
-// - "all" is the sum of the two pools in current, allocated and freed; only its peak is tracked
-//   (on each increase), so a decrease touches one pool and nothing else;
-// - active = allocated + pending (blocks freed by the caller that still wait for events on other
-//   streams). A free without events changes the allocation counters only; active's current,
-//   allocated and freed follow from them, and only its peak is tracked, on allocation.
-// Not thread-safe: it lives under its device's lock.
+// The counters (allocation, allocated, requested and inactive-split blocks and bytes, each per
+// pool) live in ShardStats, changed only under the shard's lock. A peak is the largest device-wide
+// sum ever reached, so every increase must know whether it makes a new one without reading the
+// other shards, which other threads are writing. Each shard publishes a ceiling per counter, at
+// or above its value at all times (raised, rarely, when the value passes it), and caches its room:
+// min(its own ceiling, the peak - the other shards' ceilings). An increase that stays within the
+// room cannot make a new peak, so it costs a comparison; one that passes it reads the other
+// shards' values and raises the peak if the sum is above it (PeakBoard::observe). A raised
+// ceiling bumps the board's version, and a shard whose cached version is old recomputes its room
+// first. So every peak is exact whenever the shards' changes are ordered (one thread, or threads
+// that take turns); threads that truly run at once read each other's values as they are at that
+// moment (docs/diagnostics.md).
+//
+// Blocks waiting for events (pending) and the active peaks are counted device-wide, under the
+// device lock: while a block is pending the cache hit is closed (core/cache_hit.hpp), so only the
+// device lock changes them. active = allocated + pending: a free without events changes the
+// allocation counters only, and active's own peaks are tracked only while something is pending.
 #pragma once
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 
 #include "stitch/stats.hpp"
 
 namespace stitch::detail {
 
-/// One statistic for the two pools, with the peak of their sum.
+struct StreamShard;
+
+/// The counters a shard keeps.
+enum HotCounter : int {
+  kAllocations,
+  kAllocatedBytes,
+  kRequestedBytes,
+  kInactiveSplits,
+  kInactiveSplitBytes,
+  kHotCounters
+};
+/// A tracked peak: counter `c` in pool `p` (0 small, 1 large) or in both (p = 2).
+constexpr int kTracked = kHotCounters * 3;
+constexpr int tracked(int c, int p) noexcept { return c * 3 + p; }
+
+/// One shard's counters. `cur` is read by other threads (PeakBoard::observe): atomics, written
+/// with a load and a store by the shard's lock holder.
+struct ShardStats {
+  alignas(64) std::atomic<std::int64_t> cur[kHotCounters][2] = {};
+  std::int64_t allocated[kHotCounters][2] = {};  ///< running sums (read under the device lock)
+  std::int64_t freed[kHotCounters][2] = {};
+  std::int64_t hits = 0;  ///< allocations the cache hit served (num_cache_hits)
+  /// How far each tracked value may rise before it could make a new peak (PeakBoard).
+  std::int64_t room[kTracked] = {};
+  std::uint64_t seen = ~std::uint64_t{0};  ///< the board's version `room` was computed at
+  /// At or above the tracked values at all times; read by the other shards.
+  alignas(64) std::atomic<std::int64_t> ceiling[kTracked] = {};
+
+  [[nodiscard]] std::int64_t value(int k) const noexcept {
+    const int c = k / 3;
+    const int p = k % 3;
+    if (p < 2) return cur[c][p].load(std::memory_order_relaxed);
+    return cur[c][0].load(std::memory_order_relaxed) + cur[c][1].load(std::memory_order_relaxed);
+  }
+};
+
+/// A device-wide counter in the two pools (pending blocks), under the device lock.
 struct PoolCounter {
-  std::array<Stat, 2> pool{};  ///< [0] small pool, [1] large pool
-  std::int64_t all_peak = 0;
-
-  [[nodiscard]] std::int64_t current() const noexcept { return pool[0].current + pool[1].current; }
-  [[gnu::always_inline]] void add(bool small, std::int64_t n) noexcept {
-    pool[small ? 0 : 1].increase(n);
-    const std::int64_t total = current();
-    if (total > all_peak) all_peak = total;
-  }
-  [[gnu::always_inline]] void sub(bool small, std::int64_t n) noexcept {
-    pool[small ? 0 : 1].decrease(n);
-  }
-  /// The value rose by `n` and fell back (a free and re-allocation that cancelled out, see
-  /// ImmediateReuse::apply_pairs): running sums and peaks as if both steps were applied.
-  [[gnu::always_inline]] void rise_and_fall(bool small, std::int64_t n) noexcept {
-    Stat& s = pool[small ? 0 : 1];
-    s.allocated += n;
-    s.freed += n;
-    if (s.current + n > s.peak) s.peak = s.current + n;
-    if (current() + n > all_peak) all_peak = current() + n;
-  }
-  /// The value fell by `n` and rose back: the running sums move, the peaks cannot.
-  [[gnu::always_inline]] void fall_and_rise(bool small, std::int64_t n) noexcept {
-    Stat& s = pool[small ? 0 : 1];
-    s.allocated += n;
-    s.freed += n;
-  }
-  /// `times` rises by `n` that each fell back at once: the sums move `times` over, the peaks
-  /// as for one.
-  void rise_and_fall(bool small, std::int64_t n, std::int64_t times) noexcept {
-    if (times <= 0) return;
-    rise_and_fall(small, n);
-    Stat& s = pool[small ? 0 : 1];
-    s.allocated += n * (times - 1);
-    s.freed += n * (times - 1);
-  }
-  void reset_peak() noexcept {
-    for (Stat& s : pool) s.reset_peak();
-    all_peak = current();
-  }
-  void reset_accumulated() noexcept {
-    for (Stat& s : pool) s.reset_accumulated();
-  }
-  /// The PyTorch view: all, small pool, large pool.
-  void expand(StatArray& out) const noexcept {
-    out[kSmallPool] = pool[0];
-    out[kLargePool] = pool[1];
-    out[kAll] = Stat{current(), all_peak, pool[0].allocated + pool[1].allocated,
-                     pool[0].freed + pool[1].freed};
-  }
+  std::array<std::int64_t, 2> current{};  ///< [0] small pool, [1] large pool
+  [[nodiscard]] std::int64_t total() const noexcept { return current[0] + current[1]; }
+  void add(bool small, std::int64_t n) noexcept { current[small ? 0 : 1] += n; }
+  void sub(bool small, std::int64_t n) noexcept { current[small ? 0 : 1] -= n; }
 };
 
-/// A statistic that is the sum of an allocation counter and a pending counter (active, or
-/// active_bytes): only its peaks are stored. While nothing is pending it equals the allocation
-/// counter, whose own peak then covers it, so note() is needed only while something is pending
-/// (HotStats::allocated_block checks that).
-struct ActiveCounter {
-  std::array<std::int64_t, 2> peak{};
-  std::int64_t all_peak = 0;
-  /// Pending amounts when the running sums were last reset: active's freed count restarts there.
-  std::array<std::int64_t, 2> pending_at_reset{};
+/// The device's hot statistics: the peaks of the shards' counters (PeakBoard), the pending
+/// counters and the active peaks. `head` is the first shard of the device (StreamShards).
+class HotStats {
+ public:
+  explicit HotStats(const std::atomic<StreamShard*>& head) noexcept : head_(head) {}
+  HotStats(const HotStats&) = delete;
+  HotStats& operator=(const HotStats&) = delete;
 
-  /// After an increase of `allocated` in the pool `small` (pending never grows active).
-  void note(const PoolCounter& allocated, const PoolCounter& pending, bool small) noexcept {
+  /// `st`'s counter `c` in pool `small` rose by n > 0 (the shard's lock is held).
+  [[gnu::always_inline]] void add(ShardStats& st, int c, bool small, std::int64_t n) noexcept {
     const int p = small ? 0 : 1;
-    const std::int64_t here = allocated.pool[p].current + pending.pool[p].current;
-    if (here > peak[p]) peak[p] = here;
-    const std::int64_t total = allocated.current() + pending.current();
-    if (total > all_peak) all_peak = total;
+    const std::int64_t v = st.cur[c][p].load(std::memory_order_relaxed) + n;
+    st.cur[c][p].store(v, std::memory_order_relaxed);
+    st.allocated[c][p] += n;
+    const std::int64_t both = v + st.cur[c][1 - p].load(std::memory_order_relaxed);
+    if (v > st.room[tracked(c, p)] || both > st.room[tracked(c, 2)] ||
+        version_.load(std::memory_order_relaxed) != st.seen) [[unlikely]]
+      observe(st, c, p);
   }
-  void reset_peak(const PoolCounter& allocated, const PoolCounter& pending) noexcept {
-    for (int p = 0; p < 2; ++p) peak[p] = allocated.pool[p].current + pending.pool[p].current;
-    all_peak = allocated.current() + pending.current();
+  /// `st`'s counter `c` in pool `small` fell by n > 0.
+  [[gnu::always_inline]] static void sub(ShardStats& st, int c, bool small, std::int64_t n) noexcept {
+    const int p = small ? 0 : 1;
+    st.cur[c][p].store(st.cur[c][p].load(std::memory_order_relaxed) - n, std::memory_order_relaxed);
+    st.freed[c][p] += n;
   }
-  void reset_accumulated(const PoolCounter& pending) noexcept {
-    for (int p = 0; p < 2; ++p) pending_at_reset[p] = pending.pool[p].current;
+  /// A signed change of counter `c` (inactive split: a split or a merge).
+  void change(ShardStats& st, int c, bool small, std::int64_t n) noexcept {
+    if (n > 0) add(st, c, small, n);
+    if (n < 0) sub(st, c, small, -n);
   }
-  void expand(const PoolCounter& allocated, const PoolCounter& pending,
-              StatArray& out) const noexcept {
-    Stat all{0, std::max(all_peak, allocated.all_peak), 0, 0};
-    for (int p = 0; p < 2; ++p) {
-      const Stat& a = allocated.pool[p];
-      const std::int64_t waiting = pending.pool[p].current;
-      // Every allocation entered active; a block left it when freed, unless still pending.
-      const Stat s{a.current + waiting, std::max(peak[p], a.peak), a.allocated,
-                   a.freed - waiting + pending_at_reset[p]};
-      out[p == 0 ? kSmallPool : kLargePool] = s;
-      all.current += s.current;
-      all.allocated += s.allocated;
-      all.freed += s.freed;
-    }
-    out[kAll] = all;
-  }
-};
-
-/// The fast path's statistics of one device.
-struct HotStats {
-  PoolCounter allocation, allocated_bytes, requested_bytes, inactive_split, inactive_split_bytes;
-  PoolCounter pending, pending_bytes;  ///< freed blocks waiting for events (not reported)
-  ActiveCounter active, active_bytes;
 
   /// A block of `bytes` became allocated for `requested` bytes.
-  void allocated_block(bool small, std::int64_t bytes, std::int64_t requested) noexcept {
-    allocation.add(small, 1);
-    allocated_bytes.add(small, bytes);
-    requested_bytes.add(small, requested);
-    if (pending.current() != 0) {
-      active.note(allocation, pending, small);
-      active_bytes.note(allocated_bytes, pending_bytes, small);
-    }
+  [[gnu::always_inline]] void allocated_block(ShardStats& st, bool small, std::int64_t bytes,
+                                              std::int64_t requested) noexcept {
+    add(st, kAllocations, small, 1);
+    add(st, kAllocatedBytes, small, bytes);
+    add(st, kRequestedBytes, small, requested);
+    if (pending_.total() != 0) note_active(small);  // (only under the device lock)
   }
-  /// The caller freed a block; it waits for events when `pending_events`.
-  void freed_block(bool small, std::int64_t bytes, bool pending_events) noexcept {
-    allocation.sub(small, 1);
-    allocated_bytes.sub(small, bytes);
+  /// The caller freed a block; it waits for events when `pending_events` (device lock).
+  [[gnu::always_inline]] void freed_block(ShardStats& st, bool small, std::int64_t bytes,
+                                          bool pending_events) noexcept {
+    sub(st, kAllocations, small, 1);
+    sub(st, kAllocatedBytes, small, bytes);
     if (pending_events) {
-      pending.add(small, 1);
-      pending_bytes.add(small, bytes);
+      pending_.add(small, 1);
+      pending_bytes_.add(small, bytes);
     }
   }
-  /// A pending block's last event completed.
+  /// A pending block's last event completed (device lock).
   void pending_done(bool small, std::int64_t bytes) noexcept {
-    pending.sub(small, 1);
-    pending_bytes.sub(small, bytes);
+    pending_.sub(small, 1);
+    pending_bytes_.sub(small, bytes);
   }
   /// A block left the active set (freed and no longer pending).
-  void inactive_block(bool small, std::int64_t requested) noexcept {
-    requested_bytes.sub(small, requested);
+  static void inactive_block(ShardStats& st, bool small, std::int64_t requested) noexcept {
+    if (requested != 0) sub(st, kRequestedBytes, small, requested);
   }
 
-  void expand(DeviceStats& out) const noexcept {
-    allocation.expand(out.allocation);
-    allocated_bytes.expand(out.allocated_bytes);
-    requested_bytes.expand(out.requested_bytes);
-    inactive_split.expand(out.inactive_split);
-    inactive_split_bytes.expand(out.inactive_split_bytes);
-    active.expand(allocation, pending, out.active);
-    active_bytes.expand(allocated_bytes, pending_bytes, out.active_bytes);
-  }
-  void reset_peak() noexcept {
-    for (PoolCounter* c : {&allocation, &allocated_bytes, &requested_bytes, &inactive_split,
-                           &inactive_split_bytes, &pending, &pending_bytes})
-      c->reset_peak();
-    active.reset_peak(allocation, pending);
-    active_bytes.reset_peak(allocated_bytes, pending_bytes);
-  }
-  void reset_accumulated() noexcept {
-    for (PoolCounter* c : {&allocation, &allocated_bytes, &requested_bytes, &inactive_split,
-                           &inactive_split_bytes, &pending, &pending_bytes})
-      c->reset_accumulated();
-    active.reset_accumulated(pending);
-    active_bytes.reset_accumulated(pending_bytes);
-  }
+  // ---- under the device lock (every shard's lock held) ------------------------------------------
+  /// The device-wide current value of counter `c` (both pools).
+  [[nodiscard]] std::int64_t current(int c) const noexcept;
+  /// Fills the fast path's statistics of `out` (allocation, allocated, requested, active and
+  /// inactive split), summing the shards.
+  void expand(DeviceStats& out) const noexcept;
+  void reset_peak() noexcept;
+  void reset_accumulated() noexcept;
+
+ private:
+  /// The slow half of add(): a room passed, or the board changed since the room was computed.
+  void observe(ShardStats& st, int c, int p) noexcept;
+  /// Recomputes every room of `st` from the board.
+  void refresh(ShardStats& st) noexcept;
+  /// The active peaks, after an allocation while blocks are pending.
+  void note_active(bool small) noexcept;
+
+  const std::atomic<StreamShard*>& head_;
+  /// The device's peaks of the tracked values, and the version of the shards' ceilings.
+  std::atomic<std::int64_t> peak_[kTracked] = {};
+  alignas(64) std::atomic<std::uint64_t> version_{0};
+  alignas(64) PoolCounter pending_, pending_bytes_;
+  /// active = allocated + pending: its peaks while something is pending ([small, large, all]).
+  std::int64_t active_peak_[3] = {}, active_bytes_peak_[3] = {};
+  /// Pending amounts when the running sums were last reset: active's freed count restarts there.
+  std::array<std::int64_t, 2> pending_at_reset_{}, pending_bytes_at_reset_{};
 };
 
 }  // namespace stitch::detail

@@ -1,6 +1,8 @@
 // core/object_pool.hpp — recycles fixed-size objects so the allocation fast path never calls
-// operator new: freed objects go on a free list, new ones are carved from 64-object chunks.
-// Not thread-safe: each pool lives under its owner's lock.
+// operator new: freed objects go on a free list, new ones are carved from 64-object chunks, which
+// stay until the pool goes (so an object's memory stays readable). reserve() makes sure the next
+// few get()s cannot throw, so a path that must not fail halfway asks first. Not thread-safe: each
+// pool lives under its owner's lock.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +20,12 @@ class RawPool {
   RawPool(const RawPool&) = delete;
   RawPool& operator=(const RawPool&) = delete;
 
+  /// The next `n` get()s will not throw (std::bad_alloc here instead, with nothing taken).
+  void reserve(std::size_t n) {
+    std::size_t have = 0;
+    for (Slot* s = free_; s != nullptr && have < n; s = s->next) ++have;
+    for (; have < n; have += kChunk) grow();
+  }
   void* get() {
     if (free_ == nullptr) grow();
     Slot* slot = free_;
@@ -52,6 +60,8 @@ class RawPool {
 template <typename T>
 class ObjectPool {
  public:
+  /// The next `n` create()s will not throw for want of memory.
+  void reserve(std::size_t n) { raw_.reserve(n); }
   template <typename... Args>
   T* create(Args&&... args) {
     void* p = raw_.get();

@@ -10,9 +10,11 @@ namespace stitch::detail {
 
 Block* PlainSegments::allocate(BlockPool& pool, stream_t stream, std::size_t bytes) {
   if (!ledger_.fits(bytes)) return nullptr;
+  std::unique_ptr<Segment> space = store_.prepare_segment(pool, stream);  // (before the device)
   void* ptr = backend_.allocate(device_, bytes);  // throws backend_error for non-OOM failures
   if (ptr == nullptr) return nullptr;
-  Block* block = store_.add_segment(pool, stream, static_cast<char*>(ptr), bytes, BlockState::free);
+  Block* block =
+      store_.add_segment(std::move(space), pool, stream, static_cast<char*>(ptr), bytes, BlockState::free);
   Segment* segment = block->segment;
   segment->oversize = bytes >= config_.max_split_size;
   ledger_.segment_allocated(*segment);
@@ -28,9 +30,9 @@ void PlainSegments::release(Block* block) {
   store_.remove_segment(segment);
 }
 
-void PlainSegments::release_free(BlockPool& pool, std::size_t keep) {
+void PlainSegments::release_free(bool small, std::size_t keep) {
   std::vector<Block*> whole;
-  for (Block* b : pool.index)
+  for (Block* b : store_.free_blocks(small))
     if (whole_plain(b)) whole.push_back(b);
   for (Block* b : whole) {
     if (keep != 0 && ledger_.reserved() <= keep) return;
@@ -44,7 +46,7 @@ bool PlainSegments::release_oversize(stream_t stream, std::size_t rounded) {
   const std::size_t max_split = config_.max_split_size;
   if (max_split == Config::kUnlimited) return false;
   const std::size_t want = std::max(rounded, max_split);
-  auto& index = store_.pool(false).index;
+  auto& index = store_.pool(stream, false).index;
   auto it = index.lower_bound(FreeKey{stream, want, nullptr});
   if (it != index.end() && (*it)->stream == stream && whole_plain(*it)) {
     release(*it);
@@ -73,18 +75,18 @@ void PlainSegments::collect_garbage() {
   if (reserved <= limit) return;
   const double target = reserved - limit;
   double reclaimed = 0;
-  BlockPool& large = store_.pool(false);
+  const std::uint64_t clock = store_.gc_clock(false);
   std::vector<Block*> candidates;
-  for (Block* b : large.index)
+  for (Block* b : store_.free_blocks(false))
     if (whole_plain(b)) candidates.push_back(b);
   while (reclaimed < target && !candidates.empty()) {
     double total_age = 0;
-    for (Block* b : candidates) total_age += static_cast<double>(large.calls - b->gc_stamp);
+    for (Block* b : candidates) total_age += static_cast<double>(clock - b->gc_stamp);
     const double mean_age = total_age / static_cast<double>(candidates.size());
     std::vector<Block*> keep;
     bool freed = false;
     for (Block* b : candidates) {
-      if (reclaimed < target && static_cast<double>(large.calls - b->gc_stamp) >= mean_age) {
+      if (reclaimed < target && static_cast<double>(clock - b->gc_stamp) >= mean_age) {
         reclaimed += static_cast<double>(b->size);
         release(b);
         freed = true;
@@ -99,7 +101,7 @@ void PlainSegments::collect_garbage() {
 
 bool PlainSegments::release_one(stream_t stream, std::size_t bytes) {
   for (bool small : {true, false}) {
-    BlockPool& pool = store_.pool(small);
+    BlockPool& pool = store_.pool(stream, small);
     for (auto it = pool.index.lower_bound(FreeKey{stream, bytes, nullptr});
          it != pool.index.end() && (*it)->stream == stream && (*it)->size == bytes; ++it) {
       Block* b = *it;

@@ -26,9 +26,9 @@ class PlainSegments {
   /// Returns the segment of `block` (free, over the whole plain segment) to the device. Throws,
   /// changing nothing.
   void release(Block* block);
-  /// Returns every entirely free segment of `pool` to the device; with `keep`, stops as soon as
-  /// reserved memory is at most `keep` bytes.
-  void release_free(BlockPool& pool, std::size_t keep = 0);
+  /// Returns every entirely free segment of the device's small or large pool (every stream's) to
+  /// the device; with `keep`, stops as soon as reserved memory is at most `keep` bytes.
+  void release_free(bool small, std::size_t keep = 0);
   /// Only with max_split_size: frees cached oversize segments of `stream` for a request of
   /// `rounded` bytes (one big enough, or the largest ones until they add up). False if none.
   bool release_oversize(stream_t stream, std::size_t rounded);

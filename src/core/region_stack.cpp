@@ -3,7 +3,9 @@
 
 namespace stitch::detail {
 
-thread_local std::vector<RegionFrame> t_regions;
+thread_local RegionStack t_regions;
 thread_local int t_open_regions __attribute__((tls_model("initial-exec"))) = 0;
+
+RegionStack::~RegionStack() { t_open_regions = 0; }
 
 }  // namespace stitch::detail

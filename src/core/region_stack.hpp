@@ -1,8 +1,9 @@
 // core/region_stack.hpp — the regions open on each thread (Allocator::begin_region): a stack of
 // frames, innermost last, shared by every allocator of the process (each frame names its owner),
-// and its depth, which an allocation reads only once it has left the lock-free pair: while a
-// region is open the thread's slots are not used (ThreadSlots::find_mine), so the cache hit
-// never looks at regions.
+// and its depth, which the cache hit reads (one load): while a region is open the thread's
+// allocations take the device lock, which routes them (core/cache_hit.hpp). When the thread ends,
+// its regions end with it: the depth drops to 0 before the stack is destroyed, so an allocation
+// from a later thread-exit destructor is an untagged one.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +18,11 @@ struct RegionFrame {
 };
 
 /// This thread's open regions, innermost last.
-extern thread_local std::vector<RegionFrame> t_regions;
+struct RegionStack {
+  std::vector<RegionFrame> frames;
+  ~RegionStack();
+};
+extern thread_local RegionStack t_regions;
 /// t_regions.size(), one load through the initial-exec TLS model (no __tls_get_addr; 4 bytes of
 /// the static TLS space that a library loaded with dlopen may use).
 extern thread_local int t_open_regions __attribute__((tls_model("initial-exec")));
@@ -25,7 +30,7 @@ extern thread_local int t_open_regions __attribute__((tls_model("initial-exec"))
 /// The calling thread's innermost region of `owner`, or nullptr.
 inline const RegionFrame* innermost_region(const void* owner) noexcept {
   if (t_open_regions == 0) return nullptr;
-  for (auto it = t_regions.rbegin(); it != t_regions.rend(); ++it)
+  for (auto it = t_regions.frames.rbegin(); it != t_regions.frames.rend(); ++it)
     if (it->owner == owner) return &*it;
   return nullptr;
 }

@@ -53,7 +53,7 @@ constexpr std::array<ScalarKey, 19> kScalars{{
     {"stitched_bytes", &DeviceStats::stitched_bytes, Origin::stitch},
     {"num_page_reuses", &DeviceStats::num_page_reuses, Origin::stitch},
     {"num_page_borrows", &DeviceStats::num_page_borrows, Origin::stitch},
-    {"num_immediate_reuses", &DeviceStats::num_immediate_reuses, Origin::stitch},
+    {"num_cache_hits", &DeviceStats::num_cache_hits, Origin::stitch},
     {"num_compactions", &DeviceStats::num_compactions, Origin::stitch},
     {"num_staged_compactions", &DeviceStats::num_staged_compactions, Origin::stitch},
     {"num_compactions_refused", &DeviceStats::num_compactions_refused, Origin::stitch},

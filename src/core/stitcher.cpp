@@ -120,7 +120,7 @@ void Stitcher::map_back(const MovedPage& m) noexcept {
 }
 
 void Stitcher::release_or_keep(BlockPool& pool, stream_t stream, void* va, std::size_t bytes,
-                               std::size_t page) noexcept {
+                               std::size_t page, std::unique_ptr<Segment>& space) noexcept {
   // Gives back an unused, wholly unmapped stitching range. If that fails, the range is kept as
   // an empty stitched segment (one unmapped block), which release_free_pages releases later,
   // like any wholly unmapped range.
@@ -129,7 +129,7 @@ void Stitcher::release_or_keep(BlockPool& pool, stream_t stream, void* va, std::
     return;
   } catch (...) {
   }
-  store_.add_range(pool, stream, static_cast<char*>(va), bytes, page, true,
+  store_.add_range(std::move(space), pool, stream, static_cast<char*>(va), bytes, page, true,
                    BlockState::unmapped);
 }
 
@@ -141,8 +141,7 @@ std::size_t Stitcher::free_page_runs(stream_t stream, std::vector<Run>& own,
   const std::size_t page = pages_.granularity();
   std::size_t total = 0;
   for (bool small : {true, false}) {
-    const BlockPool* p = &store_.pool(small, tag);
-    for (Block* b : p->index) {
+    for (Block* b : store_.free_blocks(small, tag)) {
       const Segment* s = b->segment;
       if (!s->expandable || s->page != page || b == skip_a || b == skip_b) continue;
       if (!with_borrowed && !s->borrows.empty()) continue;
@@ -170,8 +169,7 @@ std::vector<Stitcher::Lendable> Stitcher::lendable_runs(stream_t stream, bool ow
   // which must not be mapped anywhere else (docs/sleep.md).
   if (tag != 0) return out;
   for (bool small : {true, false}) {
-    const BlockPool* p = &store_.pool(small);
-    for (Block* b : p->index) {
+    for (Block* b : store_.free_blocks(small)) {
       Segment* s = b->segment;
       if (!s->expandable || s->page != page) continue;
       if (own_only && s->stream != stream) continue;
@@ -198,6 +196,13 @@ std::vector<Stitcher::Lendable> Stitcher::lendable_runs(stream_t stream, bool ow
 void Stitcher::move_out(const std::vector<Run>& plan, std::vector<MovedPage>& moved,
                                std::vector<Segment*>& sources) {
   const std::size_t first_moved = moved.size();
+  // Nothing after an unmap may fail (std::bad_alloc here instead, before anything moved): the
+  // bookkeeping of every page moved out, and of its way back (map_back) should a later step fail.
+  std::size_t pages = 0;
+  for (const Run& run : plan) pages += run.count;
+  moved.reserve(moved.size() + pages);
+  sources.reserve(sources.size() + plan.size());
+  for (const Run& run : plan) BlockStore::reserve(run.block->segment, 2 + 2 * pages, 3 + 4 * pages);
   for (const Run& run : plan) {
     Segment* s = run.block->segment;
     const std::size_t page = s->page;
@@ -248,6 +253,9 @@ bool Stitcher::map_side_by_side(Segment& dest, std::size_t first,
     dest.pages.make_room(first + slots);
     std::vector<MapPiece> pieces;
     pieces.reserve(moved.size() + fresh.size());
+    std::size_t lent = 0;
+    for (const MovedPage& m : moved) lent += m.lent != nullptr;
+    dest.borrows.reserve(dest.borrows.size() + lent);  // (the bookkeeping below cannot fail)
     for (const MovedPage& m : moved) {
       STITCH_ASSERT(m.piece == 0, "move: mappings start at their handle's start");
       pieces.push_back(MapPiece{m.handle, m.slots * page});
@@ -312,6 +320,7 @@ bool Stitcher::map_reused_pages(Block* target, std::size_t count) {
     for (phys_handle_t h : fresh) pages_.release_or_orphan(h);
   };
   try {
+    fresh.reserve(fresh_pages);  // (a handle made is always kept: no push_back can fail)
     while (fresh.size() < fresh_pages) {
       const phys_handle_t h = pages_.create(page);
       if (h == 0) {
@@ -414,6 +423,12 @@ Block* Stitcher::stitch(BlockPool& pool, stream_t stream, std::size_t rounded, b
   std::vector<Run> plan;
   std::size_t planned = take(own, target, plan);
   const bool sync_own = planned > 0;
+  // The host memory of every step after the device's first change, taken first (std::bad_alloc
+  // here: nothing changed): the new segment, and the lenders' blocks and borrows below.
+  std::unique_ptr<Segment> space = store_.prepare_segment(pool, stream);
+  for (const Lendable& b : borrow) BlockStore::reserve(b.segment, 2, 3);
+  Segment table;  // the new range's page table, filled below and moved into its segment
+  table.borrows.reserve(borrow.size() + planned);
   char* va = pages_.reserve(pages * page, page);  // throws: nothing changed
   if (va == nullptr) return nullptr;
   char* const tail = va + target * page;  // where the borrowed slots go
@@ -426,15 +441,15 @@ Block* Stitcher::stitch(BlockPool& pool, stream_t stream, std::size_t rounded, b
   auto give_up = [&] {  // nothing of the plan has moved
     unmap_aliases();
     for (phys_handle_t h : fresh) pages_.release_or_orphan(h);
-    release_or_keep(pool, stream, va, pages * page, page);
+    release_or_keep(pool, stream, va, pages * page, page, space);
   };
-  Segment table;  // the new range's page table, filled below and moved into its segment
   table.base = va;
   table.page = page;
   table.pages.reset(pages);
   try {
     table.pages.make_room(pages);
     const std::size_t want_fresh = std::min(target - planned, fresh_limit);
+    fresh.reserve(want_fresh);  // (a handle made is always kept: no push_back can fail)
     while (fresh.size() < want_fresh) {
       const phys_handle_t h = pages_.create(page);
       if (h == 0) break;  // the device gave less than it reported: other streams make it up
@@ -512,19 +527,20 @@ Block* Stitcher::stitch(BlockPool& pool, stream_t stream, std::size_t rounded, b
     // With stray mappings left (a second failure), release_or_keep keeps the range as an empty
     // stitched segment, given back once the stray unmap succeeds.
     unmap_aliases();
-    release_or_keep(pool, stream, va, pages * page, page);
+    release_or_keep(pool, stream, va, pages * page, page, space);
     throw;
   }
   if (!mapped) {  // out of memory while mapping: as above, then no stitch
     unmap_aliases();
-    release_or_keep(pool, stream, va, pages * page, page);
+    release_or_keep(pool, stream, va, pages * page, page, space);
     dissolve_emptied(sources);
     return nullptr;
   }
 
   // 7. The stitched segment: one free block over the whole range. The borrowed memory becomes
-  // lent blocks where it lies (bookkeeping only: an allocation failure here terminates).
-  Segment* segment = store_.add_range(pool, stream, va, pages * page, page, true, BlockState::free);
+  // lent blocks where it lies (bookkeeping only, whose memory was taken before step 4).
+  Segment* segment = store_.add_range(std::move(space), pool, stream, va, pages * page, page, true,
+                                      BlockState::free);
   Block* block = segment->head;
   segment->pages = std::move(table.pages);
   segment->borrows = std::move(table.borrows);  // borrowed memory moved here from elsewhere
@@ -548,7 +564,7 @@ Block* Stitcher::stitch(BlockPool& pool, stream_t stream, std::size_t rounded, b
 
   // Stitched ranges emptied by this move are dissolved: their reservations go back.
   dissolve_emptied(sources);
-  block->gc_stamp = pool.calls;  // (as filing it stamps it)
+  block->gc_stamp = pool.clock->load(std::memory_order_relaxed);  // (as filing it stamps it)
   return block;
 }
 

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "core/block.hpp"
@@ -111,9 +112,10 @@ class Stitcher {
   /// Undo of a move: maps `handle` again at page `index` of `segment` and files it free.
   void map_back(const MovedPage& page) noexcept;
   /// Gives back an unused, wholly unmapped stitching range (or keeps it as an empty stitched
-  /// segment when that fails).
+  /// segment when that fails, in `space`: BlockStore::prepare_segment's, taken before the range
+  /// was reserved).
   void release_or_keep(BlockPool& pool, stream_t stream, void* va, std::size_t bytes,
-                       std::size_t page) noexcept;
+                       std::size_t page, std::unique_ptr<Segment>& space) noexcept;
 
   BlockStore& store_;
   PageMapper& pages_;

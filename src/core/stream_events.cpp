@@ -27,21 +27,28 @@ event_t StreamEvents::get_event() {
 }
 
 void StreamEvents::record(Block* block) {
+  const std::size_t n = block->stream_uses.size();
   std::vector<event_t> recorded;
-  recorded.reserve(block->stream_uses.size());
-  // On a failure the events taken go back to the pool: already-recorded ones complete on their
-  // own and are safe to reuse.
-  Undo give_back([&] { pool_.insert(pool_.end(), recorded.begin(), recorded.end()); });
+  recorded.reserve(n);
+  pool_.reserve(pool_.size() + n);  // (the undo below cannot fail)
+  // On a failure (the device's, or the host's memory for a queue) the queued entries leave their
+  // queues and the events taken go back to the pool: recorded ones complete on their own and are
+  // safe to reuse. Nothing changed then.
+  std::size_t queued = 0;
+  Undo undo([&] {
+    for (std::size_t i = queued; i-- > 0;) pending_.find(block->stream_uses[i])->second.pop_back();
+    pool_.insert(pool_.end(), recorded.begin(), recorded.end());
+  });
   for (stream_t s : block->stream_uses) {
+    auto& queue = pending_[s];
     recorded.push_back(get_event());
     backend_.record_event(device_, recorded.back(), s);
+    queue.emplace_back(recorded.back(), block);
+    ++queued;
   }
-  give_back.done();
-  for (std::size_t i = 0; i < recorded.size(); ++i) {
-    pending_[block->stream_uses[i]].emplace_back(recorded[i], block);
-    ++block->event_count;
-    ++outstanding_;
-  }
+  undo.done();
+  block->event_count += static_cast<int>(n);
+  outstanding_ += n;
   set_state(*block, BlockState::pending);
 }
 

@@ -76,7 +76,7 @@ def test_memory_stats_is_one_call_with_the_librarys_keys(no_leaks, monkeypatch):
     assert stitch.MEMORY_STATS_KEYS == tuple(sorted(k for k, x in zip(keys, flags) if x & 2))
     assert stitch.TORCH_MEMORY_STATS_KEYS == tuple(sorted(k for k, x in zip(keys, flags) if x & 1))
     # stitch's own counters are keys of the library, read by name, not in memory_stats().
-    for own in ("num_stitches", "num_immediate_reuses", "num_page_borrows"):
+    for own in ("num_stitches", "num_cache_hits", "num_page_borrows"):
         assert own in keys and own not in stitch.MEMORY_STATS_KEYS
         assert stitch.stat(own) >= 0
     calls = []

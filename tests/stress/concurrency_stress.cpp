@@ -6,7 +6,8 @@
 // through the C API (stitch_malloc/stitch_free/... on the allocator installed with the test
 // hook), half through the C++ API. Each thread allocates, writes a pattern, and either frees
 // the block itself (on its stream or as a last use on another), records it on another stream,
-// or hands it to another thread's queue, which checks the pattern and frees it. Alongside:
+// pins, finds and unpins it, or hands it to another thread's queue, which checks the pattern and
+// frees it. Alongside:
 // concurrent empty_cache, stream holds and releases, configure() of tunables, memory-fraction
 // changes, and readers of stats, snapshots and memory summaries. There is no lock around the
 // allocator calls (only the hand-off queues have one), so ThreadSanitizer sees the allocator's
@@ -217,6 +218,22 @@ class Stress {
           }
         } catch (const std::exception& e) {
           error(std::string("record_stream: ") + e.what());
+        }
+        ++f_.records;
+      } else if (r < 960 && !owned.empty()) {
+        // Pinned and unpinned, and found: under the block's stream lock, beside the cache hits.
+        const Block& b = owned[rng() % owned.size()];
+        try {
+          if (cpp) {
+            a_->pin(b.ptr);
+            const auto info = a_->find(b.ptr);
+            if (!info || info->requested != b.size || info->device != b.device) error("find: wrong block");
+            a_->unpin(b.ptr);
+          } else if (stitch_pin(b.ptr) != 0 || stitch_unpin(b.ptr) != 0) {
+            error(std::string("stitch_pin: ") + stitch_last_error());
+          }
+        } catch (const std::exception& e) {
+          error(std::string("pin: ") + e.what());
         }
         ++f_.records;
       } else {

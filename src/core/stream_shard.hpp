@@ -1,0 +1,40 @@
+// core/stream_shard.hpp — StreamShard: one stream's share of a device, under a lock of its own.
+//
+// A block never serves another stream than its segment's, so a stream's free blocks are a pool of
+// their own: the shard holds them (its two block pools, small and large, with their free indexes
+// and unmapped sets), the Block objects and index nodes of its segments, and its share of the hot
+// statistics (core/hot_stats.hpp). The cache hit (core/cache_hit.hpp) takes only this lock, so
+// threads on different streams never meet, and threads on one stream are ordered by it exactly as
+// the device lock would order them. Everything else takes the device lock, which holds every
+// shard's lock too (core/device_lock.hpp). A shard lives as long as its device allocator.
+#pragma once
+
+#include <atomic>
+
+#include "core/block.hpp"
+#include "core/block_pool.hpp"
+#include "core/hot_stats.hpp"
+#include "core/object_pool.hpp"
+#include "core/spin_lock.hpp"
+
+namespace stitch::detail {
+
+struct StreamShard {
+  explicit StreamShard(stream_t s, std::atomic<std::uint64_t>* clocks) noexcept
+      : stream(s), small(&nodes, true, nullptr, 0, &clocks[0]), large(&nodes, false, nullptr, 0, &clocks[1]) {}
+  StreamShard(const StreamShard&) = delete;
+  StreamShard& operator=(const StreamShard&) = delete;
+
+  BlockPool& pool(bool is_small) noexcept { return is_small ? small : large; }
+
+  alignas(64) SpinLock lock;
+  alignas(64) const stream_t stream;
+  PoolAllocator<Block*>::Storage nodes;  ///< the free indexes' nodes
+  ObjectPool<Block> blocks;              ///< the Block objects of the stream's segments
+  BlockPool small, large;                ///< the stream's blocks of the device's pools
+  ShardStats stats;
+  /// The next shard in stream order (StreamShards); set under the device lock, read without.
+  std::atomic<StreamShard*> next{nullptr};
+};
+
+}  // namespace stitch::detail
