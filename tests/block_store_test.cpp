@@ -316,7 +316,7 @@ struct StoreFixture {
   std::int64_t hot_current(int c, bool small) const {
     std::int64_t n = 0;
     for (const StreamShard* s = shards.first(); s != nullptr; s = s->next.load())
-      n += s->stats.cur[c][small ? 0 : 1].load();
+      n += s->stats.cur[c][small ? 0 : 1].read();
     return n;
   }
   StoreCount check() {

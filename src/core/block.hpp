@@ -22,6 +22,8 @@ struct Block;
 struct PrivatePool;
 struct StreamShard;
 struct BlockPool;
+template <typename V>
+struct AtomicSlot;
 
 /// Ordering of free blocks: (stream, size, address). A FreeKey searches without a Block.
 struct FreeKey {
@@ -53,6 +55,9 @@ using UnmappedSet = std::set<Block*, AddressOrder, PoolAllocator<Block*>>;
 /// block: the live table, the event queues, a pool's free index or unmapped set.
 enum class BlockState : std::uint8_t {
   allocated,  ///< handed to a caller (in the live table)
+  /// Freed by the cache hit and not filed yet: its pool's held block (BlockPool::held), free memory
+  /// to everyone; taken back, or filed, by the pool's next request, and filed by the device lock.
+  held,
   pending,    ///< freed, waiting for `event_count` events on other streams (StreamEvents)
   /// Freed while a stream it was used on may be capturing a graph: its events are recorded
   /// once none is (StreamEvents::record_deferred); then it is pending.
@@ -68,6 +73,7 @@ enum class BlockState : std::uint8_t {
 constexpr const char* to_string(BlockState s) noexcept {
   switch (s) {
     case BlockState::allocated: return "allocated";
+    case BlockState::held: return "held";
     case BlockState::pending: return "pending";
     case BlockState::deferred: return "deferred";
     case BlockState::free: return "free";
@@ -82,7 +88,8 @@ constexpr const char* to_string(BlockState s) noexcept {
 constexpr bool may_become(BlockState from, BlockState to) noexcept {
   using S = BlockState;
   switch (from) {
-    case S::allocated: return to == S::pending || to == S::deferred || to == S::free;
+    case S::allocated: return to == S::held || to == S::pending || to == S::deferred || to == S::free;
+    case S::held: return to == S::allocated || to == S::free;
     case S::pending: return to == S::free;
     case S::deferred: return to == S::pending;
     case S::free: return to == S::allocated || to == S::unmapped || to == S::lent;
@@ -115,6 +122,9 @@ struct Block {
   bool backup = false;         ///< tagged, allocated in a region with backup: kept over a sleep
   std::uint64_t gc_stamp = 0;  ///< pool call counter when it was last freed (GC age)
   std::vector<stream_t> stream_uses;  ///< other streams that used it (record_stream)
+  /// Its slot in the live table while allocated (AtomicMap: kept there by rebuilds), dormant
+  /// after its free, until the address is allocated again.
+  AtomicSlot<Block>* live_slot = nullptr;
   FreeSet::iterator pos{};     ///< free: its position in the pool's FreeIndex
 
   Block(char* p, std::size_t s, stream_t st, Segment* seg, StreamShard* sh, bool is_small,

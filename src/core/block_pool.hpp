@@ -27,6 +27,23 @@ struct BlockPool {
   UnmappedSet unmapped;  ///< expandable segments' unmapped ranges
   /// The nodes of both (RawPool::reserve: a change that must not fail halfway reserves them).
   PoolAllocator<Block*>::Storage* nodes;
+  /// A free block of the pool kept out of the index, or nullptr: a stream's last free (its
+  /// survivor after coalescing), so that the pairs of a training loop (free, then allocate the
+  /// same size or another) split and merge it without touching the tree. Best fit weighs it as if
+  /// it were indexed (BlockStore::find_fit), so nothing anyone sees changes. Only the cache hit
+  /// parks (BlockStore::file_or_hold, take_held); the device lock puts it back in the index when
+  /// it is taken (BlockStore::settle_all), so every path under the device lock sees every free
+  /// block indexed.
+  Block* parked = nullptr;
+  /// The cache hit's last free of the pool, not filed yet (state held), or no block: the free's
+  /// statistics are counted, the inactive-split ones as its filing makes them, and `stamp` is the
+  /// GC clock the filing would give the block it ends in. The pool's next request takes it back (BlockStore::take_held: a
+  /// request that best fit serves from the free block it would end in, at its address) or files
+  /// it (BlockStore::settle) first; the device lock files it (BlockStore::settle_all).
+  struct Held {
+    Block* block = nullptr;
+    std::uint64_t stamp = 0;
+  } held;
   bool small;
   /// The private pool it is part of (its new segments belong to it); nullptr for the device's.
   PrivatePool* owner;

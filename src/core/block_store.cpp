@@ -229,6 +229,101 @@ std::vector<Block*> BlockStore::place(BlockPool& pool, Block* run, char* origin,
   return out;
 }
 
+// ---- the cache hit's last free ------------------------------------------------------------------
+
+Block* BlockStore::take_held(BlockPool& pool, stream_t stream, std::size_t rounded) {
+  Block* held = pool.held.block;
+  // The free block the held one ends in: it and its free successor (its predecessor is not free).
+  Block* next = held->next != nullptr && held->next->is_free() ? held->next : nullptr;
+  const std::size_t size = held->size + (next != nullptr ? next->size : 0);
+  if (size < rounded || !may_serve(size, rounded)) return nullptr;
+  // Best fit among the other free blocks: the index without `next`, and the parked block.
+  auto it = pool.index.best_fit(stream, rounded);
+  if (it != pool.index.end() && *it == next) {
+    ++it;
+    if (it != pool.index.end() && (*it)->stream != stream) it = pool.index.end();
+  }
+  auto before = [&](const Block* b) {  // `b` comes first in best-fit order
+    return b->size < size || (b->size == size && b->ptr < held->ptr);
+  };
+  if (it != pool.index.end() && before(*it)) return nullptr;
+  if (Block* p = pool.parked;
+      p != nullptr && p != next && p->size >= rounded && before(p))
+    return nullptr;
+  // Best fit takes it: what take() does to that free block, the held block its front.
+  const bool split = should_split(held->small, held->segment->expandable, size, rounded);
+  const bool was_split = held->prev != nullptr || (next != nullptr ? next->next : held->next) != nullptr;
+  if (split && next == nullptr) {  // the rest needs a block of its own (may throw: nothing changed)
+    held->shard->blocks.reserve(1);
+    if (pool.parked != nullptr) pool.index.reserve();
+  }
+  tick(pool);  // one best-fit lookup
+  if (split) {
+    Block* rest = next;
+    const std::size_t rest_size = size - rounded;
+    if (rest == nullptr) {
+      rest = link_new_back(held, rounded, BlockState::free);
+      rest->size = rest_size;
+      if (pool.parked == nullptr) {
+        pool.parked = rest;
+      } else {
+        pool.index.insert(rest);
+      }
+    } else if (rest == pool.parked) {
+      rest->ptr = held->ptr + rounded;
+      rest->size = rest_size;
+    } else if (rounded < held->size) {
+      pool.index.grow(rest, held->ptr + rounded, rest_size);
+    } else if (rounded > held->size) {
+      pool.index.shrink(rest, held->ptr + rounded, rest_size);
+    }
+    held->size = rounded;
+    rest->gc_stamp = pool.held.stamp;  // (the free block's stamp, which the rest keeps)
+    if (was_split) {
+      account_inactive_change(held, 0, -static_cast<std::int64_t>(rounded));
+    } else {
+      account_inactive_change(held, 1, static_cast<std::int64_t>(rest_size));
+    }
+  } else {
+    if (next != nullptr) {  // the whole free block: the held one takes its successor in
+      if (next == pool.parked) {
+        pool.parked = nullptr;
+      } else {
+        pool.index.erase(next);
+      }
+      held->size = size;
+      held->next = next->next;
+      if (held->next != nullptr) held->next->prev = held;
+      destroy(next);
+    }
+    if (was_split) account_inactive_change(held, -1, -static_cast<std::int64_t>(size));
+  }
+  pool.held = BlockPool::Held{};
+  set_state(*held, BlockState::allocated);
+  return held;
+}
+
+void BlockStore::settle(BlockPool& pool) {
+  const BlockPool::Held held = pool.held;
+  if (held.block == nullptr) return;
+  pool.index.reserve();  // (filing it may index it: may throw, nothing changed)
+  pool.held = BlockPool::Held{};
+  // Filed as its free would have filed it (its statistics were counted then), and stamped then.
+  coalesce(pool, held.block).survivor->gc_stamp = held.stamp;
+}
+
+void BlockStore::settle_all() {
+  for (StreamShard* s = shards_.first(); s != nullptr; s = s->next.load(std::memory_order_relaxed)) {
+    for (BlockPool* pool : {&s->small, &s->large}) {
+      settle(*pool);
+      if (pool->parked != nullptr) {
+        pool->index.insert(pool->parked);  // (may throw: it stays parked)
+        pool->parked = nullptr;
+      }
+    }
+  }
+}
+
 // ---- queries --------------------------------------------------------------------------------------
 
 std::size_t BlockStore::largest_free_block() const {
@@ -416,6 +511,8 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
         broken(device, fmt::format("a {} block {} the live table", to_string(b->state),
                                    live(b) ? "is in" : "is missing from"));
       switch (b->state) {
+        case BlockState::held:  // (the device lock files it first)
+          broken(device, "a held block under the device lock");
         case BlockState::lent:
           // Its memory counts where it is used: in the range that borrowed it.
           count(c.reserved, s->small, -size);
@@ -477,6 +574,10 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
   for (const StreamShard* sh = shards_.first(); sh != nullptr; sh = sh->next.load(std::memory_order_relaxed)) {
     if (sh->small.owner != nullptr || sh->small.tag != 0 || !sh->small.small || sh->large.small)
       broken(device, "a stream shard's pools are not the device's");
+    if (sh->small.parked != nullptr || sh->large.parked != nullptr)
+      broken(device, "a parked block under the device lock (it is indexed while the lock is held)");
+    if (sh->small.held.block != nullptr || sh->large.held.block != nullptr)
+      broken(device, "a held block under the device lock (it is filed while the lock is held)");
     for (const BlockPool* p : {&sh->small, &sh->large}) {
       indexed[p->small ? 0 : 1] += p->index.size();
       unmapped[p->small ? 0 : 1] += p->unmapped.size();

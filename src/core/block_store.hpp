@@ -173,6 +173,24 @@ class BlockStore {
   /// set (its requested bytes), forgets its other streams and is filed. Returns the free block.
   /// Throws std::bad_alloc with nothing changed.
   Block* file_freed(Block* block);
+
+  // ---- the cache hit's last free (BlockPool::held; the shard's lock) -----------------------------
+  /// The cache hit frees `block` of `pool` (its other statistics counted by the caller, the pool
+  /// holding no block): held (BlockPool::held) when no free block precedes it, else filed. Never
+  /// allocates.
+  void file_or_hold(BlockPool& pool, Block* block) noexcept;
+  /// The pool's held block for `rounded` bytes of `stream`, when best fit would take the free
+  /// block it ends in (the held block at its front), as take() would make it: allocated (the
+  /// caller activates it). nullptr, with nothing changed, otherwise. Throws std::bad_alloc with
+  /// nothing changed.
+  Block* take_held(BlockPool& pool, stream_t stream, std::size_t rounded);
+  /// Files the pool's held block, if any, as its free would have. Throws std::bad_alloc with
+  /// nothing changed.
+  void settle(BlockPool& pool);
+  /// The device lock's: every stream pool's held block filed and parked block indexed, so that
+  /// every path under it sees the free blocks in the index. Throws std::bad_alloc (no node for an
+  /// index: the pools done so far stay done, the rest as they were).
+  void settle_all();
   /// Bytes [start, end) of `block`'s segment, whole pages inside the free `block`, become one
   /// block of state `to` (unmapped: merged with unmapped neighbours; lent); the rest stays free
   /// on either side. Returns the block.
@@ -218,6 +236,14 @@ class BlockStore {
                                     const std::function<bool(const Block*)>& live) const;
 
  private:
+  /// What coalesce() made: the block the filed one ends in, and the net change it makes to the
+  /// inactive-split statistics (not counted yet).
+  struct Coalesced {
+    Block* survivor;
+    std::int64_t inactive_blocks, inactive_bytes;
+  };
+  /// file() but for the inactive-split statistics: the held block's filing, counted at its free.
+  Coalesced coalesce(BlockPool& pool, Block* block);
   /// A new block for the first `bytes` of `b`, linked in before it, in state `state`. `b` keeps
   /// its address and size: the caller moves them (through the free index when `b` is in it).
   Block* link_new_front(Block* b, std::size_t bytes, BlockState state);
@@ -236,13 +262,11 @@ class BlockStore {
   }
   /// Applies a net change of the inactive_split statistics in `block`'s pool, once, as PyTorch
   /// does for a split or a merge (so its running sums count what PyTorch's count).
-  void account_inactive_change(const Block* block, std::int64_t blocks,
-                               std::int64_t bytes) noexcept {
+  [[gnu::always_inline]] void account_inactive_change(const Block* block, std::int64_t blocks,
+                                                      std::int64_t bytes) noexcept {
     // Expandable segments are never "inactive split": their free pages can always be unmapped.
     if (block->segment->expandable) return;
-    ShardStats& st = block->shard->stats;
-    hot_.change(st, kInactiveSplits, block->small, blocks);
-    hot_.change(st, kInactiveSplitBytes, block->small, bytes);
+    hot_.inactive_change(block->shard->stats, block->small, blocks, bytes);
   }
   /// Gives `b`'s object back to its shard.
   static void destroy(Block* b) noexcept { b->shard->blocks.destroy(b); }
@@ -347,25 +371,37 @@ inline Block* BlockStore::link_new_back(Block* b, std::size_t keep, BlockState s
 
 inline Block* BlockStore::find_fit(BlockPool& pool, stream_t stream, std::size_t rounded) const {
   auto it = pool.index.best_fit(stream, rounded);
-  if (it == pool.index.end()) return nullptr;
-  Block* block = *it;
+  Block* block = it != pool.index.end() ? *it : nullptr;
+  // The pool's parked block is one of its free blocks, out of the index (BlockPool::parked):
+  // best fit weighs it in the same order, (size, address).
+  if (Block* p = pool.parked; p != nullptr && p->size >= rounded &&
+                              (block == nullptr || p->size < block->size ||
+                               (p->size == block->size && p->ptr < block->ptr)))
+    block = p;
+  if (block == nullptr) return nullptr;
   // Oversize blocks (>= max_split_size) are never split: they serve only requests of at least
   // max_split_size, and only within max_non_split_rounding of their size.
   if (!may_serve(block->size, rounded)) return nullptr;
-  return block;  // still in the index: take() takes it out
+  return block;  // still in the index (or parked): take() takes it out
 }
 
 inline Block* BlockStore::take(BlockPool& pool, Block* block, std::size_t rounded) {
   STITCH_ASSERT(block->is_free() && block->size >= rounded,
                 "take: a free, indexed block that holds the request");
   Block* out = block;
+  const bool parked = block == pool.parked;
   if (should_split(block->small, block->segment->expandable, block->size, rounded)) {
     // A new block takes the front; `block` keeps the tail and stays in the index, re-keyed in
-    // place (no tree rebalancing when its order is unchanged). An already split free block
-    // shrinks; an unsplit one becomes a split remainder.
+    // place (no tree rebalancing when its order is unchanged), or parked. An already split free
+    // block shrinks; an unsplit one becomes a split remainder.
     const bool was_split = block->is_split();
     out = link_new_front(block, rounded, BlockState::allocated);  // (may throw: nothing changed)
-    pool.index.shrink(block, block->ptr + rounded, block->size - rounded);
+    if (parked) {
+      block->ptr += rounded;
+      block->size -= rounded;
+    } else {
+      pool.index.shrink(block, block->ptr + rounded, block->size - rounded);
+    }
     if (was_split) {
       account_inactive_change(block, 0, -static_cast<std::int64_t>(rounded));
     } else {
@@ -373,15 +409,25 @@ inline Block* BlockStore::take(BlockPool& pool, Block* block, std::size_t rounde
     }
   } else {
     account_inactive(block, -1);
-    pool.index.erase(block);
+    if (parked) {
+      pool.parked = nullptr;
+    } else {
+      pool.index.erase(block);
+    }
     set_state(*block, BlockState::allocated);
   }
   return out;
 }
 
 inline Block* BlockStore::file(BlockPool& pool, Block* block) {
-  // Files a block, coalescing it with free neighbours. A free neighbour survives, re-keyed in
-  // place, and `block` is recycled, so the common case needs no tree insert.
+  const Coalesced c = coalesce(pool, block);
+  account_inactive_change(c.survivor, c.inactive_blocks, c.inactive_bytes);
+  return c.survivor;
+}
+
+inline BlockStore::Coalesced BlockStore::coalesce(BlockPool& pool, Block* block) {
+  // Coalesces a block with its free neighbours. A free neighbour survives (re-keyed in place, or
+  // as the pool's parked block) and `block` is recycled, so the common case needs no tree insert.
   STITCH_ASSERT(may_become(block->state, BlockState::free), "file: a block that may become free");
   // The inactive_split statistics change once, by the net effect (as PyTorch's free_block):
   // each merged neighbour (a free block in a split segment) leaves, the survivor joins.
@@ -391,43 +437,79 @@ inline Block* BlockStore::file(BlockPool& pool, Block* block) {
   std::int64_t inactive_blocks = -static_cast<std::int64_t>((prev != nullptr) + (next != nullptr));
   std::int64_t inactive_bytes = -static_cast<std::int64_t>((prev != nullptr ? prev->size : 0) +
                                                            (next != nullptr ? next->size : 0));
+  auto leaves = [&](Block* b) {  // a free neighbour merged away
+    if (b == pool.parked) {
+      pool.parked = nullptr;
+    } else {
+      pool.index.erase(b);
+    }
+  };
   Block* survivor = block;
+  char* ptr = block->ptr;
+  std::size_t size = block->size;
   if (prev != nullptr) {
-    std::size_t size = prev->size + block->size;
+    survivor = prev;
+    ptr = prev->ptr;
+    size += prev->size;
     if (next != nullptr) {
       size += next->size;
-      pool.index.erase(next);
+      leaves(next);
     }
     Block* after = next != nullptr ? next->next : block->next;
     prev->next = after;
     if (after != nullptr) after->prev = prev;
     if (next != nullptr) destroy(next);
     destroy(block);
-    pool.index.grow(prev, prev->ptr, size);
-    survivor = prev;
   } else if (next != nullptr) {
+    survivor = next;
+    size += next->size;
     next->prev = block->prev;
     if (block->prev != nullptr) {
       block->prev->next = next;
     } else {
       next->segment->head = next;
     }
-    char* ptr = block->ptr;
-    const std::size_t size = block->size + next->size;
     destroy(block);
-    pool.index.grow(next, ptr, size);
-    survivor = next;
   } else {
-    pool.index.insert(block);
     set_state(*block, BlockState::free);
+  }
+  if (survivor == block) {
+    pool.index.insert(block);
+  } else if (survivor == pool.parked) {
+    survivor->ptr = ptr;
+    survivor->size = size;
+  } else {
+    pool.index.grow(survivor, ptr, size);
   }
   survivor->gc_stamp = pool.clock->load(std::memory_order_relaxed);
   if (survivor->is_split()) {
     inactive_blocks += 1;
     inactive_bytes += static_cast<std::int64_t>(survivor->size);
   }
-  account_inactive_change(survivor, inactive_blocks, inactive_bytes);
-  return survivor;
+  return Coalesced{survivor, inactive_blocks, inactive_bytes};
+}
+
+inline void BlockStore::file_or_hold(BlockPool& pool, Block* block) noexcept {
+  if (block->prev != nullptr && block->prev->is_free()) {  // it ends in the block before it
+    file(pool, block);  // (merges: never a tree insert)
+    return;
+  }
+  // Held: counted as the filing would count it, merged with a free successor.
+  Block* next = block->next != nullptr && block->next->is_free() ? block->next : nullptr;
+  const std::size_t size = block->size + (next != nullptr ? next->size : 0);
+  const bool split = block->prev != nullptr || (next != nullptr ? next->next : block->next) != nullptr;
+  const std::int64_t blocks = (split ? 1 : 0) - (next != nullptr ? 1 : 0);
+  const std::int64_t bytes = (split ? static_cast<std::int64_t>(size) : 0) -
+                             (next != nullptr ? static_cast<std::int64_t>(next->size) : 0);
+  account_inactive_change(block, blocks, bytes);
+  pool.held = BlockPool::Held{block, pool.clock->load(std::memory_order_relaxed)};
+  set_state(*block, BlockState::held);
+  // Its free successor is parked when the pool parks none (once: then the pairs that follow
+  // touch no tree).
+  if (next != nullptr && pool.parked == nullptr) {
+    pool.index.erase(next);
+    pool.parked = next;
+  }
 }
 
 inline Block* BlockStore::file_freed(Block* block) {

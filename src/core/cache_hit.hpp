@@ -40,8 +40,10 @@
 
 namespace stitch::detail {
 
-/// The live allocations of a device: block address -> Block.
+/// The live allocations of a device: block address -> Block (each block knows its slot).
 using LiveTable = AtomicMap<Block>;
+/// LiveTable's placement callback: a rebuild moved `block` to `slot`.
+inline void live_slot_moved(Block* block, AtomicSlot<Block>* slot) noexcept { block->live_slot = slot; }
 
 class CacheHit {
  public:
@@ -77,21 +79,25 @@ class CacheHit {
     if (rounded >= config_.max_split_size) return nullptr;
     const bool small = is_small(rounded);
     BlockPool& pool = shard->pool(small);
+    // The stream's last free, taken back where best fit would put the request (BlockPool::held),
+    // else filed before anything else changes.
+    if (pool.held.block != nullptr) {
+      if (Block* block = store_.take_held(pool, stream, rounded)) {
+        LiveTable::publish(block->live_slot, block);  // (its key's slot, dormant since its free)
+        return served(*shard, block, size);
+      }
+      store_.settle(pool);
+    }
     Block* fit = store_.find_fit(pool, stream, rounded);
     if (fit == nullptr) return nullptr;
     shard->blocks.reserve(1);  // take() cannot fail (may throw: nothing changed)
-    char* const ptr = fit->ptr;
-    LiveTable::Slot* slot = live_.claim(LiveTable::key_of(ptr));
+    LiveTable::Slot* slot = live_.claim(LiveTable::key_of(fit->ptr));
     if (slot == nullptr) return nullptr;
     store_.tick(pool);  // the lookup counts for the GC clock, as best_fit's
     Block* block = store_.take(pool, fit, rounded);
+    block->live_slot = slot;
     LiveTable::publish(slot, block);
-    block->requested = size;
-    block->oversize = false;
-    hot_.allocated_block(shard->stats, small, static_cast<std::int64_t>(block->size),
-                         static_cast<std::int64_t>(size));
-    ++shard->stats.hits;
-    return ptr;
+    return served(*shard, block, size);
   }
 
   /// Frees `ptr` as DeviceAllocator::free does, if the cache hit may. Throws std::bad_alloc with
@@ -111,10 +117,12 @@ class CacheHit {
         !block->stream_uses.empty() || (stream != nullptr && *stream != block->stream) ||
         block->segment->pool != &pool || block->segment->asleep)
       return Freed::elsewhere;
-    pool.index.reserve();  // filing cannot fail (may throw: nothing changed)
-    live_.erase(LiveTable::key_of(ptr));
+    store_.settle(pool);  // the stream's last free is filed first (may throw: nothing changed)
+    LiveTable::publish(block->live_slot, nullptr);
     hot_.freed_block(shard->stats, block->small, static_cast<std::int64_t>(block->size), false);
-    store_.file_freed(block);
+    HotStats::inactive_block(shard->stats, block->small, static_cast<std::int64_t>(block->requested));
+    block->requested = 0;
+    store_.file_or_hold(pool, block);  // (the stream's last free now)
     return Freed::yes;
   }
 
@@ -132,6 +140,16 @@ class CacheHit {
   }
 
  private:
+  /// The cache hit's allocation `block` for `size` bytes: counted, its pointer returned.
+  [[gnu::always_inline]] void* served(StreamShard& shard, Block* block, std::size_t size) noexcept {
+    block->requested = size;
+    block->oversize = false;
+    hot_.allocated_block(shard.stats, block->small, static_cast<std::int64_t>(block->size),
+                         static_cast<std::int64_t>(size));
+    ++shard.stats.hits;
+    return block->ptr;
+  }
+
   const Config& config_;
   StreamShards& shards_;
   BlockStore& store_;

@@ -96,6 +96,9 @@ DeviceAllocator::Allocation DeviceAllocator::malloc_locked(std::size_t size, str
   // Python frames for the history are gathered before the lock (they take the GIL).
   const detail::GatheredPythonFrames frames(python_frames_.load(std::memory_order_relaxed));
   std::lock_guard lock(mutex_);
+  // A crowded live table sends the cache hit here: rebuilt, it serves it again (may throw:
+  // nothing changed).
+  if (live_.crowded()) live_.rebuild();
   // Inside a region of this allocator.
   if (const detail::RegionFrame* region = detail::innermost_region(owner_)) [[unlikely]]
     return malloc_tagged(size, stream, region->tag, region->backup);
@@ -192,7 +195,7 @@ FreeStatus DeviceAllocator::free_locked(void* ptr, const std::size_t* expected_s
     note_hit_rules();  // (closed while events are outstanding or deferred)
   }
   recorder_.trace(TraceAction::free_requested, block->ptr, block->requested, block->stream);
-  live_.erase(detail::LiveTable::key_of(block->ptr));
+  detail::LiveTable::publish(block->live_slot, nullptr);  // (its key's slot stays, dormant)
   const bool pending = block->state != BlockState::allocated;
   if (block->oversize) stats_.oversize_allocations.decrease(1);
   block->oversize = false;

@@ -267,8 +267,8 @@ class DeviceAllocator {
   /// allocation, active, requested and inactive-split counters (per shard) and their peaks
   detail::HotStats hot_{shards_.head()};
   detail::BlockStore store_{config_, shards_, hot_};
-  detail::LiveTable live_{1024};  ///< the live allocations
-  mutable detail::DeviceLock mutex_{shards_};
+  detail::LiveTable live_{1024, detail::live_slot_moved};  ///< the live allocations
+  mutable detail::DeviceLock mutex_{shards_, store_};
   detail::CacheHit hits_{config_, shards_, store_, hot_, live_, mutex_.generation()};
   detail::PageMapper pages_{backend_, device_};
   detail::StreamEvents events_{backend_, device_};
@@ -292,14 +292,11 @@ DeviceAllocator::Allocation DeviceAllocator::allocate_from(BlockPool& pool, std:
     block = allocate_slow(pool, stream, rounded, size);
     if (block == nullptr) return {nullptr, failed_.release()};
   }
-  // The live table's slot first: nothing changes if it cannot be had (std::bad_alloc).
+  // The live table's slot first: nothing changes if it cannot be had (std::bad_alloc), and a
+  // slot claimed for a take that throws stays as it was left, empty (AtomicMap::claim).
   detail::LiveTable::Slot* slot = live_.claim_excluding_writers(detail::LiveTable::key_of(block->ptr));
-  try {
-    block = store_.take(pool, block, rounded);
-  } catch (...) {
-    detail::LiveTable::abandon(slot);
-    throw;
-  }
+  block = store_.take(pool, block, rounded);
+  block->live_slot = slot;
   detail::LiveTable::publish(slot, block);
   activate(block, size);
   recorder_.trace(TraceAction::alloc, block->ptr, size, stream);

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "core/block_store.hpp"
 #include "core/fork_guard.hpp"
 #include "core/spin_lock.hpp"
 #include "core/stream_shards.hpp"
@@ -20,16 +21,24 @@ namespace stitch::detail {
 
 class DeviceLock {
  public:
-  explicit DeviceLock(StreamShards& shards) noexcept
-      : shards_(shards), generation_(fork_generation()) {}
+  DeviceLock(StreamShards& shards, BlockStore& store) noexcept
+      : shards_(shards), store_(store), generation_(fork_generation()) {}
   DeviceLock(const DeviceLock&) = delete;
   DeviceLock& operator=(const DeviceLock&) = delete;
 
-  /// Takes the device's lock and every shard's. Throws stitch::error in a forked child.
+  /// Takes the device's lock and every shard's, and files the cache hit's held blocks and
+  /// indexes its parked ones (BlockStore::settle_all). Throws stitch::error in a forked child,
+  /// std::bad_alloc with nothing held.
   void lock() {
     refuse_after_fork(generation_);
     spin_.lock();
     shards_.lock_all();
+    try {
+      store_.settle_all();
+    } catch (...) {
+      unlock();
+      throw;
+    }
   }
   void unlock() noexcept {
     shards_.unlock_all();
@@ -41,6 +50,7 @@ class DeviceLock {
  private:
   SpinLock spin_;
   StreamShards& shards_;
+  BlockStore& store_;
   const std::uint32_t generation_;
 };
 

@@ -11,7 +11,8 @@ std::size_t DeviceAllocator::expandable_page(bool small) {
 }
 
 void DeviceAllocator::seeded(Block* block, const SeedBlock& seed) {
-  detail::LiveTable::publish(live_.claim_excluding_writers(detail::LiveTable::key_of(block->ptr)), block);
+  block->live_slot = live_.claim_excluding_writers(detail::LiveTable::key_of(block->ptr));
+  detail::LiveTable::publish(block->live_slot, block);
   activate(block, seed.requested);
   recorder_.trace(TraceAction::alloc, block->ptr, seed.requested, block->stream);
 }

@@ -32,14 +32,14 @@ class FreeIndex {
   void shrink(Block* b, char* ptr, std::size_t size) {
     // The new key is smaller than the old one: only the predecessor can be out of order.
     const bool in_order = b->pos == set_.begin() || FreeOrder{}(*std::prev(b->pos), FreeKey{b->stream, size, ptr});
-    reposition(b, ptr, size, in_order);
+    rekey(b, ptr, size, in_order);
   }
   /// Gives an indexed block a new address and a larger size (it absorbed a neighbour).
   void grow(Block* b, char* ptr, std::size_t size) {
     // The new key is larger than the old one: only the successor can be out of order.
     const auto next = std::next(b->pos);
     const bool in_order = next == set_.end() || FreeOrder{}(FreeKey{b->stream, size, ptr}, *next);
-    reposition(b, ptr, size, in_order);
+    rekey(b, ptr, size, in_order);
   }
   /// Smallest block of at least `size` on `stream` (lowest address first), or end().
   [[nodiscard]] iterator best_fit(stream_t stream, std::size_t size) const {
@@ -54,12 +54,16 @@ class FreeIndex {
   [[nodiscard]] bool contains(Block* b) const { return set_.find(b) != set_.end(); }
 
  private:
-  void reposition(Block* b, char* ptr, std::size_t size, bool in_order) {
-    if (in_order) {  // same place in the order: change the key in place, no rebalancing
+  [[gnu::always_inline]] void rekey(Block* b, char* ptr, std::size_t size, bool in_order) {
+    if (in_order) [[likely]] {  // same place in the order: the key changes in place
       b->ptr = ptr;
       b->size = size;
       return;
     }
+    reposition(b, ptr, size);
+  }
+  /// The node moves to the new key's place (no allocation: the node is reused).
+  [[gnu::noinline]] void reposition(Block* b, char* ptr, std::size_t size) {
     auto node = set_.extract(b->pos);
     b->ptr = ptr;
     b->size = size;

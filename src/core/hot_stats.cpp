@@ -9,7 +9,7 @@ namespace stitch::detail {
 namespace {
 
 template <typename Fn>
-void for_each_shard(const std::atomic<StreamShard*>& head, Fn&& fn) {
+void for_each_shard(const std::atomic<StreamShard*>& head, Fn&& fn) {  // (fn may change a shard's ceilings)
   for (StreamShard* s = head.load(std::memory_order_acquire); s != nullptr;
        s = s->next.load(std::memory_order_acquire))
     fn(s->stats);
@@ -38,12 +38,30 @@ void HotStats::observe(ShardStats& st, int c, int p) noexcept {
       if (old == st.seen) st.seen = old + 1;  // (else another shard's change is still to see)
     }
     if (v <= st.room[k]) continue;
-    // Could be a new peak: the sum of every shard's value decides.
+    // Could be a new peak: the sum of every shard's value decides. The other shards' ceilings
+    // come down to their values on the way (they stay at or above them: a shard raises its own
+    // when it passes it, and a lowered one makes its owner recompute its room, by the version),
+    // so that a shard that held much once does not keep the others' rooms at nothing.
     std::int64_t total = 0, others = 0;
-    for_each_shard(head_, [&](const ShardStats& o) {
-      total += &o == &st ? v : o.value(k);
-      if (&o != &st) others += o.ceiling[k].load(std::memory_order_acquire);
+    bool lowered = false;
+    for_each_shard(head_, [&](ShardStats& o) {
+      if (&o == &st) {
+        total += v;
+        return;
+      }
+      const std::int64_t value = o.value(k);
+      total += value;
+      std::int64_t c = o.ceiling[k].load(std::memory_order_acquire);
+      if (c > value && o.ceiling[k].compare_exchange_strong(c, value, std::memory_order_acq_rel)) {
+        c = value;
+        lowered = true;
+      }
+      others += c;
     });
+    if (lowered) {  // (this shard's rooms stay valid: a lower ceiling only makes them larger)
+      const std::uint64_t old = version_.fetch_add(1, std::memory_order_acq_rel);
+      if (old == st.seen) st.seen = old + 1;
+    }
     std::int64_t peak = peak_[k].load(std::memory_order_relaxed);
     while (total > peak &&
            !peak_[k].compare_exchange_weak(peak, total, std::memory_order_relaxed)) {
@@ -91,9 +109,9 @@ void HotStats::expand(DeviceStats& out) const noexcept {
     Stat pools[2] = {};
     for_each_shard(head_, [&](const ShardStats& o) {
       for (int p = 0; p < 2; ++p) {
-        pools[p].current += o.cur[c][p].load(std::memory_order_relaxed);
+        pools[p].current += o.cur[c][p].read();
         pools[p].allocated += o.allocated[c][p];
-        pools[p].freed += o.freed[c][p];
+        pools[p].freed += o.allocated[c][p] - o.cur[c][p].read() + o.at_reset[c][p];
       }
     });
     StatArray& a = field(out, c);
@@ -158,7 +176,10 @@ void HotStats::reset_peak() noexcept {
 void HotStats::reset_accumulated() noexcept {
   for_each_shard(head_, [](ShardStats& o) {
     for (int c = 0; c < kHotCounters; ++c)
-      for (int p = 0; p < 2; ++p) o.allocated[c][p] = o.freed[c][p] = 0;
+      for (int p = 0; p < 2; ++p) {
+        o.allocated[c][p] = 0;
+        o.at_reset[c][p] = o.cur[c][p].read();
+      }
     o.hits = 0;
   });
   pending_at_reset_ = pending_.current;

@@ -45,12 +45,27 @@ enum HotCounter : int {
 constexpr int kTracked = kHotCounters * 3;
 constexpr int tracked(int c, int p) noexcept { return c * 3 + p; }
 
-/// One shard's counters. `cur` is read by other threads (PeakBoard::observe): atomics, written
-/// with a load and a store by the shard's lock holder.
+/// A counter only its shard's lock holder writes, which other threads read (HotStats::observe):
+/// the owner reads it plainly and writes it with a relaxed atomic store, others load it atomically.
+class OwnedCounter {
+ public:
+  [[nodiscard]] std::int64_t get() const noexcept { return v_; }
+  void set(std::int64_t v) noexcept { std::atomic_ref<std::int64_t>(v_).store(v, std::memory_order_relaxed); }
+  [[nodiscard]] std::int64_t read() const noexcept {
+    return std::atomic_ref<std::int64_t>(const_cast<std::int64_t&>(v_)).load(std::memory_order_relaxed);
+  }
+
+ private:
+  alignas(8) std::int64_t v_ = 0;
+};
+
+/// One shard's counters.
 struct ShardStats {
-  alignas(64) std::atomic<std::int64_t> cur[kHotCounters][2] = {};
-  std::int64_t allocated[kHotCounters][2] = {};  ///< running sums (read under the device lock)
-  std::int64_t freed[kHotCounters][2] = {};
+  alignas(64) OwnedCounter cur[kHotCounters][2] = {};
+  /// The running sum of increases; the sum of decreases follows: allocated - cur + at_reset,
+  /// where at_reset is `cur` when the sums were last reset (read under the device lock).
+  std::int64_t allocated[kHotCounters][2] = {};
+  std::int64_t at_reset[kHotCounters][2] = {};
   std::int64_t hits = 0;  ///< allocations the cache hit served (num_cache_hits)
   /// How far each tracked value may rise before it could make a new peak (PeakBoard).
   std::int64_t room[kTracked] = {};
@@ -61,8 +76,8 @@ struct ShardStats {
   [[nodiscard]] std::int64_t value(int k) const noexcept {
     const int c = k / 3;
     const int p = k % 3;
-    if (p < 2) return cur[c][p].load(std::memory_order_relaxed);
-    return cur[c][0].load(std::memory_order_relaxed) + cur[c][1].load(std::memory_order_relaxed);
+    if (p < 2) return cur[c][p].read();
+    return cur[c][0].read() + cur[c][1].read();
   }
 };
 
@@ -74,51 +89,52 @@ struct PoolCounter {
   void sub(bool small, std::int64_t n) noexcept { current[small ? 0 : 1] -= n; }
 };
 
-/// The device's hot statistics: the peaks of the shards' counters (PeakBoard), the pending
-/// counters and the active peaks. `head` is the first shard of the device (StreamShards).
+/// The device's hot statistics: the peaks of the shards' counters, the pending counters and the
+/// active peaks. `head` is the first shard of the device (StreamShards).
 class HotStats {
  public:
   explicit HotStats(const std::atomic<StreamShard*>& head) noexcept : head_(head) {}
   HotStats(const HotStats&) = delete;
   HotStats& operator=(const HotStats&) = delete;
 
-  /// `st`'s counter `c` in pool `small` rose by n > 0 (the shard's lock is held).
-  [[gnu::always_inline]] void add(ShardStats& st, int c, bool small, std::int64_t n) noexcept {
-    const int p = small ? 0 : 1;
-    const std::int64_t v = st.cur[c][p].load(std::memory_order_relaxed) + n;
-    st.cur[c][p].store(v, std::memory_order_relaxed);
-    st.allocated[c][p] += n;
-    const std::int64_t both = v + st.cur[c][1 - p].load(std::memory_order_relaxed);
-    if (v > st.room[tracked(c, p)] || both > st.room[tracked(c, 2)] ||
-        version_.load(std::memory_order_relaxed) != st.seen) [[unlikely]]
-      observe(st, c, p);
-  }
-  /// `st`'s counter `c` in pool `small` fell by n > 0.
-  [[gnu::always_inline]] static void sub(ShardStats& st, int c, bool small, std::int64_t n) noexcept {
-    const int p = small ? 0 : 1;
-    st.cur[c][p].store(st.cur[c][p].load(std::memory_order_relaxed) - n, std::memory_order_relaxed);
-    st.freed[c][p] += n;
-  }
-  /// A signed change of counter `c` (inactive split: a split or a merge).
-  void change(ShardStats& st, int c, bool small, std::int64_t n) noexcept {
-    if (n > 0) add(st, c, small, n);
-    if (n < 0) sub(st, c, small, -n);
-  }
-
-  /// A block of `bytes` became allocated for `requested` bytes.
+  /// A block of `bytes` became allocated for `requested` bytes (the shard's lock is held).
   [[gnu::always_inline]] void allocated_block(ShardStats& st, bool small, std::int64_t bytes,
                                               std::int64_t requested) noexcept {
-    add(st, kAllocations, small, 1);
-    add(st, kAllocatedBytes, small, bytes);
-    add(st, kRequestedBytes, small, requested);
-    if (pending_.total() != 0) note_active(small);  // (only under the device lock)
+    if (small) {
+      allocated_in<0>(st, bytes, requested);
+    } else {
+      allocated_in<1>(st, bytes, requested);
+    }
+  }
+  /// A net change of the inactive-split counters by `blocks` and `bytes` (a split or a merge).
+  [[gnu::always_inline]] void inactive_change(ShardStats& st, bool small, std::int64_t blocks,
+                                              std::int64_t bytes) noexcept {
+    if (small) {
+      inactive_in<0>(st, blocks, bytes);
+    } else {
+      inactive_in<1>(st, blocks, bytes);
+    }
+  }
+  /// `st`'s counter `c` in pool `small` fell by n >= 0.
+  [[gnu::always_inline]] static void sub(ShardStats& st, int c, bool small, std::int64_t n) noexcept {
+    const int p = small ? 0 : 1;
+    st.cur[c][p].set(st.cur[c][p].get() - n);
+  }
+  /// A signed change of counter `c`, peaks included (tests; the store's is inactive_change).
+  void change(ShardStats& st, int c, bool small, std::int64_t n) noexcept {
+    const int p = small ? 0 : 1;
+    st.cur[c][p].set(st.cur[c][p].get() + n);
+    if (n > 0) {
+      st.allocated[c][p] += n;
+      observe(st, c, p);
+    }
   }
   /// The caller freed a block; it waits for events when `pending_events` (device lock).
   [[gnu::always_inline]] void freed_block(ShardStats& st, bool small, std::int64_t bytes,
                                           bool pending_events) noexcept {
     sub(st, kAllocations, small, 1);
     sub(st, kAllocatedBytes, small, bytes);
-    if (pending_events) {
+    if (pending_events) [[unlikely]] {
       pending_.add(small, 1);
       pending_bytes_.add(small, bytes);
     }
@@ -143,7 +159,55 @@ class HotStats {
   void reset_accumulated() noexcept;
 
  private:
-  /// The slow half of add(): a room passed, or the board changed since the room was computed.
+  /// Counter `c` of pool P rose by n > 0: its new value (and the running sum).
+  template <int P>
+  [[gnu::always_inline]] static std::int64_t rise(ShardStats& st, int c, std::int64_t n) noexcept {
+    const std::int64_t v = st.cur[c][P].get() + n;
+    st.cur[c][P].set(v);
+    st.allocated[c][P] += n;
+    return v;
+  }
+  /// Whether counter `c` of pool P at `v` passes a room: its pool's, or (with the other pool's
+  /// value) the device's.
+  template <int P>
+  [[gnu::always_inline]] static bool passes(const ShardStats& st, int c, std::int64_t v) noexcept {
+    return (v > st.room[tracked(c, P)]) | (v + st.cur[c][1 - P].get() > st.room[tracked(c, 2)]);
+  }
+  template <int P>
+  [[gnu::always_inline]] void allocated_in(ShardStats& st, std::int64_t bytes,
+                                           std::int64_t requested) noexcept {
+    const std::int64_t a = rise<P>(st, kAllocations, 1);
+    const std::int64_t b = rise<P>(st, kAllocatedBytes, bytes);
+    const std::int64_t r = rise<P>(st, kRequestedBytes, requested);
+    // One test for the six peaks the three counters may pass (and the board's version).
+    if (passes<P>(st, kAllocations, a) | passes<P>(st, kAllocatedBytes, b) |
+        passes<P>(st, kRequestedBytes, r) |
+        (version_.load(std::memory_order_relaxed) != st.seen)) [[unlikely]] {
+      for (int c : {kAllocations, kAllocatedBytes, kRequestedBytes}) observe(st, c, P);
+    }
+    if (pending_.total() != 0) [[unlikely]] note_active(P == 0);  // (only under the device lock)
+  }
+  template <int P>
+  [[gnu::always_inline]] void inactive_in(ShardStats& st, std::int64_t blocks,
+                                          std::int64_t bytes) noexcept {
+    bool maybe_peak = false;
+    if (blocks > 0) {
+      maybe_peak = passes<P>(st, kInactiveSplits, rise<P>(st, kInactiveSplits, blocks));
+    } else if (blocks < 0) {
+      st.cur[kInactiveSplits][P].set(st.cur[kInactiveSplits][P].get() + blocks);
+    }
+    if (bytes > 0) {
+      maybe_peak |= passes<P>(st, kInactiveSplitBytes, rise<P>(st, kInactiveSplitBytes, bytes));
+    } else if (bytes < 0) {
+      st.cur[kInactiveSplitBytes][P].set(st.cur[kInactiveSplitBytes][P].get() + bytes);
+    }
+    if ((blocks > 0 || bytes > 0) &&
+        (maybe_peak || version_.load(std::memory_order_relaxed) != st.seen)) [[unlikely]] {
+      observe(st, kInactiveSplits, P);
+      observe(st, kInactiveSplitBytes, P);
+    }
+  }
+  /// The slow half of a rise: a room passed, or the board changed since the rooms were computed.
   void observe(ShardStats& st, int c, int p) noexcept;
   /// Recomputes every room of `st` from the board.
   void refresh(ShardStats& st) noexcept;

@@ -22,6 +22,7 @@ class RawPool {
 
   /// The next `n` get()s will not throw (std::bad_alloc here instead, with nothing taken).
   void reserve(std::size_t n) {
+    if (n == 1 && free_ != nullptr) [[likely]] return;
     std::size_t have = 0;
     for (Slot* s = free_; s != nullptr && have < n; s = s->next) ++have;
     for (; have < n; have += kChunk) grow();

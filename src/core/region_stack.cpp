@@ -4,7 +4,7 @@
 namespace stitch::detail {
 
 thread_local RegionStack t_regions;
-thread_local int t_open_regions __attribute__((tls_model("initial-exec"))) = 0;
+constinit thread_local int t_open_regions __attribute__((tls_model("initial-exec"))) = 0;
 
 RegionStack::~RegionStack() { t_open_regions = 0; }
 

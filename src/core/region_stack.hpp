@@ -25,7 +25,7 @@ struct RegionStack {
 extern thread_local RegionStack t_regions;
 /// t_regions.size(), one load through the initial-exec TLS model (no __tls_get_addr; 4 bytes of
 /// the static TLS space that a library loaded with dlopen may use).
-extern thread_local int t_open_regions __attribute__((tls_model("initial-exec")));
+extern constinit thread_local int t_open_regions __attribute__((tls_model("initial-exec")));
 
 /// The calling thread's innermost region of `owner`, or nullptr.
 inline const RegionFrame* innermost_region(const void* owner) noexcept {

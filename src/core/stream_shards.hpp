@@ -35,9 +35,12 @@ class StreamShards {
   [[nodiscard]] std::atomic<std::uint64_t>* clocks() noexcept { return clocks_; }
   [[nodiscard]] const std::atomic<std::uint64_t>* clocks() const noexcept { return clocks_; }
 
-  /// Takes / releases every shard's lock (the device lock holds its own first).
+  /// Takes every shard's lock (the device lock holds its own first; it then settles the shards'
+  /// held and parked blocks, BlockStore::settle_all).
   void lock_all() noexcept;
   void unlock_all() noexcept;
+  /// Inside lock_all() .. unlock_all(): the device lock is held.
+  [[nodiscard]] bool all_locked() const noexcept { return all_locked_; }
 
  private:
   AtomicMap<StreamShard> table_{64};
