@@ -4,9 +4,10 @@
 //   *_mix          one thread, the four sizes in turn, each allocated and freed (Arg: the live
 //                  working set held around the pairs: 0 or 64 blocks of 16 KiB to 32 MiB;
 //                  BM_stitch_mix's second Arg 1: the cache hit off: the device lock serves every request);
-//   *_mix_threads  1, 2, 4 and 8 threads, each doing the same; Arg 0: each thread on its own
-//                  stream, 1: all on the null stream, 2: own streams on two devices (thread i on
-//                  device i % 2). Wall time per pair and thread, and CPU time per pair.
+//   *_mix_threads  1, 2, 4 and 8 threads, each doing the same around its own working set of 8
+//                  live blocks (16 KiB to 2 MiB); Arg 0: each thread on its own stream, 1: all on
+//                  the null stream, 2: own streams on two devices (thread i on device i % 2). Wall
+//                  time per pair and thread, and CPU time per pair.
 //   *_trace_mix   the requests of a real training step in turn (below).
 // The same-size pair stays in alloc_bench.cpp (BM_*_pair). stitch runs on the simulated device, so
 // no device call is ever timed: this is the allocator.
@@ -149,7 +150,10 @@ void thread_args(benchmark::internal::Benchmark* b) {
   for (int t : {1, 2, 4, 8}) b->Threads(t);
 }
 
+constexpr std::size_t kThreadLive = 8;  // each thread's working set
+
 void BM_glibc_mix_threads(benchmark::State& state) {
+  WorkingSet live(kThreadLive, [](std::size_t n) { return malloc(n); }, [](void* p, std::size_t) { free(p); });
   std::size_t i = static_cast<std::size_t>(state.thread_index());
   for (auto _ : state) {
     void* p = malloc(kMix[i++ & 3]);
@@ -165,6 +169,8 @@ void BM_stitch_capi_mix_threads(benchmark::State& state) {
   const int t = state.thread_index();
   void* stream = mode == 1 ? nullptr : reinterpret_cast<void*>(static_cast<std::uintptr_t>(t + 1) * 0x100);
   const int device = mode == 2 ? t % 2 : 0;
+  WorkingSet live(kThreadLive, [&](std::size_t n) { return stitch_malloc(n, device, stream); },
+                  [&](void* p, std::size_t n) { stitch_free(p, n, device, stream); });
   for (std::size_t s : kMix) stitch_free(stitch_malloc(s, device, stream), s, device, stream);
   std::size_t i = static_cast<std::size_t>(t);
   for (auto _ : state) {

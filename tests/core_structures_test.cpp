@@ -293,12 +293,13 @@ TEST(HotStats, SumsAndPeaksOverStreamShardsAreWhatANaiveDeviceCountGives) {
       naive.down(naive.s.requested_bytes, l.small, l.requested);
       live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
     } else if (op == 9) {  // freed, waiting for another stream
-      hot.freed_block(l.shard->stats, l.small, l.bytes, true);
+      HotStats::freed_block(l.shard->stats, l.small, l.bytes);
+      hot.pending_block(l.small, l.bytes);
       naive.down(naive.s.allocation, l.small, 1);
       naive.down(naive.s.allocated_bytes, l.small, l.bytes);
       l.pending = true;
     } else {  // freed outright
-      hot.freed_block(l.shard->stats, l.small, l.bytes, false);
+      HotStats::freed_block(l.shard->stats, l.small, l.bytes);
       HotStats::inactive_block(l.shard->stats, l.small, l.requested);
       naive.down(naive.s.allocation, l.small, 1);
       naive.down(naive.s.allocated_bytes, l.small, l.bytes);

@@ -15,4 +15,4 @@ for f in $PB/rmm-patched/*.cpp; do
   [ $o -nt $f ] || $CXX -c $f -o $o
 done
 o=$PB/obj/adapter_rmm.o; s=$PB/src
-{ [ $o -nt $s/adapter_rmm.cpp ] && [ $o -nt $s/loops.hpp ] && [ $o -nt $s/trace_sizes.hpp ]; } || $CXX -c $s/adapter_rmm.cpp -o $o
+{ [ $o -nt $s/adapter_rmm.cpp ] && [ $o -nt $s/loops.hpp ] && [ $o -nt $s/trace_sizes.hpp ] && [ $o -nt $s/train_step.hpp ]; } || $CXX -c $s/adapter_rmm.cpp -o $o

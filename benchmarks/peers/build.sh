@@ -27,7 +27,7 @@ done
 cd $PB/src
 mkdir -p ../obj
 CXX="g++ -std=c++20 -O3 -DNDEBUG -fno-omit-frame-pointer"
-H="loops.hpp trace_sizes.hpp"
+H="loops.hpp trace_sizes.hpp train_step.hpp"
 stale ../obj/adapter_glibc.o adapter_glibc.cpp $H && $CXX -c adapter_glibc.cpp -o ../obj/adapter_glibc.o
 # stitch-dependent: always rebuilt (cheap), so a new STITCH_SRC's headers are used
 $CXX -c -I$STITCH_INC adapter_stitch.cpp -o ../obj/adapter_stitch.o

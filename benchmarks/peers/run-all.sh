@@ -3,7 +3,8 @@
 #   STITCH_BUILD=<dir with libstitch.so> STITCH_SRC=<its checkout> ./run-all.sh
 # Optional: STITCH_BUILD_B (+ STITCH_SRC_B) adds a second build's C API in the same process;
 # RUN_TAG=-x names the outputs out/timed-x.txt ...; ROUNDS (5), TARGET_MS (150), PB_CASES, COUNT=0
-# (skip the call-counting run), NO_TORCH=1 / NO_RMM=1, LOCK (/tmp/stitch-build.lock: every compile
+# (skip the call-counting run), TRAIN=0 (skip the training loop), TRAIN_STEPS (40), NO_TORCH=1 /
+# NO_RMM=1, LOCK (/tmp/stitch-build.lock: every compile
 # and every timed run holds it, nothing else does).
 set -euo pipefail
 PB="$(cd "$(dirname "$0")" && pwd)"
@@ -18,3 +19,5 @@ LOCK=${LOCK:-/tmp/stitch-build.lock}
 flock $LOCK $PB/build.sh
 flock $LOCK $PB/run.sh
 python3 $PB/summarize.py $PB/out/timed${RUN_TAG:-}.txt | tee $PB/out/summary${RUN_TAG:-}.md
+[ -s $PB/out/train${RUN_TAG:-}.txt ] &&
+  python3 $PB/summarize.py --train $PB/out/train${RUN_TAG:-}.txt | tee -a $PB/out/summary${RUN_TAG:-}.md

@@ -20,4 +20,22 @@ if [ "${COUNT:-1}" = 1 ]; then
   STUB_VERBOSE=1 LD_LIBRARY_PATH=$PB/stub/count $PB/peerbench > $PB/out/calls${RUN_TAG:-}.txt 2>&1
 fi
 $PB/peerbench ${ROUNDS:-5} ${TARGET_MS:-150} > $PB/out/timed${RUN_TAG:-}.txt 2>&1
+# The forward/backward training loop (src/train_step.hpp), backward on the main thread and on its
+# own: one process per (stitch configuration, seed, threads), every allocator in it; the peers only
+# with stitch's defaults (their settings do not change), RMM's pool from empty (PB_RMM_INITIAL_MB=0)
+# so that its pool size is what the loop needed. TRAIN=0 skips it; TRAIN_STEPS (40).
+if [ "${TRAIN:-1}" = 1 ]; then
+  : > $PB/out/train${RUN_TAG:-}.txt
+  for conf in "" expandable_segments:True expandable_segments:True,stitching:True \
+              expandable_segments:True,stitching:True,stitch_compact:True; do
+    peers=""; [ -n "$conf" ] && peers="NO_TORCH=1 NO_RMM=1"
+    for seed in 1 2; do
+      for threads in 1 2; do
+        env $peers STITCH_ALLOC_CONF="$STITCH_ALLOC_CONF${conf:+,$conf}" PB_RMM_INITIAL_MB=0 \
+            $PB/peerbench --train $threads ${TRAIN_STEPS:-40} $seed 2>/dev/null |
+          sed "s/^train |/train | ${conf:-defaults} |/" >> $PB/out/train${RUN_TAG:-}.txt
+      done
+    done
+  done
+fi
 uptime >> $PB/out/env${RUN_TAG:-}.txt

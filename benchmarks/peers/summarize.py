@@ -6,6 +6,7 @@ is faster). Also the min-max spread over rounds per cell (--spread).
 
   summarize.py out/timed.txt [more files ...]     one table per file
   summarize.py --compare A.txt B.txt             stitch rows of two runs side by side (B / A)
+  summarize.py --train out/train.txt             the training loop's table (run.sh's train runs)
 """
 import collections, statistics, sys
 
@@ -101,10 +102,34 @@ def compare(a_path, b_path):
         print("| " + " | ".join(out) + " |")
 
 
+def train_table(path):
+    # train | conf | allocator | threads | steps | seed | allocations | peak GB | cpu us/step | wall us/step
+    runs = collections.OrderedDict()
+    for line in open(path):
+        if not line.startswith("train |"):
+            continue
+        _, conf, alloc, threads, steps, seed, n, peak, cpu, wall = [x.strip() for x in line.split("|")]
+        runs.setdefault((conf, alloc, seed), {})[int(threads)] = (float(peak), float(cpu), int(n) / int(steps))
+    print(f"### {path}: the forward/backward loop, backward on the main thread (1) and on its own (2)\n")
+    print("| config | allocator | seed | peak reserved GB, 1 thread | 2 threads | 2 ÷ 1 | CPU µs per step, 1 / 2 "
+          "| CPU ns per request, 1 / 2 |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    for (conf, alloc, seed), r in runs.items():
+        if 1 not in r or 2 not in r:
+            continue
+        (p1, c1, n1), (p2, c2, n2) = r[1], r[2]
+        peaks = (f"{p1:.3f} | {p2:.3f} | {p2 / p1:.3f}" if p1 > 0 and p2 > 0 else "— | — | —")
+        print(f"| {conf} | {SHORT.get(alloc, alloc)} | {seed} | {peaks} | {c1:.0f} / {c2:.0f} "
+              f"| {c1 * 1e3 / n1:.0f} / {c2 * 1e3 / n2:.0f} |")
+    print()
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args and args[0] == "--compare":
         compare(args[1], args[2])
+    elif args and args[0] == "--train":
+        train_table(args[1])
     else:
         spread = "--spread" in args
         for p in [x for x in args if x != "--spread"]:

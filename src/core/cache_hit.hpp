@@ -10,7 +10,7 @@
 // disjoint blocks, whatever order they run in.
 //
 // A request leaves the cache hit for the device lock, with nothing changed, when:
-// - the hit is closed (closed(): the history is recorded, a private-pool route is underway,
+// - the hit is closed (set_closed(): the history is recorded, a private-pool route is underway,
 //   events are outstanding or deferred, or a test turned it off);
 // - allocating: 0 bytes or too many, a region is open on the thread (core/region_stack.hpp), the
 //   stream has no shard yet, the rounded size is oversize (max_split_size), best fit finds no
@@ -59,8 +59,8 @@ class CacheHit {
   CacheHit(const CacheHit&) = delete;
   CacheHit& operator=(const CacheHit&) = delete;
 
-  /// Opens or closes the hit for `why` (under the device lock: no hit is running).
-  void close(Closed why, bool closed) noexcept {
+  /// Sets whether the hit is closed for `why` (under the device lock: no hit is running).
+  void set_closed(Closed why, bool closed) noexcept {
     const std::uint32_t now = closed_.load(std::memory_order_relaxed);
     closed_.store(closed ? now | why : now & ~static_cast<std::uint32_t>(why), std::memory_order_relaxed);
   }
@@ -117,9 +117,10 @@ class CacheHit {
         !block->stream_uses.empty() || (stream != nullptr && *stream != block->stream) ||
         block->segment->pool != &pool || block->segment->asleep)
       return Freed::elsewhere;
-    store_.settle(pool);  // the stream's last free is filed first (may throw: nothing changed)
+    // The stream's last free is filed first (may throw: nothing changed).
+    if (pool.held.block != nullptr) store_.settle(pool);
     LiveTable::publish(block->live_slot, nullptr);
-    hot_.freed_block(shard->stats, block->small, static_cast<std::int64_t>(block->size), false);
+    HotStats::freed_block(shard->stats, block->small, static_cast<std::int64_t>(block->size));
     HotStats::inactive_block(shard->stats, block->small, static_cast<std::int64_t>(block->requested));
     block->requested = 0;
     store_.file_or_hold(pool, block);  // (the stream's last free now)

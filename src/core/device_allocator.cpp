@@ -86,7 +86,7 @@ double DeviceAllocator::memory_fraction() const {
 
 void DeviceAllocator::set_cache_hit(bool on) {
   std::lock_guard lock(mutex_);
-  hits_.close(detail::CacheHit::kOff, !on);
+  hits_.set_closed(detail::CacheHit::kOff, !on);
 }
 
 // ---- allocation ---------------------------------------------------------------------------------
@@ -199,8 +199,10 @@ FreeStatus DeviceAllocator::free_locked(void* ptr, const std::size_t* expected_s
   const bool pending = block->state != BlockState::allocated;
   if (block->oversize) stats_.oversize_allocations.decrease(1);
   block->oversize = false;
-  hot_.freed_block(block->shard->stats, block->small, static_cast<std::int64_t>(block->size), pending);
-  if (!pending) {
+  detail::HotStats::freed_block(block->shard->stats, block->small, static_cast<std::int64_t>(block->size));
+  if (pending) {
+    hot_.pending_block(block->small, static_cast<std::int64_t>(block->size));
+  } else {
     recorder_.trace(TraceAction::free_completed, block->ptr, block->requested, block->stream);
     store_.file_freed(block);
   }

@@ -226,9 +226,9 @@ class DeviceAllocator {
   /// Closes the cache hit while the history is recorded, a private-pool route is underway or
   /// events are outstanding or deferred, and opens it when none is.
   void note_hit_rules() noexcept {
-    hits_.close(detail::CacheHit::kRecording, recorder_.enabled());
-    hits_.close(detail::CacheHit::kRouting, pools_.routing());
-    hits_.close(detail::CacheHit::kEvents, events_.outstanding() != 0 || events_.deferred() != 0);
+    hits_.set_closed(detail::CacheHit::kRecording, recorder_.enabled());
+    hits_.set_closed(detail::CacheHit::kRouting, pools_.routing());
+    hits_.set_closed(detail::CacheHit::kEvents, events_.outstanding() != 0 || events_.deferred() != 0);
   }
   /// DeviceStats with the fast path's counters expanded in (the lock is held).
   [[nodiscard]] DeviceStats stats_locked() const noexcept;

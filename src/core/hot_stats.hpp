@@ -129,15 +129,15 @@ class HotStats {
       observe(st, c, p);
     }
   }
-  /// The caller freed a block; it waits for events when `pending_events` (device lock).
-  [[gnu::always_inline]] void freed_block(ShardStats& st, bool small, std::int64_t bytes,
-                                          bool pending_events) noexcept {
+  /// The caller freed a block.
+  [[gnu::always_inline]] static void freed_block(ShardStats& st, bool small, std::int64_t bytes) noexcept {
     sub(st, kAllocations, small, 1);
     sub(st, kAllocatedBytes, small, bytes);
-    if (pending_events) [[unlikely]] {
-      pending_.add(small, 1);
-      pending_bytes_.add(small, bytes);
-    }
+  }
+  /// A freed block waits for events (device lock).
+  void pending_block(bool small, std::int64_t bytes) noexcept {
+    pending_.add(small, 1);
+    pending_bytes_.add(small, bytes);
   }
   /// A pending block's last event completed (device lock).
   void pending_done(bool small, std::int64_t bytes) noexcept {

@@ -12,4 +12,4 @@ void glibc_bind(int) {}
 int glibc_devices() { return 64; }
 }  // namespace
 
-extern const Adapter glibc_adapter = PB_ADAPTER(glibc, "glibc malloc/free", glibc_setup, glibc_bind, glibc_devices);
+extern const Adapter glibc_adapter = PB_ADAPTER(glibc, "glibc malloc/free", glibc_setup, glibc_bind, glibc_devices, nullptr);

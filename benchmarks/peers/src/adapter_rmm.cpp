@@ -10,6 +10,7 @@
 #include <rmm/mr/pool_memory_resource.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -25,12 +26,16 @@ void rmm_setup() {
   for (int d = 0; d < n; ++d) {
     cudaSetDevice(d);
     // 1 GiB initial pool, no maximum: every case below is served from the pool after warm-up
+    // (PB_RMM_INITIAL_MB: another initial size; the training loop's run starts from 0)
+    const char* mb = std::getenv("PB_RMM_INITIAL_MB");
+    const std::size_t initial = (mb ? std::strtoull(mb, nullptr, 10) : 1024) << 20;
     g_pools.push_back(std::make_unique<rmm::mr::pool_memory_resource>(rmm::mr::cuda_memory_resource{},
-                                                                      std::size_t{1} << 30, std::nullopt));
+                                                                      initial, std::nullopt));
     std::fprintf(stderr, "[rmm] device %d: pool_memory_resource, pool size %zu\n", d, g_pools.back()->pool_size());
   }
   cudaSetDevice(0);
 }
+std::size_t rmm_peak_reserved() { return g_pools.empty() ? 0 : g_pools[0]->pool_size(); }  // it never shrinks
 int rmm_devices() { return static_cast<int>(g_pools.size()); }
 void rmm_bind(int device) { cudaSetDevice(device); }
 auto ralloc = [](std::size_t s, pb::Ctx c) {
@@ -44,4 +49,4 @@ auto rfree = [](void* p, std::size_t s, pb::Ctx c) {
 PB_DEFINE_LOOPS(rmm, ralloc, rfree)
 }  // namespace
 
-extern const Adapter rmm_pool_adapter = PB_ADAPTER(rmm, "RMM pool_memory_resource", rmm_setup, rmm_bind, rmm_devices);
+extern const Adapter rmm_pool_adapter = PB_ADAPTER(rmm, "RMM pool_memory_resource", rmm_setup, rmm_bind, rmm_devices, rmm_peak_reserved);

@@ -23,6 +23,7 @@ int stitch_sim_devices() { return env_config().sim_devices; }
 auto salloc = [](std::size_t s, pb::Ctx c) { return g_alloc->allocate(s, c.stream, c.device); };
 auto sfree = [](void* p, std::size_t, pb::Ctx) { g_alloc->deallocate(p); };
 PB_DEFINE_LOOPS(scxx, salloc, sfree)
+std::size_t cxx_peak_reserved() { return static_cast<std::size_t>(g_alloc->stats(0).reserved_bytes[0].peak); }
 
 void capi_setup() {
   void* p = stitch_malloc(512, 0, nullptr);
@@ -35,7 +36,8 @@ void capi_setup() {
 auto calloc_ = [](std::size_t s, pb::Ctx c) { return stitch_malloc(s, c.device, c.stream); };
 auto cfree = [](void* p, std::size_t s, pb::Ctx c) { stitch_free(p, s, c.device, c.stream); };
 PB_DEFINE_LOOPS(scapi, calloc_, cfree)
+std::size_t capi_peak_reserved() { return static_cast<std::size_t>(stitch_stat(0, "reserved_bytes.all.peak")); }
 }  // namespace
 
-extern const Adapter stitch_cxx_adapter = PB_ADAPTER(scxx, "stitch C++ API", cxx_setup, no_bind, stitch_sim_devices);
-extern const Adapter stitch_capi_adapter = PB_ADAPTER(scapi, "stitch C API", capi_setup, no_bind, stitch_sim_devices);
+extern const Adapter stitch_cxx_adapter = PB_ADAPTER(scxx, "stitch C++ API", cxx_setup, no_bind, stitch_sim_devices, cxx_peak_reserved);
+extern const Adapter stitch_capi_adapter = PB_ADAPTER(scapi, "stitch C API", capi_setup, no_bind, stitch_sim_devices, capi_peak_reserved);

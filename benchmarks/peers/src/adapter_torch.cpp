@@ -18,6 +18,9 @@ void torch_setup() {
   std::fprintf(stderr, "[torch] device_count()=%d, allocator backend=%s\n", g_n, cca::get()->name().c_str());
   cca::init(g_n);
 }
+std::size_t torch_peak_reserved() {
+  return static_cast<std::size_t>(cca::getDeviceStats(0).reserved_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
+}
 int torch_devices() { return g_n; }
 void torch_bind(int device) { c10::cuda::set_device(static_cast<c10::DeviceIndex>(device)); }
 auto talloc = [](std::size_t s, pb::Ctx c) {
@@ -27,4 +30,4 @@ auto tfree = [](void* p, std::size_t, pb::Ctx) { cca::raw_delete(p); };
 PB_DEFINE_LOOPS(torch, talloc, tfree)
 }  // namespace
 
-extern const Adapter torch_adapter = PB_ADAPTER(torch, "PyTorch CUDACachingAllocator", torch_setup, torch_bind, torch_devices);
+extern const Adapter torch_adapter = PB_ADAPTER(torch, "PyTorch CUDACachingAllocator", torch_setup, torch_bind, torch_devices, torch_peak_reserved);

@@ -100,6 +100,10 @@ struct Adapter {
   void (*run)(int kind, std::size_t size, pb::Ctx, long n, long first);
   void* (*alloc1)(std::size_t size, pb::Ctx);           // untimed: live working sets
   void (*free1)(void* p, std::size_t size, pb::Ctx);    // untimed
+  // train_step.hpp's loop: `steps` steps, backward on a second thread when threads == 2; returns
+  // the allocations made
+  long (*train)(int threads, int steps, unsigned seed, void (*bind)(int));
+  std::size_t (*peak_reserved)();     // device 0's peak reserved bytes; nullptr: not known
 };
 
 #define PB_DEFINE_LOOPS(PREFIX, ALLOC, FREE)                                                      \
@@ -118,7 +122,15 @@ struct Adapter {
     }                                                                                             \
   }                                                                                               \
   static void* PREFIX##_alloc1(std::size_t s, pb::Ctx c) { return ALLOC(s, c); }                  \
-  static void PREFIX##_free1(void* p, std::size_t s, pb::Ctx c) { FREE(p, s, c); }
+  static void PREFIX##_free1(void* p, std::size_t s, pb::Ctx c) { FREE(p, s, c); }              \
+  static long PREFIX##_train(int threads, int steps, unsigned seed, void (*bind)(int)) {          \
+    return pb::TrainLoop(ALLOC, FREE).run(threads, steps, seed, bind);                            \
+  }
 
-#define PB_ADAPTER(PREFIX, NAME, SETUP, BIND, DEVICES) \
-  Adapter { NAME, SETUP, BIND, DEVICES, PREFIX##_warm, PREFIX##_run, PREFIX##_alloc1, PREFIX##_free1 }
+#define PB_ADAPTER(PREFIX, NAME, SETUP, BIND, DEVICES, PEAK_RESERVED)                                 \
+  Adapter {                                                                                         \
+    NAME, SETUP, BIND, DEVICES, PREFIX##_warm, PREFIX##_run, PREFIX##_alloc1, PREFIX##_free1,      \
+        PREFIX##_train, PEAK_RESERVED                                                               \
+  }
+
+#include "train_step.hpp"

@@ -72,7 +72,9 @@ struct Case {
   std::size_t size;  // kPair only
   int threads;       // 0: main thread, default (NULL) stream; >= 1: that many threads, own streams
   int devices;       // threads: thread t on device t % devices
-  int live;          // main thread: blocks (16 KiB .. 32 MiB, powers of two in turn) held around the pairs
+  int live;          // blocks (16 KiB .. 32 MiB, powers of two in turn) held around the pairs, by the
+                     // main thread or by each thread on its stream and device
+  bool shared = false;  // threads: all on the default (NULL) stream instead of their own
 };
 
 struct Sample {
@@ -86,18 +88,26 @@ void run_body(const Adapter& a, const Case& c, pb::Ctx ctx, long n, long first) 
 }
 
 // One measurement: n pairs (per thread), CPU and wall ns per pair (mean over threads).
+// mix_bench's WorkingSet: `count` blocks of 16 KiB << (i % 12) on `ctx`, untimed.
+std::vector<std::pair<void*, std::size_t>> hold_live(const Adapter& a, int count, pb::Ctx ctx) {
+  std::vector<std::pair<void*, std::size_t>> live;
+  for (int i = 0; i < count; ++i) {
+    const std::size_t size = (std::size_t{16} << 10) << (i % 12);
+    live.emplace_back(a.alloc1(size, ctx), size);
+  }
+  return live;
+}
+void release_live(const Adapter& a, const std::vector<std::pair<void*, std::size_t>>& live, pb::Ctx ctx) {
+  for (auto& [p, size] : live) a.free1(p, size, ctx);
+}
+
 Sample measure(const Adapter& a, const Case& c, long n) {
   if (c.threads == 0) {
-    // mix_bench's WorkingSet: `live` blocks of 16 KiB << (i % 12), untimed
-    std::vector<std::pair<void*, std::size_t>> live;
-    for (int i = 0; i < c.live; ++i) {
-      const std::size_t size = (std::size_t{16} << 10) << (i % 12);
-      live.emplace_back(a.alloc1(size, {nullptr, 0}), size);
-    }
+    const auto live = hold_live(a, c.live, {nullptr, 0});
     const double w0 = now_ns(CLOCK_MONOTONIC), c0 = now_ns(CLOCK_THREAD_CPUTIME_ID);
     run_body(a, c, {nullptr, 0}, n, 0);
     const double c1 = now_ns(CLOCK_THREAD_CPUTIME_ID), w1 = now_ns(CLOCK_MONOTONIC);
-    for (auto& [p, size] : live) a.free1(p, size, {nullptr, 0});
+    release_live(a, live, {nullptr, 0});
     return {(c1 - c0) / n, (w1 - w0) / n};
   }
   pthread_barrier_t bar;
@@ -106,9 +116,10 @@ Sample measure(const Adapter& a, const Case& c, long n) {
   std::vector<std::thread> ts;
   for (int t = 0; t < c.threads; ++t) {
     ts.emplace_back([&, t] {
-      const pb::Ctx ctx{thread_stream(t), t % std::max(1, c.devices)};
+      const pb::Ctx ctx{c.shared ? nullptr : thread_stream(t), t % std::max(1, c.devices)};
       a.bind(ctx.device);
       a.warm(ctx);
+      const auto live = hold_live(a, c.live, ctx);
       run_body(a, c, ctx, 1000, t);
       pthread_barrier_wait(&bar);
       const double w0 = now_ns(CLOCK_MONOTONIC), c0 = now_ns(CLOCK_THREAD_CPUTIME_ID);
@@ -116,6 +127,7 @@ Sample measure(const Adapter& a, const Case& c, long n) {
       const double c1 = now_ns(CLOCK_THREAD_CPUTIME_ID), w1 = now_ns(CLOCK_MONOTONIC);
       per[t] = {(c1 - c0) / n, (w1 - w0) / n};
       pthread_barrier_wait(&bar);
+      release_live(a, live, ctx);
     });
   }
   for (auto& th : ts) th.join();
@@ -140,7 +152,11 @@ int main(int argc, char** argv) {
   // peerbench --one ADAPTER CASE N: set up one allocator only and run N pairs of one case on the
   // main thread (for instruction counting under callgrind: run with N and 2N and subtract).
   const bool one = argc > 1 && std::strcmp(argv[1], "--one") == 0;
-  if (one) {
+  // peerbench --train THREADS STEPS SEED: train_step.hpp's loop for every allocator, one after
+  // the other in this process (each its own allocator: its peak is its own), backward on a second
+  // thread when THREADS is 2; prints a "train |" line each.
+  const bool train = argc > 4 && std::strcmp(argv[1], "--train") == 0;
+  if (one || train) {
     argc = 0;
   }
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 5;
@@ -182,10 +198,17 @@ int main(int argc, char** argv) {
       {"trace sizes, 8 live (window)", kWindow, 0, 0, 1, 0},
       {"4 KiB, 1 thread, own stream", kPair, 4096, 1, 1, 0},
       {"4 KiB, 2 threads, own streams", kPair, 4096, 2, 1, 0},
-      {"mixed, 1 thread, own stream", kMixed, 0, 1, 1, 0},
-      {"mixed, 2 threads, own streams", kMixed, 0, 2, 1, 0},
-      {"mixed, 2 threads, 2 devices", kMixed, 0, 2, 2, 0},
-      {"mixed, 8 threads, own streams", kMixed, 0, 8, 1, 0},
+      // mixed sizes with 8 blocks (16 KiB .. 2 MiB) live per thread around the pairs
+      {"mixed+live, 1 thread, own stream", kMixed, 0, 1, 1, 8},
+      {"mixed+live, 2 threads, own streams", kMixed, 0, 2, 1, 8},
+      {"mixed+live, 4 threads, own streams", kMixed, 0, 4, 1, 8},
+      {"mixed+live, 8 threads, own streams", kMixed, 0, 8, 1, 8},
+      {"mixed+live, 2 threads, one stream", kMixed, 0, 2, 1, 8, true},
+      {"mixed+live, 4 threads, one stream", kMixed, 0, 4, 1, 8, true},
+      {"mixed+live, 8 threads, one stream", kMixed, 0, 8, 1, 8, true},
+      {"mixed+live, 2 threads, 2 devices", kMixed, 0, 2, 2, 8},
+      {"mixed+live, 4 threads, 2 devices", kMixed, 0, 4, 2, 8},
+      {"mixed+live, 8 threads, 2 devices", kMixed, 0, 8, 2, 8},
   };
   std::vector<const Adapter*> adapters = {&glibc_adapter, &stitch_cxx_adapter, &stitch_capi_adapter};
   if (&stitch_b_adapter && std::getenv("STITCH_BUILD_B")) adapters.push_back(&stitch_b_adapter);
@@ -200,6 +223,22 @@ int main(int argc, char** argv) {
     }
   } else {
     for (size_t i = 0; i < cases.size(); ++i) case_ids.push_back(i);
+  }
+  if (train) {
+    const int threads = std::atoi(argv[2]), steps = std::atoi(argv[3]);
+    const unsigned seed = static_cast<unsigned>(std::atoi(argv[4]));
+    for (const Adapter* a : adapters) a->setup();
+    for (const Adapter* a : adapters) {
+      a->bind(0);
+      const double w0 = now_ns(CLOCK_MONOTONIC), c0 = now_ns(CLOCK_PROCESS_CPUTIME_ID);
+      const long n = a->train(threads, steps, seed, a->bind);
+      const double c1 = now_ns(CLOCK_PROCESS_CPUTIME_ID), w1 = now_ns(CLOCK_MONOTONIC);
+      const double peak = a->peak_reserved ? double(a->peak_reserved()) / 1e9 : -1.0;
+      std::printf("train | %s | %d | %d | %u | %ld | %.4f | %.1f | %.1f\n", a->name, threads, steps, seed, n,
+                  peak, (c1 - c0) / 1e3 / steps, (w1 - w0) / 1e3 / steps);
+      std::fflush(stdout);
+    }
+    return 0;
   }
   if (one) {
     const Adapter* a = adapters.at(std::atoi(argv[2]));
