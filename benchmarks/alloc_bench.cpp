@@ -1,7 +1,7 @@
 // benchmarks/alloc_bench.cpp — CPU cost of stitch's allocator paths, with glibc malloc/free of the
 // same sizes in the same binary as the reference:
-//   *_pair       a warm cache-hit allocate + free of one size (*_pair_filed: with immediate
-//                reuse off, the general path of a hit);
+//   *_pair       a warm cache-hit allocate + free of one size (*_pair_device_lock: with the cache
+//                hit off, every request under the device lock);
 //   *_random     RMM random_allocations-style mixed workload (random sizes, random frees);
 //   *_threads    the cache-hit pair from several threads at once (each on its own stream), on
 //                one device and on two (*_devices), through the C++ and the C API, with

@@ -57,18 +57,33 @@ san_run_fuzzers() {
   done
 }
 
-# Builds the concurrency stress under ThreadSanitizer in $1.
+# Builds the concurrency stress and the thread-exit frees under ThreadSanitizer in $1 (and, with
+# $2 = all, the test suite too).
 san_build_tsan() {
-  local dir=$1
-  san_say "building the concurrency stress with ThreadSanitizer in $dir"
+  local dir=$1 targets=(concurrency_stress thread_exit_frees)
+  [ "${2:-}" = all ] && targets+=(stitch_tests)
+  san_say "building ${targets[*]} with ThreadSanitizer in $dir"
   cmake -S "$san_root" -B "$dir" "${san_common[@]}" -DSTITCH_SANITIZE=thread \
     "-DCMAKE_C_FLAGS=$san_flags" "-DCMAKE_CXX_FLAGS=$san_flags" >/dev/null
-  cmake --build "$dir" -j"$san_jobs" --target concurrency_stress
+  cmake --build "$dir" -j"$san_jobs" --target "${targets[@]}"
 }
 
-# Runs the stress from $1 for $2 seconds per configuration (three configurations).
+# Runs the stress from $1 for $2 seconds per configuration (three configurations), then frees
+# from thread-exit destructors while threads come and go, $3 rounds (20).
 san_run_tsan() {
   local dir=$1 seconds=$2
   san_say "concurrency stress under ThreadSanitizer, ${seconds}s per configuration"
   "$dir/tests/concurrency_stress" --threads 8 --seconds "$seconds"
+  san_say "frees from thread-exit destructors under ThreadSanitizer, ${3:-20} rounds"
+  "$dir/tests/thread_exit_frees" "${3:-20}"
+}
+
+# Runs the test suite's threaded tests from $1 (built with san_build_tsan DIR all) under
+# ThreadSanitizer: threads on their own streams at once, threads taking turns, the randomized
+# stress and the C API torture.
+san_run_tsan_tests() {
+  local dir=$1
+  san_say "threaded tests under ThreadSanitizer"
+  "$dir/tests/stitch_tests" --gtest_brief=1 \
+    --gtest_filter='*CacheHitThreads*:*ThreadIndependence*:*Randomized*:*StatsExact*:*Concurren*:*Thread*'
 }

@@ -53,7 +53,7 @@ class CacheHit {
   enum class Freed { yes, wrong_size, elsewhere };
 
   CacheHit(const Config& config, StreamShards& shards, BlockStore& store, HotStats& hot,
-           LiveTable& live, std::uint32_t generation) noexcept
+           LiveTable& live, std::uint64_t generation) noexcept
       : config_(config), shards_(shards), store_(store), hot_(hot), live_(live),
         generation_(generation) {}
   CacheHit(const CacheHit&) = delete;
@@ -156,7 +156,7 @@ class CacheHit {
   BlockStore& store_;
   HotStats& hot_;
   LiveTable& live_;
-  const std::uint32_t generation_;  ///< the fork generation of the allocator (DeviceLock's)
+  const std::uint64_t generation_;  ///< the fork generation of the allocator (DeviceLock's)
   std::atomic<std::uint32_t> closed_{0};
 };
 

@@ -45,13 +45,13 @@ class DeviceLock {
     spin_.unlock();
   }
   /// The fork generation the allocator was created in (the cache hit checks it too).
-  [[nodiscard]] std::uint32_t generation() const noexcept { return generation_; }
+  [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
 
  private:
   SpinLock spin_;
   StreamShards& shards_;
   BlockStore& store_;
-  const std::uint32_t generation_;
+  const std::uint64_t generation_;
 };
 
 }  // namespace stitch::detail

@@ -7,9 +7,9 @@
 
 namespace stitch::detail {
 
-std::atomic<std::uint32_t> g_fork_generation{0};
+std::atomic<std::uint64_t> g_fork_generation{0};  // (64 bits: never wraps)
 
-std::uint32_t fork_generation() noexcept {
+std::uint64_t fork_generation() noexcept {
   static const bool registered = [] {
     return pthread_atfork(nullptr, nullptr, [] {
       g_fork_generation.fetch_add(1, std::memory_order_relaxed);

@@ -13,14 +13,14 @@ namespace stitch::detail {
 
 /// The number of fork()s this process descends from since stitch was loaded (the first call
 /// registers the handler).
-std::uint32_t fork_generation() noexcept;
+std::uint64_t fork_generation() noexcept;
 /// The same, read on a fast path: no registration (an allocator registered it when created).
-extern std::atomic<std::uint32_t> g_fork_generation;
+extern std::atomic<std::uint64_t> g_fork_generation;
 /// Throws the stitch::error that says so.
 [[noreturn]] void throw_forked();
 /// Throws stitch::error when the process is not the one an allocator of `generation` was
 /// created in.
-inline void refuse_after_fork(std::uint32_t generation) {
+inline void refuse_after_fork(std::uint64_t generation) {
   if (g_fork_generation.load(std::memory_order_relaxed) != generation) [[unlikely]]
     throw_forked();
 }

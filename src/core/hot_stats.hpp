@@ -169,9 +169,11 @@ class HotStats {
   }
   /// Whether counter `c` of pool P at `v` passes a room: its pool's, or (with the other pool's
   /// value) the device's.
+  /// (An int, so that several tests combine without branches: `|`, not `||`.)
   template <int P>
-  [[gnu::always_inline]] static bool passes(const ShardStats& st, int c, std::int64_t v) noexcept {
-    return (v > st.room[tracked(c, P)]) | (v + st.cur[c][1 - P].get() > st.room[tracked(c, 2)]);
+  [[gnu::always_inline]] static int passes(const ShardStats& st, int c, std::int64_t v) noexcept {
+    return static_cast<int>(v > st.room[tracked(c, P)]) |
+           static_cast<int>(v + st.cur[c][1 - P].get() > st.room[tracked(c, 2)]);
   }
   template <int P>
   [[gnu::always_inline]] void allocated_in(ShardStats& st, std::int64_t bytes,
@@ -182,7 +184,7 @@ class HotStats {
     // One test for the six peaks the three counters may pass (and the board's version).
     if (passes<P>(st, kAllocations, a) | passes<P>(st, kAllocatedBytes, b) |
         passes<P>(st, kRequestedBytes, r) |
-        (version_.load(std::memory_order_relaxed) != st.seen)) [[unlikely]] {
+        static_cast<int>(version_.load(std::memory_order_relaxed) != st.seen)) [[unlikely]] {
       for (int c : {kAllocations, kAllocatedBytes, kRequestedBytes}) observe(st, c, P);
     }
     if (pending_.total() != 0) [[unlikely]] note_active(P == 0);  // (only under the device lock)
@@ -190,7 +192,7 @@ class HotStats {
   template <int P>
   [[gnu::always_inline]] void inactive_in(ShardStats& st, std::int64_t blocks,
                                           std::int64_t bytes) noexcept {
-    bool maybe_peak = false;
+    int maybe_peak = 0;
     if (blocks > 0) {
       maybe_peak = passes<P>(st, kInactiveSplits, rise<P>(st, kInactiveSplits, blocks));
     } else if (blocks < 0) {
