@@ -10,8 +10,9 @@
 // Scenarios: PyTorch's forward and backward (the main thread allocates activations and runs the
 // optimizer; the backward thread frees the activations and allocates the gradients; one stream);
 // a producer allocating and a consumer freeing on one stream; threads on their own streams with
-// cross-thread frees, blocks used on other streams and held streams; a mix of both; and coarse
-// pages left with a live block at their start, which stitching and compaction serve. Configs:
+// cross-thread frees, blocks used on other streams and held streams; a mix of both; coarse
+// pages left with a live block at their start, which stitching and compaction serve; and training
+// beside tagged inference memory that a third thread puts to sleep and wakes. Configs:
 // PyTorch's defaults, expandable segments, stitching and compaction (on a device small enough for
 // the out-of-memory ladder to run).
 #include <gtest/gtest.h>
@@ -55,13 +56,19 @@ struct Op {
     empty,           ///< empty_cache
     reset_peak,      ///< reset_peak_stats
     cap,             ///< set_memory_fraction: what is reserved now (`bytes` 1: no cap)
+    tagged,          ///< block `id` = allocate(bytes, stream) inside a region of tag `tag`
+    sleep,           ///< sleep(0, tag `tag`)
+    wake,            ///< wake(0, tag `tag`)
     check,           ///< every statistic and the layout, into the results
   } kind;
   int role;
   int id = -1;
   std::size_t bytes = 0;
   stream_t stream = nullptr;
+  int tag = 0;  ///< tagged, sleep, wake: "t0" (no backup) or "t1" (backed up to the host)
 };
+
+const char* tag_name(int tag) { return tag == 0 ? "t0" : "t1"; }
 
 struct Script {
   std::vector<Op> ops;
@@ -79,6 +86,13 @@ class Builder {
     streams_.push_back(stream);
     sizes_.push_back(bytes);
     push({Op::alloc, role, id, bytes, stream});
+    return id;
+  }
+  int tagged(int role, std::size_t bytes, stream_t stream, int tag) {
+    const int id = script_.blocks++;
+    streams_.push_back(stream);
+    sizes_.push_back(bytes);
+    push({Op::tagged, role, id, bytes, stream, tag});
     return id;
   }
   /// Frees block `id` one of the three ways (`how`: 0, 1, 2; -1: at random).
@@ -251,6 +265,59 @@ Script fragmentation(std::uint64_t seed) {
   return b.done(0);
 }
 
+/// Training and inference sharing a device (RLHF): role 0 trains, untagged, with the pairs of a
+/// training loop; role 1 serves, its weights (tag t1, backed up) and KV blocks (tag t0) tagged;
+/// role 2 puts the tags to sleep and wakes them while role 0's held and parked blocks are about.
+Script sleep_wake(std::uint64_t seed) {
+  Builder b(seed, 3);
+  const stream_t train = S(1), serve = S(2);
+  std::vector<int> weights, kv, live;
+  for (int i = 0; i < 6; ++i) weights.push_back(b.tagged(1, (2 + b.pick(3)) * MiB + 512 * b.pick(8), serve, 1));
+  bool asleep = false;
+  for (int round = 0; round < 40; ++round) {
+    for (int i = 0; i < 40; ++i) {  // training: pairs and a few blocks that stay
+      const std::size_t bytes = b.pick(5) == 0 ? (1 + b.pick(4)) * MiB + 512 * b.pick(64) : 512 * (1 + b.pick(128));
+      if (b.pick(4) == 0 || live.empty()) {
+        live.push_back(b.alloc(0, bytes, train));
+      } else {
+        b.free(0, live.back());
+        live.pop_back();
+        live.push_back(b.alloc(0, bytes, train));
+      }
+      if (live.size() > 12) {
+        b.free(0, live.front());
+        live.erase(live.begin());
+      }
+    }
+    if (!asleep) {  // serving: KV blocks come and go
+      for (int i = 0; i < 8; ++i) {
+        if (kv.size() > 6 || (b.pick(3) == 0 && !kv.empty())) {
+          const std::size_t k = b.pick(kv.size());
+          b.free(1, kv[k]);
+          kv.erase(kv.begin() + static_cast<std::ptrdiff_t>(k));
+        } else {
+          kv.push_back(b.tagged(1, 256 * KiB * (1 + b.pick(8)), serve, 0));
+        }
+      }
+    }
+    if (b.pick(3) == 0) {  // the controller switches
+      asleep = !asleep;
+      const Op::Kind kind = asleep ? Op::sleep : Op::wake;
+      b.push({kind, 2, -1, 0, nullptr, 1});
+      if (!kv.empty()) b.push({kind, 2, -1, 0, nullptr, 0});
+      if (asleep && b.pick(2) == 0) b.push({Op::empty, 2});
+    }
+  }
+  if (asleep) {
+    b.push({Op::wake, 2, -1, 0, nullptr, 1});
+    b.push({Op::wake, 2, -1, 0, nullptr, 0});
+  }
+  for (int id : live) b.free(0, id);
+  for (int id : kv) b.free(1, id);
+  for (int id : weights) b.free(1, id);
+  return b.done(0);
+}
+
 // ---- running a script ----------------------------------------------------------------------------
 
 /// Runs scripts on one allocator; the results (checkpoints, out-of-memory results) in order.
@@ -284,6 +351,25 @@ class Runner {
       case Op::release: side_.sim->release_stream(op.stream); break;
       case Op::empty: a.empty_cache(0); break;
       case Op::reset_peak: a.reset_peak_stats(0); break;
+      case Op::tagged: {
+        const Allocator::Region region(a, tag_name(op.tag), op.tag == 1);
+        p = side_.allocate(op.bytes, op.stream);
+        if (p == nullptr) results_.push_back("out of memory at " + std::to_string(i));
+        break;
+      }
+      case Op::sleep:
+      case Op::wake:
+        try {
+          if (op.kind == Op::sleep) {
+            a.sleep(0, tag_name(op.tag));
+          } else {
+            a.wake(0, tag_name(op.tag));
+          }
+        } catch (const stitch::error&) {  // (a wake without room, a sleep of a tag never used)
+          results_.push_back(std::string(op.kind == Op::sleep ? "sleep" : "wake") + " failed at " +
+                             std::to_string(i));
+        }
+        break;
       case Op::cap: {
         const double total = static_cast<double>(side_.sim->memory_info(0).total);
         const double reserved = static_cast<double>(a.stats(0).reserved_bytes[kAll].current);
@@ -365,7 +451,8 @@ TEST_P(ThreadIndependence, TheSameRequestsInTheSameOrderEndInTheSameSnapshot) {
                           : scenario == 1 ? producer_consumer(seed)
                           : scenario == 2 ? streams(seed, false)
                           : scenario == 3 ? streams(seed, true)
-                                          : fragmentation(seed);
+                          : scenario == 4 ? fragmentation(seed)
+                                          : sleep_wake(seed);
     const std::size_t capacity = capacity_mb * MiB;
     FixedSide one(conf, capacity), turns(conf, capacity), fresh(conf, capacity);
     const std::vector<std::string> want = Runner(one, script).one_thread();
@@ -382,18 +469,19 @@ TEST_P(ThreadIndependence, TheSameRequestsInTheSameOrderEndInTheSameSnapshot) {
     const DeviceStats st = one.alloc->stats(0);
     EXPECT_GT(st.num_cache_hits, 0);
     EXPECT_GT(st.num_device_alloc, 0);
+    if (scenario == 5) EXPECT_GT(st.num_sleeps, 0) << "the tags went to sleep";
     std::printf("[ script   ] %s seed %llu: %zu requests, %zu results, %lld cache hits, %lld device "
-                "allocations, %lld out of memory, %lld stitches, %lld compactions\n",
+                "allocations, %lld out of memory, %lld stitches, %lld compactions, %lld sleeps\n",
                 config, static_cast<unsigned long long>(seed), script.ops.size(), want.size(),
                 static_cast<long long>(st.num_cache_hits), static_cast<long long>(st.num_device_alloc),
                 static_cast<long long>(st.num_ooms), static_cast<long long>(st.num_stitches),
-                static_cast<long long>(st.num_compactions));
+                static_cast<long long>(st.num_compactions), static_cast<long long>(st.num_sleeps));
   }
 }
 
 std::string param_name(const ::testing::TestParamInfo<Params>& info) {
   static const char* const kScenario[] = {"ForwardBackward", "ProducerConsumer", "OwnStreams",
-                                          "SharedAndOwnStreams", "Fragmentation"};
+                                          "SharedAndOwnStreams", "Fragmentation", "SleepWake"};
   static const char* const kConfig[] = {"Defaults", "Expandable", "Stitching", "Compaction"};
   const std::string config = std::get<0>(info.param);
   const int c = config.empty()                                  ? 0
@@ -408,7 +496,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values("", "expandable_segments:True",
                                          "expandable_segments:True,stitching:True",
                                          "expandable_segments:True,stitching:True,stitch_compact:True"),
-                       ::testing::Values(std::size_t{160}), ::testing::Values(0, 1, 2, 3, 4)),
+                       ::testing::Values(std::size_t{160}), ::testing::Values(0, 1, 2, 3, 4, 5)),
     param_name);
 
 }  // namespace
