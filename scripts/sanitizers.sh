@@ -11,7 +11,7 @@ command -v ccache >/dev/null 2>&1 &&
   san_launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 # -O1 with line tables: a third of RelWithDebInfo's build time, stack traces still have lines.
 san_common=(-DCMAKE_BUILD_TYPE=None -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
-  "${san_launcher[@]}" -DSTITCH_WITH_CUDA=OFF -DSTITCH_BUILD_BENCHMARKS=OFF -DSTITCH_BUILD_EXAMPLES=OFF)
+  "${san_launcher[@]}" -DSTITCH_WITH_CUDA=OFF -DSTITCH_WITH_TORCH=OFF -DSTITCH_BUILD_BENCHMARKS=OFF -DSTITCH_BUILD_EXAMPLES=OFF)
 san_flags="-O1 -gline-tables-only -fno-sanitize-recover=all"
 export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1"

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -171,6 +172,22 @@ class STITCH_EXPORT Allocator {
   /// stitch's lines on free cached memory: reserved-but-unallocated, largest free block, free
   /// bytes per stream, blocks waiting for other streams.
   [[nodiscard]] std::string memory_summary(int device) const;
+  /// Calls `observer(device, entry)` with every trace event of every device from now on (frames
+  /// left empty), whether or not the history is kept; an empty function stops it. It runs under
+  /// the device's lock: it must not call the allocator. What it throws is ignored. While it is
+  /// set, every request takes the device lock (as while the history is recorded).
+  void set_trace_observer(std::function<void(int device, const TraceEntry& entry)> observer);
+  /// The largest request that would succeed on `device` now without freeing live memory: the
+  /// largest free block, the room the device and the memory fraction still give, or (stitching)
+  /// the pages a stitch would find (PyTorch's cacheInfo, which cuDNN sizes workspaces by).
+  [[nodiscard]] std::size_t largest_request(int device) const;
+  /// The segments of `device` (-1: of every device) with their blocks, as snapshot() has them,
+  /// without a trace entry.
+  [[nodiscard]] std::vector<SegmentSnapshot> segments(int device = -1) const;
+  /// The segment (device allocation, or mapped run of an expandable range) holding `ptr`: its
+  /// base and size; nullopt when no segment of this allocator holds it.
+  [[nodiscard]] std::optional<std::pair<void*, std::size_t>> segment_of(const void* ptr) const;
+
   /// Turns the allocation history on or off on every device (as configure("record_history:...,
   /// max_entries:N") would), keeping up to `max_entries` events per device (0: keep the current
   /// max_entries). Turning it off discards the history.
@@ -222,5 +239,10 @@ class STITCH_EXPORT Allocator {
   std::vector<std::string> tag_names_;   ///< [id - 1]
   int device_count_ = 0;
 };
+
+/// The C API's process-wide allocator (stitch.h), built at first use from STITCH_ALLOC_CONF and
+/// the stitch_configure() strings given before it (the one PyTorch's hooks and libstitch_torch
+/// serve from). Throws what building it throws.
+STITCH_EXPORT Allocator& process_allocator();
 
 }  // namespace stitch

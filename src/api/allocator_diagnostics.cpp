@@ -60,3 +60,37 @@ void on_out_of_memory(const Allocator& allocator) noexcept {
 
 }  // namespace detail
 }  // namespace stitch
+
+namespace stitch {
+
+void Allocator::set_trace_observer(std::function<void(int device, const TraceEntry& entry)> observer) {
+  for (int d = 0; d < device_count_; ++d) {
+    std::function<void(const TraceEntry&)> one;
+    if (observer) one = [observer, d](const TraceEntry& e) { observer(d, e); };
+    devices_[static_cast<std::size_t>(d)]->observe(std::move(one));
+  }
+}
+
+std::size_t Allocator::largest_request(int device) const {
+  return checked_device(device).largest_request();
+}
+
+std::vector<SegmentSnapshot> Allocator::segments(int device) const {
+  std::vector<SegmentSnapshot> out;
+  if (device >= 0) {
+    checked_device(device).segments(out);
+  } else {
+    for (int d = 0; d < device_count_; ++d) devices_[static_cast<std::size_t>(d)]->segments(out);
+  }
+  return out;
+}
+
+std::optional<std::pair<void*, std::size_t>> Allocator::segment_of(const void* ptr) const {
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  for (const SegmentSnapshot& s : segments())
+    if (p >= s.address && p < s.address + s.total_size)
+      return std::make_pair(reinterpret_cast<void*>(s.address), s.total_size);
+  return std::nullopt;
+}
+
+}  // namespace stitch

@@ -175,6 +175,10 @@ Allocator& capi_allocator() { return allocator(); }
 
 }  // namespace stitch::detail
 
+namespace stitch {
+Allocator& process_allocator() { return allocator(); }
+}  // namespace stitch
+
 extern "C" {
 
 void* stitch_malloc(size_t size, int device, void* stream) {

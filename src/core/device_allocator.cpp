@@ -282,6 +282,34 @@ std::vector<TraceEntry> DeviceAllocator::snapshot(std::vector<SegmentSnapshot>& 
   return recorder_.entries();
 }
 
+void DeviceAllocator::segments(std::vector<SegmentSnapshot>& out) {
+  std::lock_guard lock(mutex_);
+  poll_events(nullptr);
+  store_.snapshot(device_, out, /*oldest_first=*/false, &tag_names_);
+}
+
+void DeviceAllocator::observe(std::function<void(const TraceEntry&)> observer) {
+  std::lock_guard lock(mutex_);
+  recorder_.observe(std::move(observer));
+  note_hit_rules();
+}
+
+std::size_t DeviceAllocator::largest_request() {
+  std::lock_guard lock(mutex_);
+  poll_events(nullptr);  // blocks whose streams are done are free
+  std::size_t best = store_.largest_free_block();
+  const MemoryInfo info = backend_.memory_info(device_);
+  // Plain segments round to 2 MiB; expandable ranges map whole pages.
+  const std::size_t page = config_.expandable_segments ? pages_.granularity() : detail::kRoundLarge;
+  const std::size_t room = std::min(info.free, ledger_.room()) / page * page;
+  best = std::max(best, room);
+  if (config_.stitching) {
+    const std::size_t all = detail::round_up(info.total, page);
+    best = std::max(best, stitcher_.pages_within_reach(nullptr, all) * page);
+  }
+  return best;
+}
+
 void DeviceAllocator::reset_peak_stats() {
   std::lock_guard lock(mutex_);
   stats_.reset_peak();

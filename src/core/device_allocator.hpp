@@ -145,6 +145,14 @@ class DeviceAllocator {
   [[nodiscard]] DeviceStats stats();
   /// Appends this device's segments to `out` and returns its trace (records a `snapshot`).
   std::vector<TraceEntry> snapshot(std::vector<SegmentSnapshot>& out);
+  /// Appends this device's segments to `out` (no trace entry).
+  void segments(std::vector<SegmentSnapshot>& out);
+  /// Shows every trace event of this device to `observer` from now on (empty: none), under the
+  /// device lock (Allocator::set_trace_observer).
+  void observe(std::function<void(const TraceEntry&)> observer);
+  /// The largest request that would succeed now without freeing live memory: a free block, the
+  /// device's room within the cap, or (stitching) the pages a stitch would find.
+  [[nodiscard]] std::size_t largest_request();
   void reset_peak_stats();
   void reset_accumulated_stats();
   void count_invalid_free();
@@ -226,7 +234,7 @@ class DeviceAllocator {
   /// Closes the cache hit while the history is recorded, a private-pool route is underway or
   /// events are outstanding or deferred, and opens it when none is.
   void note_hit_rules() noexcept {
-    hits_.set_closed(detail::CacheHit::kRecording, recorder_.enabled());
+    hits_.set_closed(detail::CacheHit::kRecording, recorder_.active());
     hits_.set_closed(detail::CacheHit::kRouting, pools_.routing());
     hits_.set_closed(detail::CacheHit::kEvents, events_.outstanding() != 0 || events_.deferred() != 0);
   }

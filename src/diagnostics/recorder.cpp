@@ -59,6 +59,22 @@ void Recorder::configure(bool enabled, std::size_t max_entries, bool stacks, boo
 }
 
 void Recorder::record(TraceAction action, const void* addr, std::size_t size, stream_t stream) {
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+  if (observed_) {
+    try {
+      TraceEntry e;
+      e.action = action;
+      e.addr = reinterpret_cast<std::uintptr_t>(addr);
+      e.size = size;
+      e.stream = reinterpret_cast<std::uintptr_t>(stream);
+      e.time_us = now;
+      observer_(e);
+    } catch (...) {  // an observer's failure is its own: the allocator goes on
+    }
+  }
+  if (capacity_ == 0) return;
   if (next_ == ring_.size()) {  // still growing (next_ < capacity_)
     try {
       ring_.emplace_back();
@@ -71,9 +87,7 @@ void Recorder::record(TraceAction action, const void* addr, std::size_t size, st
   r.addr = reinterpret_cast<std::uintptr_t>(addr);
   r.size = size;
   r.stream = reinterpret_cast<std::uintptr_t>(stream);
-  r.time_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                  std::chrono::system_clock::now().time_since_epoch())
-                  .count();
+  r.time_us = now;
   // With both kinds, native frames take at most half: the Python ones say where in the program.
   const int native_max = python_stacks_ ? kMaxFrames / 2 : kMaxFrames;
   r.frames = stacks_ ? backtrace(r.stack, native_max) : 0;

@@ -2,11 +2,14 @@
 // (PyTorch's action names), off by default. When off, the allocator pays one predictable branch
 // per operation; when on, an entry costs a clock read and, with stacks, one backtrace() call
 // and/or a walk of the Python frames (docs/diagnostics.md has the measured costs).
+// An observer (Allocator::set_trace_observer: PyTorch's trace trackers) sees every event as it
+// happens, whether or not the history is kept.
 // Not thread-safe: each device's recorder lives under its device lock.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,6 +24,14 @@ class Recorder {
   static constexpr int kMaxFrames = 24;
 
   [[nodiscard]] bool enabled() const noexcept { return capacity_ != 0; }
+  /// Events are kept or observed: every operation must report them (the cache hit is closed).
+  [[nodiscard]] bool active() const noexcept { return capacity_ != 0 || observed_; }
+  /// Calls `observer` with every event from now on (without frames), under the device lock;
+  /// an empty function stops it. What it throws is ignored.
+  void observe(std::function<void(const TraceEntry&)> observer) {
+    observer_ = std::move(observer);
+    observed_ = static_cast<bool>(observer_);
+  }
   /// Entries take Python frames: allocations gather them first (GatheredPythonFrames).
   [[nodiscard]] bool python_stacks() const noexcept { return enabled() && python_stacks_; }
   /// Turns recording on with room for `max_entries` (0 turns it off and clears the history).
@@ -30,11 +41,11 @@ class Recorder {
   /// gathered before the device lock (diagnostics/python_frames.hpp).
   void configure(bool enabled, std::size_t max_entries, bool stacks, bool python_stacks = false,
                  bool device_empty = false);
-  /// Appends one entry, overwriting the oldest when full.
+  /// Appends one entry, overwriting the oldest when full, and shows it to the observer.
   void record(TraceAction action, const void* addr, std::size_t size, stream_t stream);
-  /// record(), when recording is on (one predictable branch when it is off).
+  /// record(), when recording or observing is on (one predictable branch when both are off).
   void trace(TraceAction action, const void* addr, std::size_t size, stream_t stream) {
-    if (enabled()) record(action, addr, size, stream);
+    if (active()) record(action, addr, size, stream);
   }
   /// The history, oldest first, with stacks symbolized (`with_frames`) or without stacks.
   [[nodiscard]] std::vector<TraceEntry> entries(bool with_frames = true) const;
@@ -70,6 +81,8 @@ class Recorder {
   bool from_empty_ = false;
   bool stacks_ = false;
   bool python_stacks_ = false;
+  bool observed_ = false;
+  std::function<void(const TraceEntry&)> observer_;
 };
 
 }  // namespace stitch::detail
