@@ -48,6 +48,13 @@ class STITCH_EXPORT Allocator {
   /// Throws stitch::out_of_memory (a std::bad_alloc) when the request cannot be served, and
   /// stitch::invalid_argument for a bad device.
   [[nodiscard]] void* allocate(std::size_t bytes, stream_t stream = nullptr, int device = 0);
+  /// Allocates `bytes` on `device` for `stream` at exactly `addr`, cut from a free cached block
+  /// of that stream that holds all of it (PyTorch's allocateWithAddress; cudagraph trees restore
+  /// a pool's checkpoint with it). The block is `block_bytes` long (0: `bytes` rounded as
+  /// allocate() rounds). Returns nullptr, with nothing changed, where no such free block is.
+  /// Throws invalid_argument for an address not 512-byte aligned or a bad device.
+  [[nodiscard]] void* allocate_at(void* addr, std::size_t bytes, stream_t stream, int device,
+                                  std::size_t block_bytes = 0);
   /// Frees a pointer returned by allocate(); its last use was on its allocation stream. The
   /// device is found from the pointer. Throws stitch::invalid_argument (and counts
   /// num_invalid_frees) for an unknown pointer or a double free, leaving everything else intact.
@@ -68,6 +75,21 @@ class STITCH_EXPORT Allocator {
   /// pointer, or an unpin without a pin.
   void pin(void* ptr);
   void unpin(void* ptr);
+
+  // ---- memory other processes map (IPC; docs/ipc.md) ------------------------------------------
+  /// A printable handle for the live block at `ptr`, which import_block() maps in another process
+  /// (or in this one): the block's pages are shared, not copied. From now until it is freed the
+  /// block is pinned (compaction never moves it, sleep refuses its tag). The exporter must keep
+  /// it allocated until every importer has closed it. Throws invalid_argument when `ptr` does not
+  /// start a live block, backend_error where its memory cannot be shared (backend:sim shares
+  /// memory of expandable ranges only).
+  [[nodiscard]] std::string export_block(void* ptr);
+  /// Maps the block `handle` names on `device` of this process; returns its address here.
+  /// Throws invalid_argument for a malformed handle, backend_error when the memory cannot be
+  /// mapped (the exporter ended, another back end wrote the handle).
+  [[nodiscard]] void* import_block(std::string_view handle, int device);
+  /// Unmaps a block import_block() returned. Throws invalid_argument for any other pointer.
+  void close_block(void* ptr);
 
   /// Returns every entirely free cached segment of `device` (-1: of every device) to the device,
   /// after waiting for the streams that used them.
@@ -235,6 +257,13 @@ class STITCH_EXPORT Allocator {
   Config config_;
   std::shared_ptr<Backend> backend_;
   std::unique_ptr<std::unique_ptr<DeviceAllocator>[]> devices_;
+  struct Imported {
+    int device;
+    void* base;
+    std::size_t bytes;
+  };
+  std::mutex imports_mutex_;                 ///< guards imports_
+  std::vector<std::pair<void*, Imported>> imports_;  ///< import_block() results: address -> mapping
   mutable std::mutex tags_mutex_;        ///< guards tag_names_
   std::vector<std::string> tag_names_;   ///< [id - 1]
   int device_count_ = 0;

@@ -128,6 +128,21 @@ class STITCH_EXPORT Backend {
                                   stream_t stream);
   virtual void copy_from_host_async(int device, void* dst, const void* src, std::size_t bytes,
                                     stream_t stream);
+  // ---- memory another process maps (IPC) ------------------------------------------------------
+  /// A printable handle naming the device memory under [va, va + bytes) of `device` (memory this
+  /// back end allocated or mapped), which import_memory() maps in another process (or in this
+  /// one); the memory shared may start before `va` (whole pages or the whole allocation), and
+  /// `*offset` says where `va` lies in it. Nothing is copied: both sides see the same pages. By
+  /// default it throws backend_error (this back end cannot share memory).
+  [[nodiscard]] virtual std::string export_memory(int device, const void* va, std::size_t bytes,
+                                                  std::size_t* offset);
+  /// Maps the memory `handle` names on `device` at a new address; returns it, its size in
+  /// `*bytes`. Throws backend_error for a malformed or stale handle (the exporter ended) or one of
+  /// another back end.
+  [[nodiscard]] virtual void* import_memory(int device, const std::string& handle, std::size_t* bytes);
+  /// Unmaps memory import_memory() returned; the exporter's memory stays. Throws backend_error
+  /// for a range import_memory() did not return.
+  virtual void close_imported(int device, void* va, std::size_t bytes);
   /// Blocks until all work queued on `device`, on every stream, has completed (cuCtxSynchronize).
   /// Before memory moves under live addresses. By default it throws backend_error, so that a
   /// wrapper that does not forward it cannot skip the sync silently.

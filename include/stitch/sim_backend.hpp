@@ -1,9 +1,10 @@
 // stitch/sim_backend.hpp — a simulated GPU made of real host memory, for machines without one.
 //
-// Pointers are host memory that can be read and written. Plain allocations are anonymous
-// MAP_NORESERVE mappings, so an 80 GiB device costs nothing until touched. Physical memory for
-// the virtual-memory calls lives in one memfd per device: map() places it with MAP_FIXED, so two
-// virtual ranges mapped to one handle see the same bytes. Capacity is enforced on plain
+// Pointers are host memory that can be read and written. All device memory lives in one sparse
+// memfd per device, so an 80 GiB device costs nothing until touched: plain allocations are
+// MAP_SHARED mappings of ranges of it, physical memory for the virtual-memory calls is ranges of
+// it that map() places with MAP_FIXED (two virtual ranges mapped to one handle see the same
+// bytes), and another process can map any of it (export_memory). Capacity is enforced on plain
 // allocations plus physical memory; reservations are free.
 //
 // Streams are opaque non-null handles (nullptr is the default stream). A test may hold a stream:
@@ -16,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "stitch/backend.hpp"
 
@@ -122,6 +124,14 @@ class STITCH_EXPORT SimBackend : public Backend {
   void copy_from_host_async(int device, void* dst, const void* src, std::size_t bytes,
                             stream_t stream) override;
   [[nodiscard]] bool is_capturing(int device, stream_t stream) override;
+  /// Every device memory is a range of the device's memfd: the handle names the exporting
+  /// process, its memfd and the pieces; the importer reopens /proc/<pid>/fd/<fd>, which works
+  /// where ptrace is restricted (Yama ptrace_scope 1 refuses pidfd_getfd, not this) for processes
+  /// of the same user.
+  [[nodiscard]] std::string export_memory(int device, const void* va, std::size_t bytes,
+                                          std::size_t* offset) override;
+  [[nodiscard]] void* import_memory(int device, const std::string& handle, std::size_t* bytes) override;
+  void close_imported(int device, void* va, std::size_t bytes) override;
 
   // ---- test controls --------------------------------------------------------------------------
   /// From now on, events recorded on `stream` stay incomplete until release_stream(stream).

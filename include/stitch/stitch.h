@@ -128,6 +128,18 @@ STITCH_API size_t stitch_config(char* buf, size_t cap);
  *  allocator). -1 when the backend is unusable (no driver, no device), stitch_last_error() says
  *  why. */
 STITCH_API int stitch_device_count(void);
+/* ---- memory other processes map (docs/ipc.md) ---------------------------------------------------
+ * The block's pages are shared, not copied. The exporter must keep the block allocated until every
+ * importer has called stitch_ipc_close (count the importers yourself, as torch.multiprocessing
+ * does); from the export until its free the block never moves (compaction skips it, sleep refuses
+ * its tag). backend:sim shares memory of expandable ranges (expandable_segments:True). */
+/* Writes a NUL-terminated text handle for the block at ptr; returns its length (0 on error;
+   a cap too small fails and says the length needed). */
+STITCH_API size_t stitch_ipc_export(void* ptr, char* buf, size_t cap);
+/* Maps the block a handle names on `device`; returns its address here (NULL on error). */
+STITCH_API void* stitch_ipc_import(const char* handle, int device);
+/* Unmaps an imported block; 0 on success. */
+STITCH_API int stitch_ipc_close(void* ptr);
 /** The message of this thread's most recent failure, "" if none. Like errno, it is kept until a
  *  later failure replaces it or stitch_clear_error() clears it: successful calls leave it alone,
  *  so the out-of-memory report is still there after reading statistics. Check a call's return

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/region_stack.hpp"
+#include "core/size_policy.hpp"
 #include "config/keys.hpp"
 #include "core/device_allocator.hpp"
 #include "diagnostics/snapshot_writer.hpp"
@@ -123,6 +124,18 @@ void Allocator::record_stream(void* ptr, stream_t stream) {
   for (int d = 0; d < device_count_; ++d)
     if (devices_[static_cast<std::size_t>(d)]->record_stream(ptr, stream)) return;
   throw invalid_argument(fmt::format("record_stream of {}: not a live allocation of stitch", ptr));
+}
+
+void* Allocator::allocate_at(void* addr, std::size_t bytes, stream_t stream, int device,
+                             std::size_t block_bytes) {
+  DeviceAllocator& d = checked_device(device);
+  if (reinterpret_cast<std::uintptr_t>(addr) % 512 != 0)
+    throw invalid_argument(fmt::format("allocate_at {}: the address must be aligned to 512 bytes", addr));
+  if (bytes == 0) return nullptr;
+  if (block_bytes == 0) block_bytes = detail::round_size(bytes, config().roundup_power2_divisions);
+  if (block_bytes < bytes || block_bytes % 512 != 0)
+    throw invalid_argument(fmt::format("allocate_at {}: a block of {} bytes cannot serve {}", addr, block_bytes, bytes));
+  return d.allocate_at(addr, block_bytes, bytes, stream);
 }
 
 void Allocator::pin(void* ptr) {

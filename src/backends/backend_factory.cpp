@@ -47,6 +47,18 @@ void Backend::copy_from_host_async(int device, void*, const void*, std::size_t, 
   not_implemented(*this, "copy_from_host_async", device);
 }
 
+std::string Backend::export_memory(int device, const void*, std::size_t, std::size_t*) {
+  not_implemented(*this, "export_memory (memory other processes map)", device);
+}
+
+void* Backend::import_memory(int device, const std::string&, std::size_t*) {
+  not_implemented(*this, "import_memory (memory another process exported)", device);
+}
+
+void Backend::close_imported(int device, void*, std::size_t) {
+  not_implemented(*this, "close_imported", device);
+}
+
 std::shared_ptr<Backend> make_backend(const Config& config) {
   switch (config.backend) {
     case BackendKind::sim: {

@@ -373,6 +373,31 @@ size_t stitch_config(char* buf, size_t cap) {
                  size_t{0});
 }
 
+size_t stitch_ipc_export(void* ptr, char* buf, size_t cap) {
+  if (buf != nullptr && cap > 0) buf[0] = '\0';
+  return guarded([&]() -> size_t {
+    const std::string handle = allocator().export_block(ptr);
+    if (buf == nullptr || cap <= handle.size())
+      throw stitch::invalid_argument("stitch_ipc_export: the handle needs " + std::to_string(handle.size() + 1) +
+                                     " bytes (with its NUL), the buffer has " + std::to_string(buf == nullptr ? 0 : cap));
+    return copy_out(handle, buf, cap);
+  }, size_t{0});
+}
+
+void* stitch_ipc_import(const char* handle, int device) {
+  return guarded([&]() -> void* {
+    if (handle == nullptr) throw stitch::invalid_argument("stitch_ipc_import: handle is NULL");
+    return allocator().import_block(handle, device);
+  }, static_cast<void*>(nullptr));
+}
+
+int stitch_ipc_close(void* ptr) {
+  return guarded([&] {
+    allocator().close_block(ptr);
+    return 0;
+  }, 1);
+}
+
 int stitch_device_count(void) {
   return guarded([&] {
     if (stitch::Allocator* a = g_allocator.load(std::memory_order_acquire)) return a->device_count();

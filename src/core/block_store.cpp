@@ -190,6 +190,9 @@ void BlockStore::file_unmapped(Block* block) {
 std::vector<Block*> BlockStore::place(BlockPool& pool, Block* run, char* origin,
                                       const std::vector<SeedBlock>& blocks) {
   STITCH_ASSERT(run->is_free(), "place: a free run");
+  // The run's own share of inactive_split, if it was a free piece of a split segment.
+  const std::int64_t run_blocks = run->is_split() && !run->segment->expandable ? 1 : 0;
+  const std::int64_t run_bytes = run_blocks * static_cast<std::int64_t>(run->size);
   pool.index.erase(run);
   Block* rest = run;
   Segment* segment = run->segment;
@@ -223,9 +226,17 @@ std::vector<Block*> BlockStore::place(BlockPool& pool, Block* run, char* origin,
     rest->gc_stamp = pool.clock->load(std::memory_order_relaxed);
     pool.index.insert(rest);
   }
-  // Free pieces of a split segment count as inactive_split (no-op for expandable ranges).
-  for (Block* b = segment->head; b != nullptr; b = b->next)
-    if (b->is_free() && b->ptr >= begin && b->ptr < end) account_inactive(b, 1);
+  // Free pieces of a split segment count as inactive_split (no-op for expandable ranges): the
+  // net change, once.
+  std::int64_t blocks_now = 0, bytes_now = 0;
+  for (Block* b = segment->head; b != nullptr; b = b->next) {
+    if (b->is_free() && b->is_split() && b->ptr >= begin && b->ptr < end) {
+      ++blocks_now;
+      bytes_now += static_cast<std::int64_t>(b->size);
+    }
+  }
+  if (blocks_now != run_blocks || bytes_now != run_bytes)
+    account_inactive_change(segment->head, blocks_now - run_blocks, bytes_now - run_bytes);
   return out;
 }
 

@@ -518,6 +518,7 @@ inline Block* BlockStore::file_freed(Block* block) {
   HotStats::inactive_block(block->shard->stats, block->small,
                            static_cast<std::int64_t>(block->requested));
   block->requested = 0;
+  block->pins = 0;  // a pin lasts until the free
   block->stream_uses.clear();
   return file(pool, block);
 }

@@ -123,6 +123,7 @@ class CacheHit {
     HotStats::freed_block(shard->stats, block->small, static_cast<std::int64_t>(block->size));
     HotStats::inactive_block(shard->stats, block->small, static_cast<std::int64_t>(block->requested));
     block->requested = 0;
+    block->pins = 0;  // a pin lasts until the free
     store_.file_or_hold(pool, block);  // (the stream's last free now)
     return Freed::yes;
   }

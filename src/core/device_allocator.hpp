@@ -193,6 +193,11 @@ class DeviceAllocator {
   /// run the device could not map; the runs before it stay).
   std::vector<void*> seed_expandable(stream_t stream, bool small, const std::vector<SeedRun>& runs,
                                      const std::vector<SeedBlock>& blocks);
+  /// A block of `block_bytes` serving `requested` bytes at exactly `addr` for `stream`, cut from
+  /// the free block of `stream` that holds it (PyTorch's allocateWithAddress, and a cudagraph
+  /// tree's checkpoint restored); nullptr, with nothing changed, when no such free block holds
+  /// all of it.
+  void* allocate_at(void* addr, std::size_t block_bytes, std::size_t requested, stream_t stream);
   /// Returns one entirely free plain segment of exactly `bytes` on `stream` to the device (the
   /// one with the lowest address); false if there is none.
   bool release_free_segment(stream_t stream, std::size_t bytes);

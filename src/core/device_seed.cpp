@@ -1,6 +1,7 @@
-// core/device_seed.cpp — for replays: a recorded start state put in place (plain segments and
-// expandable ranges with their live blocks where the recording had them), and the release of
-// one cached segment, as a recording allocator's garbage collection or oversize release did.
+// core/device_seed.cpp — blocks put where a recording had them: for replays, a recorded start
+// state (plain segments and expandable ranges with their live blocks) and the release of one
+// cached segment, as a recording allocator's garbage collection or oversize release did; for
+// PyTorch, a block at an exact address (allocateWithAddress, cudagraph trees' checkpoints).
 #include "core/device_allocator.hpp"
 
 namespace stitch {
@@ -44,6 +45,25 @@ std::vector<void*> DeviceAllocator::seed_expandable(stream_t stream, bool small,
   out.reserve(placed.size());
   for (Block* b : placed) out.push_back(b != nullptr ? b->ptr : nullptr);
   return out;
+}
+
+void* DeviceAllocator::allocate_at(void* addr, std::size_t block_bytes, std::size_t requested,
+                                   stream_t stream) {
+  std::lock_guard lock(mutex_);  // (every held and parked block is in its index now)
+  char* at = static_cast<char*>(addr);
+  for (detail::Segment* s = store_.segments(); s != nullptr; s = s->next) {
+    if (s->asleep) continue;
+    for (Block* b = s->head; b != nullptr; b = b->next) {
+      if (at < b->ptr || at >= b->ptr + b->size) continue;
+      if (!b->is_free() || b->stream != stream || block_bytes > b->size - static_cast<std::size_t>(at - b->ptr))
+        return nullptr;
+      const SeedBlock seed{0, block_bytes, requested};
+      Block* placed = store_.place(detail::BlockStore::pool_of(b), b, at, {seed}).front();
+      seeded(placed, seed);
+      return placed->ptr;
+    }
+  }
+  return nullptr;
 }
 
 bool DeviceAllocator::release_free_segment(stream_t stream, std::size_t bytes) {

@@ -99,6 +99,17 @@ bool DeviceAllocator::sleep(const std::vector<std::uint16_t>& tags,
     if (sleeper_.used(t) && !sleeper_.asleep(t)) todo.push_back(t);
   if (todo.empty()) return false;
   refuse_while_capturing("stitch_sleep");
+  // A pinned block's pages are registered with a NIC or NCCL, or mapped by another process: they
+  // stay where they are, so its tag cannot sleep (nothing was done yet).
+  for (detail::Segment* s = store_.segments(); s != nullptr; s = s->next) {
+    if (std::find(todo.begin(), todo.end(), s->tag) == todo.end()) continue;
+    for (const Block* b = s->head; b != nullptr; b = b->next)
+      if (b->state == detail::BlockState::allocated && b->pins > 0)
+        throw error(fmt::format("cannot put tag '{}' to sleep on device {}: its block at {} ({} bytes) is "
+                                "pinned (exported to another process, or pinned with stitch_pin) until "
+                                "it is freed or unpinned",
+                                tag_name(s->tag), device_, fmt::ptr(b->ptr), b->size));
+  }
   // Kernels on any stream, of this process or a peer device's, may still use the pages: stitch
   // knows only the streams it was told about, so the whole device and its peers are waited for.
   ++stats_.num_device_syncs;

@@ -13,11 +13,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -82,6 +84,20 @@ cudaStream_t raw_stream(const c10::cuda::CUDAStream& stream) {
 }
 
 bool is_cuda_backend(Allocator& a) { return std::strcmp(a.backend().name(), "cuda") == 0; }
+
+/// A private pool's checkpoint (getCheckpointState): its segments' blocks in address order.
+struct PoolState final : cca::AllocatorState {
+  struct Block {
+    std::uintptr_t ptr;
+    std::size_t size;
+    std::size_t requested;
+    bool allocated;
+    void* stream;
+  };
+  int device = 0;
+  c10::MempoolId_t id{0, 0};
+  std::vector<std::vector<Block>> segments;
+};
 
 class NativeAllocator final : public cca::CUDAAllocator {
  public:
@@ -314,24 +330,124 @@ class NativeAllocator final : public cca::CUDAAllocator {
     TORCH_CHECK(found, "Could not find pool of id");
     return allocated == expected.size();
   }
-  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t /*id*/) override {
+  // cudagraph trees: a pool's blocks saved, and put back where they were.
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t id) override {
     check_device(device);
-    TORCH_CHECK(false, "stitch: getCheckpointState (cudagraph trees' checkpoints) is not available yet "
-                       "in stitch's native backend");
+    auto state = std::make_shared<PoolState>();
+    state->device = device;
+    state->id = id;
+    bool found = pools_.use_count(device, id) > 0;
+    for (const SegmentSnapshot& s : a_.segments(device)) {
+      if (s.pool_id.first != id.first || s.pool_id.second != id.second) continue;
+      found = true;
+      auto& blocks = state->segments.emplace_back();
+      for (const BlockSnapshot& b : s.blocks) {
+        TORCH_CHECK(b.state != "active_pending_free", "Events should have synchronized when checkpointing block");
+        if (b.state == "unmapped") continue;
+        blocks.push_back({b.address, b.size, b.requested_size, b.state == "active_allocated",
+                          reinterpret_cast<void*>(s.stream)});
+      }
+    }
+    TORCH_CHECK(found, "Could not find pool of id");
+    return state;
   }
   cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
-                                              std::shared_ptr<cca::AllocatorState> /*pps*/) override {
+                                              std::shared_ptr<cca::AllocatorState> as) override {
     check_device(device);
-    TORCH_CHECK(false, "stitch: setCheckpointPoolState (cudagraph trees' checkpoints) is not available "
-                       "yet in stitch's native backend");
+    auto state = std::dynamic_pointer_cast<PoolState>(as);
+    TORCH_CHECK(state, "Expected PrivatePoolState");
+    const c10::MempoolId_t id = state->id;
+    cca::CheckpointDelta delta;
+    // 1. Every block the pool holds now is freed (the caller strips the deleters of their storages).
+    bool found = pools_.use_count(device, id) > 0;
+    for (const SegmentSnapshot& s : a_.segments(device)) {
+      if (s.pool_id.first != id.first || s.pool_id.second != id.second) continue;
+      found = true;
+      for (const BlockSnapshot& b : s.blocks)
+        TORCH_CHECK(b.state != "active_pending_free", "Events should have synchronized when setting checkpointed block");
+    }
+    TORCH_CHECK(found, "Could not find private pool id");
+    for (const SegmentSnapshot& s : a_.segments(device)) {
+      if (s.pool_id.first != id.first || s.pool_id.second != id.second) continue;
+      for (const BlockSnapshot& b : s.blocks) {
+        if (b.state != "active_allocated") continue;
+        void* p = reinterpret_cast<void*>(b.address);
+        guard([&] { a_.deallocate(p); });
+        delta.ptrs_freed.push_back(p);
+      }
+    }
+    // 2. The checkpoint's allocated blocks, at their addresses and sizes.
+    for (const auto& segment : state->segments) {
+      for (const auto& b : segment) {
+        if (!b.allocated) continue;
+        void* want = reinterpret_cast<void*>(b.ptr);
+        void* p = nullptr;
+        guard([&] { p = a_.allocate_at(want, b.requested, b.stream, device, b.size); });
+        TORCH_CHECK(p == want, " could not find ", want);
+        delta.dataptrs_allocd.emplace_back(p, p, &free_block,
+                                           c10::Device(c10::DeviceType::CUDA, device));
+      }
+    }
+    return delta;
+  }
+  c10::DataPtr allocateWithAddress(size_t size, void* addr) override {
+    TORCH_CHECK(reinterpret_cast<std::uintptr_t>(addr) % 512 == 0,
+                "mallocWithAddress: addr must be aligned to kMinBlockSize (", 512, " bytes), got ", addr);
+    const int device = context_->current_device();
+    check_initialized(device);
+    const c10::Device where(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
+    if (size == 0) return {nullptr, nullptr, &free_block, where};
+    void* p = nullptr;
+    guard([&] { p = a_.allocate_at(addr, size, context_->current_stream(device), device); });
+    TORCH_CHECK(p != nullptr, "Could not allocate CUDA storage at exact address ", addr);
+    return {p, p, &free_block, where};
   }
 
   // ---- IPC ----------------------------------------------------------------------------------
-  cca::ShareableHandle shareIpcHandle(void* /*ptr*/) override {
-    TORCH_CHECK(false, "stitch: CUDA IPC export is not available yet in stitch's native backend");
+  // PyTorch's handle: a version byte, a type byte, the type's bytes. stitch's type 's' carries
+  // the text of Allocator::export_block; `offset` is the block's place in the memory
+  // getIpcDevPtr maps, as PyTorch's receiver adds it.
+  cca::ShareableHandle shareIpcHandle(void* ptr) override {
+    std::string text;
+    try {
+      text = a_.export_block(ptr);
+    } catch (const error& e) {
+      TORCH_CHECK(false, "stitch: ", e.what());
+    }
+    return {static_cast<ptrdiff_t>(block_offset(text)), std::string{kHandleVersion, kHandleType} + text};
   }
-  std::shared_ptr<void> getIpcDevPtr(std::string /*handle*/) override {
-    TORCH_CHECK(false, "stitch: CUDA IPC import is not available yet in stitch's native backend");
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    TORCH_CHECK(handle.size() > 2 && handle[1] == kHandleType,
+                "stitch: this CUDA IPC handle was not written by stitch (PyTorch's own allocator writes "
+                "types 'c' and 'e', which stitch's native backend does not read yet)");
+    std::lock_guard lock(ipc_->mu);
+    auto it = ipc_->imported.find(handle);
+    if (it != ipc_->imported.end()) {
+      if (auto alive = it->second.lock()) return alive;
+    }
+    const std::string text = handle.substr(2);
+    void* ptr = nullptr;
+    try {
+      ptr = a_.import_block(text, context_->current_device());
+    } catch (const error& e) {
+      TORCH_CHECK(false, "stitch: ", e.what());
+    }
+    void* base = static_cast<char*>(ptr) - block_offset(text);
+    // The deleter may run after this allocator is gone: it holds the cache, and the process's
+    // allocator lives as long as the process.
+    std::shared_ptr<void> sp(base, [cache = ipc_, a = &a_, handle, ptr](void*) {
+      {
+        std::lock_guard lock(cache->mu);
+        auto it = cache->imported.find(handle);
+        if (it != cache->imported.end() && it->second.expired()) cache->imported.erase(it);
+      }
+      try {
+        a->close_block(ptr);
+      } catch (const error&) {  // (a deleter must not throw)
+      }
+    });
+    ipc_->imported[handle] = sp;
+    return sp;
   }
 
   std::string name() override { return "stitch"; }
@@ -392,6 +508,17 @@ class NativeAllocator final : public cca::CUDAAllocator {
     TORCH_CHECK_WITH(OutOfMemoryError, false, report);
   }
 
+  static constexpr char kHandleVersion = 3;
+  static constexpr char kHandleType = 's';
+  /// The block's offset in the memory its handle shares (the second field of export_block's text).
+  static std::size_t block_offset(const std::string& text) {
+    int device = 0;
+    unsigned long long offset = 0;
+    TORCH_CHECK(std::sscanf(text.c_str(), "stitch1:%d:%llu:", &device, &offset) == 2,
+                "stitch: malformed IPC handle");
+    return static_cast<std::size_t>(offset);
+  }
+
   std::shared_ptr<DeviceContext> context_;
   Shared& shared_;
   stitch::Allocator& a_;
@@ -401,6 +528,12 @@ class NativeAllocator final : public cca::CUDAAllocator {
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
   std::vector<cca::OomRejectionObserver> rejection_observers_;
   detail::PoolUses pools_{a_};
+  /// getIpcDevPtr's mappings by handle, as PyTorch's cache: one mapping per handle while in use.
+  struct IpcCache {
+    std::mutex mu;
+    std::unordered_map<std::string, std::weak_ptr<void>> imported;
+  };
+  std::shared_ptr<IpcCache> ipc_ = std::make_shared<IpcCache>();
 };
 
 }  // namespace

@@ -6,11 +6,15 @@
 // trace trackers, base allocations, copies, memory fraction and the expandable-segment sizes.
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <algorithm>
+#include <tuple>
 #include <unordered_set>
 #include <vector>
 
@@ -392,9 +396,146 @@ TEST_F(TorchNative, ExpandableSegmentSizesByStreamAndPool) {
   ASSERT_EQ(stitch_configure("expandable_segments:False"), 0) << stitch_last_error();
 }
 
+TEST_F(TorchNative, AllocateWithAddressServesAFreeBlockThere) {
+  ctx_->stream = S(0x330);
+  void* x = alloc_->raw_alloc(3 * MiB);
+  void* y = alloc_->raw_alloc(1 * MiB);  // after x in the same segment
+  alloc_->raw_delete(x);
+  {
+    c10::DataPtr at = alloc_->allocateWithAddress(3 * MiB, x);
+    EXPECT_EQ(at.get(), x);
+    EXPECT_EQ(stitch::process_allocator().find(x)->requested, 3 * MiB);
+    // Taken now: the same address again, and an address inside a live block, cannot be served.
+    EXPECT_THROW((void)alloc_->allocateWithAddress(4096, x), c10::Error);
+    EXPECT_THROW((void)alloc_->allocateWithAddress(4096, y), c10::Error);
+  }
+  // Inside the free block: the space before it stays free.
+  void* inside = static_cast<char*>(x) + 1 * MiB;
+  {
+    c10::DataPtr at = alloc_->allocateWithAddress(1 * MiB, inside);
+    EXPECT_EQ(at.get(), inside);
+  }
+  EXPECT_THROW((void)alloc_->allocateWithAddress(4096, static_cast<char*>(x) + 100), c10::Error);  // alignment
+  ctx_->stream = S(0x331);  // another stream's free block is not this stream's
+  EXPECT_THROW((void)alloc_->allocateWithAddress(4096, x), c10::Error);
+  alloc_->raw_delete(y);
+}
+
+TEST_F(TorchNative, CheckpointsPutAPoolsBlocksBackWhereTheyWere) {
+  const c10::MempoolId_t pool{0, 21};
+  const auto graph = reinterpret_cast<cudaStream_t>(S(0x440));
+  alloc_->createOrIncrefPool(0, pool, nullptr);
+  alloc_->beginAllocateToPool(0, pool, [graph](cudaStream_t s) { return s == graph; });
+  void* a = alloc_->raw_alloc_with_stream(1 * MiB, graph);
+  void* b = alloc_->raw_alloc_with_stream(2 * MiB, graph);
+  void* c = alloc_->raw_alloc_with_stream(512 * 1024, graph);
+  alloc_->endAllocateToPool(0, pool);
+  alloc_->raw_delete(b);
+  const auto state = alloc_->getCheckpointState(0, pool);
+  const auto before = alloc_->snapshot(pool, false).segments;
+  // The path diverges: other blocks of the pool.
+  alloc_->beginAllocateToPool(0, pool, [graph](cudaStream_t s) { return s == graph; });
+  void* d = alloc_->raw_alloc_with_stream(3 * MiB, graph);
+  alloc_->endAllocateToPool(0, pool);
+  alloc_->raw_delete(a);
+  cca::CheckpointDelta delta = alloc_->setCheckpointPoolState(0, state);
+  std::unordered_set<void*> freed(delta.ptrs_freed.begin(), delta.ptrs_freed.end());
+  EXPECT_EQ(freed, (std::unordered_set<void*>{c, d}));
+  std::unordered_set<void*> back;
+  for (const auto& p : delta.dataptrs_allocd) back.insert(p.get());
+  EXPECT_EQ(back, (std::unordered_set<void*>{a, c}));
+  EXPECT_TRUE(alloc_->checkPoolLiveAllocations(0, pool, {a, c}));
+  // The pool's layout is the checkpoint's: the same allocated blocks, sizes and requests.
+  const auto after = alloc_->snapshot(pool, false).segments;
+  auto allocated = [](const std::vector<cda::SegmentInfo>& segs) {
+    std::vector<std::tuple<std::size_t, std::size_t, std::size_t>> out;
+    for (const auto& s : segs) {
+      std::size_t at = s.address;
+      for (const auto& blk : s.blocks) {
+        if (blk.allocated) out.emplace_back(at, blk.size, blk.requested_size);
+        at += blk.size;
+      }
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  EXPECT_EQ(allocated(after), allocated(before));
+  EXPECT_THROW((void)alloc_->getCheckpointState(0, {0, 999}), c10::Error);
+  delta.dataptrs_allocd.clear();  // frees a and c through their deleters
+  EXPECT_EQ(alloc_->getPoolUseCount(0, pool), 3);  // created, and two routes
+  for (int i = 0; i < 3; ++i) alloc_->releasePool(0, pool);
+  alloc_->emptyCache({0, 0});
+  EXPECT_TRUE(alloc_->snapshot(pool, false).segments.empty());
+}
+
+std::string g_self;  // this program, for the second process of the IPC test
+
+/// The second process: maps the handle as PyTorch's receiver does (getIpcDevPtr, plus the
+/// offset), checks `expect` in every byte, writes `write`, drops the mapping.
+int ipc_peer(const std::string& handle, std::size_t offset, std::size_t bytes, int expect, int write) {
+  if (stitch_configure("backend:sim") != 0) return 10;
+  auto ctx = std::make_shared<TestContext>();
+  auto alloc = stitch::torch_native::make_allocator(ctx);
+  alloc->init(1);
+  try {
+    std::shared_ptr<void> base = alloc->getIpcDevPtr(handle);
+    if (alloc->getIpcDevPtr(handle).get() != base.get()) return 11;  // cached while in use
+    auto* p = static_cast<unsigned char*>(base.get()) + offset;
+    for (std::size_t i = 0; i < bytes; ++i)
+      if (p[i] != expect) return 12;
+    std::memset(p, write, bytes);
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "peer: %s\n", e.what_without_backtrace());
+    return 13;
+  }
+  return 0;
+}
+
+TEST_F(TorchNative, IpcHandleOpenedByASecondProcessSharesTheBlock) {
+  // PyTorch's defaults: the block lies in a plain segment (tests/ipc covers expandable ranges).
+  constexpr std::size_t bytes = 5 * MiB + 512;
+  c10::DataPtr neighbour = alloc_->allocate(1 * MiB);
+  c10::DataPtr block = alloc_->allocate(bytes);
+  std::memset(block.get(), 0x5e, bytes);
+  size_t base_size = 0;
+  (void)alloc_->getBaseAllocation(block.get(), &base_size);  // PyTorch asks first
+  const cca::ShareableHandle h = alloc_->shareIpcHandle(block.get());
+  EXPECT_EQ(h.handle[1], 's');
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string off = std::to_string(h.offset), n = std::to_string(bytes);
+    execl(g_self.c_str(), g_self.c_str(), "--ipc-peer", h.handle.c_str(), off.c_str(), n.c_str(), "94", "33",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the second process failed";
+  auto* p = static_cast<unsigned char*>(block.get());
+  EXPECT_EQ(p[0], 33);
+  EXPECT_EQ(p[bytes - 1], 33);  // the peer's bytes, in the exporter's block
+  // In this process too: one mapping per handle while in use, the base plus the offset is the block.
+  {
+    std::shared_ptr<void> mapped = alloc_->getIpcDevPtr(h.handle);
+    auto* q = static_cast<unsigned char*>(mapped.get()) + h.offset;
+    EXPECT_NE(q, p);
+    q[9] = 0x42;
+    EXPECT_EQ(p[9], 0x42);
+  }
+  EXPECT_THROW((void)alloc_->shareIpcHandle(static_cast<char*>(block.get()) + 512), c10::Error);
+  EXPECT_THROW((void)alloc_->getIpcDevPtr(std::string("\x02c") + std::string(64, 'x')), c10::Error);
+  block = c10::DataPtr();
+  neighbour = c10::DataPtr();
+  alloc_->emptyCache({0, 0});
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 7 && std::string(argv[1]) == "--ipc-peer")
+    return ipc_peer(argv[2], std::stoul(argv[3]), std::stoul(argv[4]), std::atoi(argv[5]), std::atoi(argv[6]));
+  g_self = argv[0];
   // The process's allocator: two simulated devices of 1 GiB (before anything allocates).
   if (stitch_configure("backend:sim,sim_devices:2,sim_capacity_mb:1024") != 0) {
     std::fprintf(stderr, "stitch_configure: %s\n", stitch_last_error());

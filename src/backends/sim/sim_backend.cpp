@@ -1,9 +1,10 @@
 // backends/sim/sim_backend.cpp — SimBackend, a simulated GPU made of real host memory (Linux).
 //
-// This file owns everything behind stitch::SimBackend: plain allocations (anonymous
-// MAP_NORESERVE mappings), the virtual-memory model (PROT_NONE reservations, one sparse memfd per
-// device carved into physical handles by a free-range allocator, MAP_FIXED mappings of it), the
-// capacity accounting, the stream/event model with held streams, and fault injection.
+// This file owns everything behind stitch::SimBackend: one sparse memfd per device, carved by a
+// free-range allocator into plain allocations (MAP_SHARED mappings of their range) and physical
+// handles; the virtual-memory model (PROT_NONE reservations, MAP_FIXED mappings of handles); the
+// capacity accounting; the stream/event model with held streams; fault injection; and memory
+// another process maps (export_memory / import_memory: /proc/<pid>/fd/<fd> of the memfd).
 #include "stitch/sim_backend.hpp"
 
 #include <fcntl.h>
@@ -57,6 +58,12 @@ std::string prefix(const char* call, int device) {
 }
 
 /// "<syscall> failed: <message of err>" (thread-safe, unlike strerror()).
+/// `bytes` rounded up to whole host pages (memfd offsets of mappings are page multiples).
+std::size_t host_pages(std::size_t bytes) {
+  static const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
+}
+
 std::string errno_text(const char* syscall, int err) {
   return std::string(syscall) + " failed: " + std::generic_category().message(err);
 }
@@ -104,10 +111,12 @@ struct Device {
   std::size_t capacity = 0;
   std::size_t used = 0;
   std::map<std::uintptr_t, std::size_t> allocations;   ///< plain allocations: address -> bytes
+  std::map<std::uintptr_t, std::size_t> plain_offsets;  ///< plain allocations: address -> memfd offset
   std::map<std::uintptr_t, std::size_t> reservations;  ///< reserved ranges: address -> bytes
   std::map<std::uintptr_t, Mapping> mappings;          ///< mapped ranges, inside reservations
   std::map<phys_handle_t, Physical> physical;          ///< live physical handles
   std::map<std::size_t, std::size_t> free_ranges;      ///< free memfd ranges: offset -> bytes
+  std::map<std::uintptr_t, std::size_t> imports;       ///< import_memory() ranges: address -> bytes
   std::size_t events = 0;
 
   Device() = default;
@@ -115,6 +124,7 @@ struct Device {
   Device& operator=(const Device&) = delete;
   ~Device() {
     for (const auto& [a, bytes] : allocations) ::munmap(ptr(a), bytes);
+    for (const auto& [a, bytes] : imports) ::munmap(ptr(a), bytes);
     // Every mapping lies inside a reservation, so this removes the mappings too.
     for (const auto& [a, bytes] : reservations) ::munmap(ptr(a), bytes);
     if (fd >= 0) ::close(fd);
@@ -515,14 +525,33 @@ void* SimBackend::allocate(int device, std::size_t bytes) {
   Device& d = impl_->device(device, "allocate");
   if (bytes == 0) throw backend_error(prefix("allocate", device) + "size 0");
   if (!d.fits(bytes)) return nullptr;
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  // The address as an anonymous mapping would have it (so replays see the addresses they always
+  // saw), its memory from the device's memfd (at a host-page offset), so that another process can
+  // map it (export_memory).
+  void* p = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
     const int err = errno;
     if (err == ENOMEM) return nullptr;
     throw backend_error(prefix("allocate", device) + errno_text("mmap", err));
   }
+  const std::size_t span = host_pages(bytes);
+  std::size_t offset = 0;
+  try {
+    offset = d.carve(span);
+  } catch (...) {
+    ::munmap(p, bytes);
+    throw;
+  }
+  if (::mmap(p, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, d.fd, static_cast<off_t>(offset)) ==
+      MAP_FAILED) {
+    const int err = errno;
+    ::munmap(p, bytes);
+    d.give_back(offset, span);
+    if (err == ENOMEM) return nullptr;
+    throw backend_error(prefix("allocate", device) + errno_text("mmap", err));
+  }
   d.allocations.emplace(addr(p), bytes);
+  d.plain_offsets.emplace(addr(p), offset);
   d.used += bytes;
   return p;
 }
@@ -554,6 +583,9 @@ void SimBackend::deallocate(int device, void* p, std::size_t bytes) {
   }
   d.allocations.erase(it);
   d.used -= bytes;
+  const auto off = d.plain_offsets.find(addr(p));
+  d.give_back(off->second, host_pages(bytes));
+  d.plain_offsets.erase(off);
 }
 
 // ---- virtual memory ---------------------------------------------------------------------------
@@ -950,6 +982,117 @@ SimUsage SimBackend::usage(int device) const {
 void SimBackend::set_capacity(int device, std::size_t bytes) {
   std::lock_guard lock(impl_->mutex);
   impl_->device(device, "set_capacity").capacity = bytes;
+}
+
+
+// ---- memory another process maps ------------------------------------------------------------
+
+std::string SimBackend::export_memory(int device, const void* va, std::size_t bytes, std::size_t* offset) {
+  std::lock_guard lock(impl_->mutex);
+  Device& d = impl_->device(device, "export_memory");
+  const std::string head = "sim:" + std::to_string(::getpid()) + ":" + std::to_string(d.fd) + ":";
+  // A plain allocation: its pages from the host page that holds `va` on.
+  auto plain = d.allocations.upper_bound(addr(va));
+  if (plain != d.allocations.begin() && addr(va) < std::prev(plain)->first + std::prev(plain)->second) {
+    --plain;
+    if (addr(va) + bytes > plain->first + plain->second)
+      throw backend_error(prefix("export_memory", device) + "[" + hex(addr(va)) + ", +" + std::to_string(bytes) +
+                          ") runs past its allocation");
+    const std::size_t page = host_pages(1);
+    const std::size_t at = d.plain_offsets.at(plain->first) + (addr(va) - plain->first);
+    const std::size_t start = at / page * page;
+    *offset = at - start;
+    return head + std::to_string(start) + "+" + std::to_string(host_pages(*offset + bytes));
+  }
+  // Mapped memory of the virtual-memory calls: whole granules.
+  const std::size_t granule = impl_->options.granularity;
+  const std::uintptr_t a = addr(va) / granule * granule;
+  *offset = addr(va) - a;
+  bytes = (*offset + bytes + granule - 1) / granule * granule;
+  std::string pieces;
+  std::uintptr_t at = a;
+  auto it = d.mappings.upper_bound(a);
+  if (it != d.mappings.begin()) --it;
+  while (at < a + bytes) {
+    if (it == d.mappings.end() || it->first > at || at >= it->first + it->second.bytes) {
+      throw backend_error(prefix("export_memory", device) + "[" + hex(at) +
+                          ") is not mapped memory of this device");
+    }
+    const Physical& p = d.physical.at(it->second.handle);
+    const std::size_t skip = at - it->first;
+    const std::size_t len = std::min<std::size_t>(it->second.bytes - skip, a + bytes - at);
+    pieces += (pieces.empty() ? "" : ",") + std::to_string(p.offset + skip) + "+" + std::to_string(len);
+    at += len;
+    ++it;
+  }
+  return head + pieces;
+}
+
+void* SimBackend::import_memory(int device, const std::string& handle, std::size_t* bytes) {
+  // sim:<pid>:<fd>:<offset>+<length>,...
+  unsigned long long pid = 0, fd = 0;
+  int used = 0;
+  const auto bad = [&](const std::string& why) {
+    return backend_error(prefix("import_memory", device) + "handle '" + handle.substr(0, 120) +
+                         "': " + why);
+  };
+  if (std::sscanf(handle.c_str(), "sim:%llu:%llu:%n", &pid, &fd, &used) != 2 || used == 0)
+    throw bad("not a handle of backend:sim");
+  std::vector<std::pair<std::size_t, std::size_t>> pieces;
+  std::size_t total = 0;
+  for (const char* c = handle.c_str() + used; *c != '\0';) {
+    unsigned long long off = 0, len = 0;
+    int n = 0;
+    if (std::sscanf(c, "%llu+%llu%n", &off, &len, &n) != 2 || len == 0 || len % host_pages(1) != 0)
+      throw bad("malformed piece list");
+    pieces.emplace_back(off, len);
+    total += len;
+    c += n;
+    if (*c == ',') ++c;
+  }
+  if (pieces.empty()) throw bad("no pieces");
+  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+  const int file = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (file < 0) {
+    const int err = errno;
+    throw bad(errno_text(("open " + path).c_str(), err) +
+              " (the exporting process ended, or belongs to another user)");
+  }
+  std::lock_guard lock(impl_->mutex);
+  Device& d = impl_->device(device, "import_memory");
+  void* base = ::mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) {
+    const int err = errno;
+    ::close(file);
+    throw bad(errno_text("mmap", err));
+  }
+  std::size_t at = 0;
+  for (const auto& [off, len] : pieces) {
+    void* p = ::mmap(static_cast<char*>(base) + at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, file,
+                     static_cast<off_t>(off));
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::munmap(base, total);
+      ::close(file);
+      throw bad(errno_text("mmap", err));
+    }
+    at += len;
+  }
+  ::close(file);
+  d.imports.emplace(addr(base), total);
+  *bytes = total;
+  return base;
+}
+
+void SimBackend::close_imported(int device, void* va, std::size_t bytes) {
+  std::lock_guard lock(impl_->mutex);
+  Device& d = impl_->device(device, "close_imported");
+  auto it = d.imports.find(addr(va));
+  if (it == d.imports.end() || it->second != bytes)
+    throw backend_error(prefix("close_imported", device) + "[" + hex(addr(va)) + ", +" +
+                        std::to_string(bytes) + ") is not memory import_memory() returned");
+  ::munmap(va, bytes);
+  d.imports.erase(it);
 }
 
 }  // namespace stitch
