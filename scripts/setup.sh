@@ -3,7 +3,7 @@
 # The CUDA toolkit is optional (it is used when found); nothing else is downloaded.
 set -euo pipefail
 
-packages=(cmake g++ make libgtest-dev libgmock-dev libbenchmark-dev libfmt-dev python3 python3-pytest python3-venv)
+packages=(cmake g++ make libgtest-dev libgmock-dev libbenchmark-dev libfmt-dev python3 python3-pytest python3-venv ninja-build)
 # The sanitizer and fuzz smoke run (scripts/sanitize-smoke.sh) builds with clang and needs its
 # runtimes (ASan, UBSan, TSan, libFuzzer).
 [ "${STITCH_SKIP_SANITIZERS:-0}" = 1 ] || packages+=(clang libclang-rt-dev)

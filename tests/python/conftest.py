@@ -17,6 +17,9 @@ sys.path.insert(0, str(PYTHON_DIR))
 # libstitch builds its allocator at first use from STITCH_ALLOC_CONF plus stitch_configure():
 # the outer environment must not leak into it. (Set before the library is loaded.)
 os.environ["STITCH_ALLOC_CONF"] = ""
+# These tests run stitch.torch against a stand-in torch (fake_torch.py): the pluggable hooks. The
+# native backend is tested with the real torch (tests/python_native).
+os.environ["STITCH_TORCH_BACKEND"] = "pluggable"
 
 #: The session's allocator: 1 GiB simulated devices, two of them.
 SESSION_CONF = "backend:sim,sim_capacity_mb:1024,sim_devices:2"

@@ -39,6 +39,7 @@ from . import _memory_api
 
 __all__ = [
     "enable",
+    "backend",
     "is_enabled",
     "allocator",
     "mempool",
@@ -63,7 +64,17 @@ FREE_HOOK = "stitch_free"
 POOL_ALLOC_HOOK = "stitch_malloc"
 
 _lock = threading.Lock()
-_allocator: Any = None  # the CUDAPluggableAllocator installed by enable()
+_allocator: Any = None  # the CUDAPluggableAllocator installed by enable(), or NATIVE
+_backend: Optional[str] = None  # "native" or "pluggable" once enable() installed one
+
+#: What enable() returns (and allocator() is) under the native backend.
+NATIVE = "stitch-native"
+
+#: What the pluggable hooks cannot do that the native backend does (the fallback's warning).
+PLUGGABLE_GAPS = (
+    "torch.backends.cudnn.benchmark (cacheInfo), CUDA IPC (torch.multiprocessing), "
+    "torch.compile(mode='reduce-overhead') checkpoints, MemPool use counts, "
+    "ProcessGroupNCCL's registration hook, and torch.OutOfMemoryError raised from C++")
 
 # Only the tests against the stand-in torch (tests/python/fake_torch.py) set this, to run enable()
 # on the simulated device; with a real PyTorch, host pointers must never reach CUDA kernels.
@@ -86,18 +97,56 @@ def _import_torch():
     return torch
 
 
+def backend() -> Optional[str]:
+    """Which backend enable() installed: "native" (libstitch_torch, a full CUDAAllocator),
+    "pluggable" (CUDAPluggableAllocator over the C hooks), or None before enable()."""
+    return _backend
+
+
+def _install_native(torch) -> bool:
+    """The native backend, as STITCH_TORCH_BACKEND says: "native" (it or an error), "pluggable"
+    (not tried), else (auto) tried and, where it cannot be built or loaded, one warning naming
+    what will not work and False."""
+    import os
+    import warnings
+
+    from . import _native
+
+    choice = os.environ.get("STITCH_TORCH_BACKEND", "auto").strip().lower()
+    if choice == "pluggable":
+        return False
+    try:
+        _native.install()
+        return True
+    except Exception as e:  # noqa: BLE001 - any failure to build or load means the fallback
+        if choice == "native":
+            raise StitchError(f"stitch.torch.enable(): STITCH_TORCH_BACKEND=native: {e}") from e
+        warnings.warn(
+            f"stitch.torch: the native backend is not available ({e}); using the pluggable "
+            f"hooks, under which these do not work: {PLUGGABLE_GAPS}. Build it with "
+            "`python -m stitch.torch build-native` (a C++ compiler and ninja are needed).",
+            RuntimeWarning, stacklevel=3)
+        return False
+
+
 def is_enabled() -> bool:
     """Whether :func:`enable` installed stitch as this process's CUDA allocator."""
     return _allocator is not None
 
 
 def allocator() -> Any:
-    """The ``CUDAPluggableAllocator`` installed by :func:`enable`, or None."""
+    """The ``CUDAPluggableAllocator`` installed by :func:`enable` (``NATIVE`` under the native
+    backend), or None."""
     return _allocator
 
 
 def enable(conf: Optional[str] = None) -> Any:
-    """Makes stitch the CUDA allocator of this process; returns the CUDAPluggableAllocator.
+    """Makes stitch the CUDA allocator of this process.
+
+    The native backend (libstitch_torch, a full ``CUDAAllocator``: see :func:`backend`) is
+    installed where it can be built for this torch (built once, cached); otherwise the pluggable
+    hooks, with one warning naming what does not work under them. ``STITCH_TORCH_BACKEND=native``
+    or ``=pluggable`` chooses. Returns the ``CUDAPluggableAllocator``, or ``NATIVE``.
 
     ``conf`` is applied with ``stitch.configure()`` on top of ``STITCH_ALLOC_CONF`` (both are
     validated here: a bad key raises StitchError now rather than at the first allocation).
@@ -113,7 +162,7 @@ def enable(conf: Optional[str] = None) -> Any:
     * if the CUDA driver cannot be opened or reports no device (stitch's message says which), at
       once rather than at PyTorch's first allocation.
     """
-    global _allocator
+    global _allocator, _backend
     import stitch
 
     torch = _import_torch()
@@ -133,6 +182,10 @@ def enable(conf: Optional[str] = None) -> Any:
         # Validates STITCH_ALLOC_CONF (and conf) now; nothing is allocated yet.
         stitch.configure(conf or "")
         _check_backend(stitch, "enable")
+        if _install_native(torch):
+            # PyTorch's own memory API answers from the native backend: nothing is replaced.
+            _allocator, _backend = NATIVE, "native"
+            return _allocator
         alloc = torch.cuda.memory.CUDAPluggableAllocator(path, ALLOC_HOOK, FREE_HOOK)
         raw = alloc.allocator()
         # Optional hooks: each PyTorch call maps to the stitch one. set_init_fn is not used:
@@ -158,7 +211,7 @@ def enable(conf: Optional[str] = None) -> Any:
                 "initialized CUDA's allocator before enable(); call it earlier or use "
                 "`python -m stitch.torch script.py`."
             ) from e
-        _allocator = alloc
+        _allocator, _backend = alloc, "pluggable"
         # PyTorch's memory API (memory_stats, _snapshot, ...) answers from stitch from now on.
         _memory_api.install(torch)
         return alloc

@@ -1,4 +1,4 @@
-"""python -m stitch.torch [options] SCRIPT [ARGS...] | -m MODULE [ARGS...]
+"""python -m stitch.torch [options] SCRIPT [ARGS...] | -m MODULE [ARGS...] | build-native
 
 Runs an unmodified PyTorch program with stitch as its CUDA allocator: stitch.torch.enable() first,
 then the script as __main__ (sys.argv and sys.path[0] set as `python SCRIPT ARGS` would).
@@ -8,10 +8,15 @@ Options (before SCRIPT):
                           (e.g. expandable_segments:True,max_split_size_mb:256)
   --no-oom-translation    leave stitch's out-of-memory errors as PyTorch raised them
                           (RuntimeError/MemoryError) instead of torch.OutOfMemoryError
+                          (the pluggable hooks only: the native backend raises it itself)
   -m MODULE               run a module (as python -m MODULE) instead of a script
   -h, --help              this text
 
-Environment: STITCH_ALLOC_CONF (stitch's configuration), STITCH_LIBRARY (which libstitch.so).
+`python -m stitch.torch build-native` builds the native backend (libstitch_torch) for the torch
+that is installed, ahead of its first use, and prints where it is.
+
+Environment: STITCH_ALLOC_CONF (stitch's configuration), STITCH_LIBRARY (which libstitch.so),
+STITCH_TORCH_BACKEND (auto, native or pluggable; see stitch.torch.enable).
 Under torchrun each rank runs the launcher and enables its own allocator:
   torchrun --nproc-per-node 8 -m stitch.torch train.py --steps 100
 """
@@ -66,6 +71,14 @@ def _parse(argv: List[str]):
 
 def main(argv: Optional[List[str]] = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["build-native"]:
+        from . import _native
+
+        try:
+            print(_native.build(verbose="-v" in args[1:]))
+        except Exception as e:  # noqa: BLE001 - reported, not raised
+            raise SystemExit(f"stitch.torch build-native: {e}") from None
+        return
     parsed = _parse(args)
     if parsed is None:
         sys.stdout.write(_USAGE)
