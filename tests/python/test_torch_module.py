@@ -16,6 +16,7 @@ import pytest
 import stitch
 import stitch.torch as st
 from stitch import _lib
+from stitch._lib import StitchError
 from conftest import load_fake_torch, run_python
 
 HERE = Path(__file__).resolve().parent
@@ -430,3 +431,27 @@ def test_pytorchs_snapshot_api_answers_from_stitch(fake_torch, no_leaks, tmp_pat
     with open(tmp_path / "s.pickle", "rb") as f:
         assert set(pickle.load(f)) == set(snap)
     assert all(not t for t in memory._snapshot()["device_traces"])  # stopped: history discarded
+
+
+def test_set_allocator_settings_reaches_stitch(fake_torch, monkeypatch):
+    """torch.cuda.memory._set_allocator_settings at run time (SGLang and verl toggle
+    expandable_segments): stitch's keys reach stitch.configure, PyTorch's pinned-memory keys stay
+    PyTorch's, a key stitch cannot apply raises StitchError naming it."""
+    seen = []
+    monkeypatch.setattr(fake_torch.cuda.memory, "_set_allocator_settings", lambda env: seen.append(env),
+                        raising=False)
+    st.enable()
+    try:
+        fake_torch.cuda.memory._set_allocator_settings(
+            "expandable_segments:True,pinned_use_cuda_host_register:True,"
+            "roundup_power2_divisions:[256:1,512:2,>:4]")
+        assert "expandable_segments:True" in stitch.config()
+        assert "roundup_power2_divisions" in stitch.config()
+        assert seen == ["expandable_segments:True,pinned_use_cuda_host_register:True,"
+                        "roundup_power2_divisions:[256:1,512:2,>:4]"]
+        fake_torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+        assert "expandable_segments:True" not in stitch.config()
+        with pytest.raises(StitchError, match="no_such_key"):
+            fake_torch.cuda.memory._set_allocator_settings("no_such_key:1")
+    finally:
+        stitch.configure("expandable_segments:False,roundup_power2_divisions:1")

@@ -129,6 +129,66 @@ def _install_native(torch) -> bool:
         return False
 
 
+#: Keys of PyTorch's allocator settings that stitch leaves to PyTorch (pinned host memory, its
+#: own allocator choice and locking): passed on to PyTorch, not to stitch.
+_TORCH_ONLY_KEYS = ("backend", "release_lock_on_cudamalloc", "graph_capture_record_stream_reuse")
+#: Keys both understand: stitch applies them, and PyTorch's own settings follow.
+_SHARED_KEYS = ("expandable_segments", "max_split_size_mb", "garbage_collection_threshold",
+                "roundup_power2_divisions", "per_process_memory_fraction")
+
+
+def _split_settings(env: str) -> "list[str]":
+    """`key:value,...` items; commas inside [...] (roundup_power2_divisions) stay in their item."""
+    items, depth, cur = [], 0, ""
+    for ch in env:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur)
+    return [i.strip() for i in items if i.strip()]
+
+
+def _route_allocator_settings(torch) -> None:
+    """torch.cuda.memory._set_allocator_settings reaches stitch (PyTorch calls no allocator
+    method for it; SGLang and verl toggle expandable_segments with it at run time): the keys
+    stitch knows go to stitch.configure (one it cannot apply raises StitchError, naming it), the
+    pinned-memory and PyTorch-only keys to PyTorch alone."""
+    import stitch
+
+    memory = getattr(getattr(torch, "cuda", None), "memory", None)
+    original = getattr(memory, "_set_allocator_settings", None)
+    if original is None or getattr(original, "_stitch", False):
+        return
+
+    @functools.wraps(original)
+    def settings(env: str) -> None:
+        ours, theirs = [], []
+        for item in _split_settings(env):
+            key = item.split(":", 1)[0].strip()
+            if key.startswith("pinned_") or key in _TORCH_ONLY_KEYS:
+                theirs.append(item)
+                continue
+            ours.append(item)
+            if key in _SHARED_KEYS:
+                theirs.append(item)
+        if ours:
+            try:
+                stitch.configure(",".join(ours))
+            except StitchError as e:
+                raise StitchError(
+                    f"torch.cuda.memory._set_allocator_settings({env!r}): stitch cannot apply "
+                    f"{','.join(ours)!r}: {e}") from e
+        if theirs:
+            original(",".join(theirs))
+
+    settings._stitch = True  # type: ignore[attr-defined]
+    memory._set_allocator_settings = settings
+
+
 def is_enabled() -> bool:
     """Whether :func:`enable` installed stitch as this process's CUDA allocator."""
     return _allocator is not None
@@ -185,6 +245,7 @@ def enable(conf: Optional[str] = None) -> Any:
         if _install_native(torch):
             # PyTorch's own memory API answers from the native backend: nothing is replaced.
             _allocator, _backend = NATIVE, "native"
+            _route_allocator_settings(torch)
             return _allocator
         alloc = torch.cuda.memory.CUDAPluggableAllocator(path, ALLOC_HOOK, FREE_HOOK)
         raw = alloc.allocator()
@@ -212,6 +273,7 @@ def enable(conf: Optional[str] = None) -> Any:
                 "`python -m stitch.torch script.py`."
             ) from e
         _allocator, _backend = alloc, "pluggable"
+        _route_allocator_settings(torch)
         # PyTorch's memory API (memory_stats, _snapshot, ...) answers from stitch from now on.
         _memory_api.install(torch)
         return alloc
