@@ -24,7 +24,7 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-DEPS_PACKAGES=(libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian libfmt-dev libfmt9)
+DEPS_PACKAGES=(libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian libfmt-dev libfmt9 ninja-build)
 
 usage() {  # the header comment above
   awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"
@@ -155,6 +155,8 @@ unpack_deps() {
     fi
   done
   DEPS_ARGS=(-DCMAKE_PREFIX_PATH="$root/usr")
+  # ninja (ninja-build), which torch.utils.cpp_extension needs to build the native backend.
+  [ -x "$root/usr/bin/ninja" ] && export PATH="$root/usr/bin:$PATH"
   local d
   for pkg in GTest benchmark fmt; do
     d=$(find "$root/usr" -type d -path "*/cmake/$pkg" 2>/dev/null | head -1)
@@ -399,6 +401,40 @@ print(("same" if same else "DIFFERENT") + " results; memory API " + ("ok" if api
   case "$graph_results" in "same results; memory API ok"*) ;; *) graphs_rc=1 ;; esac
   { echo; echo "=== CUDA graphs and the memory API (rc=$graphs_rc)"; cat "$WORK/graphs.log"; } >>"$TRAIN_LOG"
   record graphs-in-pytorch "$(status_of_rc $graphs_rc)" $((SECONDS - t0)) "$(echo "$graph_results" | head -c 300)"
+
+  # The native backend (libstitch_torch, built here by stitch.torch with cpp_extension): cuDNN's
+  # benchmark mode, torch.compile reduce-overhead over a diverging path, torch.OutOfMemoryError,
+  # NCCL's registration hook; each result must equal PyTorch's allocator's.
+  t0=$SECONDS
+  : >"$WORK/native.log"
+  native_rc=0
+  for case in cudnn compile oom nccl; do
+    for mode in native stitch; do
+      STITCH_LIBRARY="$BUILD/libstitch.so" PYTHONPATH="$ROOT/python" STITCH_NATIVE_CACHE="$WORK/native-cache" \
+        timeout --kill-after=10 "$(limit 150 30)" "$PYTHON" "$ROOT/scripts/gpu_torch_native.py" "$mode" "$case" \
+        >>"$WORK/native.log" 2>&1 || native_rc=1
+    done
+  done
+  native_results=$(grep '^RESULT ' "$WORK/native.log" | sed 's/^RESULT //' | "$PYTHON" -c '
+import json, sys
+rows = [json.loads(l) for l in sys.stdin]
+by = {}
+for r in rows:
+    by.setdefault(r["case"], {})[r["allocator"]] = r
+bad = []
+for case, pair in sorted(by.items()):
+    a, b = pair.get("native"), pair.get("stitch")
+    if a is None or b is None: bad.append(case + ": missing run"); continue
+    if b.get("backend") != "native": bad.append(case + ": stitch ran on " + str(b.get("backend")))
+    keys = [k for k in a if k not in ("allocator",)]
+    diff = [k for k in keys if a[k] != b.get(k)]
+    if diff: bad.append(case + ": differs in " + ",".join(diff))
+if len(by) < 4: bad.append("cases run: " + ",".join(sorted(by)))
+print(("ok " if not bad else "FAILED ") + "; ".join(bad) + " " + json.dumps(by)[:200])
+' 2>&1)
+  case "$native_results" in "ok "*) ;; *) native_rc=1 ;; esac
+  { echo; echo "=== native PyTorch backend (rc=$native_rc)"; cat "$WORK/native.log"; } >>"$TRAIN_LOG"
+  record native-backend "$(status_of_rc $native_rc)" $((SECONDS - t0)) "$(echo "$native_results" | head -c 300)"
 else
   record train-example skipped 0 "needs a GPU and python3 with CUDA torch"
 fi
