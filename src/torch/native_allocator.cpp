@@ -482,6 +482,8 @@ class NativeAllocator final : public cca::CUDAAllocator {
       }
       return a_.allocate(n, stream, device);
     } catch (const out_of_memory& e) {
+      // PyTorch's fallback to the pools marked setUseOnOOM, then the error.
+      if (void* p = pools_.allocate_on_oom(device, n, stream)) return p;
       out_of_memory_error(device, n, e.what());
     } catch (const error& e) {
       TORCH_CHECK(false, "stitch: ", e.what());

@@ -3,6 +3,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "stitch/errors.hpp"
+
 namespace stitch::torch_native::detail {
 
 void PoolUses::create_or_incref(int device, PoolId id) {
@@ -51,6 +53,26 @@ int PoolUses::use_count(int device, PoolId id) const {
 void PoolUses::set_use_on_oom(int device, PoolId id, bool on) {
   std::lock_guard lock(mu_);
   known(device, id).use_on_oom = on;
+  if (on) any_on_oom_.store(true, std::memory_order_relaxed);
+}
+
+void* PoolUses::allocate_on_oom(int device, std::size_t bytes, stream_t stream) {
+  if (!any_on_oom_.load(std::memory_order_relaxed)) return nullptr;
+  std::lock_guard lock(mu_);
+  for (const auto& [key, uses] : uses_) {
+    if (key.first != device || !uses.use_on_oom || uses.count == 0) continue;
+    // One route for this stream alone; its use dropped again at once.
+    allocator_.begin_allocate_to_pool(device, key.second, [stream](stream_t s) { return s == stream; });
+    void* p = nullptr;
+    try {
+      p = allocator_.allocate(bytes, stream, device);
+    } catch (const out_of_memory&) {
+    }
+    allocator_.end_allocate_to_pool(device, key.second);
+    allocator_.release_pool(device, key.second);
+    if (p != nullptr) return p;
+  }
+  return nullptr;
 }
 
 void PoolUses::set_no_split(int device, PoolId id) {

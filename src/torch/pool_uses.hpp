@@ -30,6 +30,10 @@ class PoolUses {
   [[nodiscard]] int use_count(int device, PoolId id) const;
   void set_use_on_oom(int device, PoolId id, bool on);
   void set_no_split(int device, PoolId id);
+  /// PyTorch's setUseOnOOM fallback: a request of `bytes` on `stream` that the device's own pools
+  /// could not serve, served from the pools of `device` marked use-on-OOM (a route for that one
+  /// stream while it is tried); nullptr when none can.
+  [[nodiscard]] void* allocate_on_oom(int device, std::size_t bytes, stream_t stream);
   /// Whether any pool was ever used (statistics by pool are worth collecting).
   [[nodiscard]] bool any() const noexcept { return any_.load(std::memory_order_relaxed); }
 
@@ -46,6 +50,7 @@ class PoolUses {
   mutable std::mutex mu_;  ///< uses_ (taken before a device lock, never inside one)
   std::map<std::pair<int, PoolId>, Uses> uses_;
   std::atomic<bool> any_{false};
+  std::atomic<bool> any_on_oom_{false};
 };
 
 }  // namespace stitch::torch_native::detail

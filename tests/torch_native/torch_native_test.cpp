@@ -396,6 +396,35 @@ TEST_F(TorchNative, ExpandableSegmentSizesByStreamAndPool) {
   ASSERT_EQ(stitch_configure("expandable_segments:False"), 0) << stitch_last_error();
 }
 
+TEST_F(TorchNative, APoolMarkedUseOnOomServesWhatTheDeviceCannot) {
+  alloc_->emptyCache({0, 0});
+  const c10::MempoolId_t pool{0, 31};
+  // (As in PyTorch's, a pool's free blocks serve requests of their own stream.)
+  const auto g = reinterpret_cast<cudaStream_t>(S(0x551));
+  alloc_->createOrIncrefPool(0, pool, nullptr);
+  alloc_->beginAllocateToPool(0, pool, [g](cudaStream_t s) { return s == g; });
+  void* in_pool = alloc_->raw_alloc_with_stream(200 * MiB, g);
+  alloc_->endAllocateToPool(0, pool);
+  alloc_->raw_delete(in_pool);  // the pool keeps a free 200 MiB block
+  ctx_->stream = S(0x551);
+  c10::DataPtr big = alloc_->allocate(800 * MiB);  // the device is nearly full now
+  EXPECT_THROW((void)alloc_->allocate(100 * MiB), c10::OutOfMemoryError);
+  alloc_->setUseOnOOM(0, pool, true);
+  {
+    c10::DataPtr served = alloc_->allocate(100 * MiB);  // from the pool's free block
+    const auto seg = stitch::process_allocator().segment_of(served.get());
+    ASSERT_TRUE(seg.has_value());
+    EXPECT_EQ(seg->first, in_pool);
+    EXPECT_EQ(alloc_->getPoolUseCount(0, pool), 2);  // the fallback's route left no use behind
+  }
+  alloc_->setUseOnOOM(0, pool, false);
+  EXPECT_THROW((void)alloc_->allocate(100 * MiB), c10::OutOfMemoryError);
+  big = c10::DataPtr();
+  alloc_->releasePool(0, pool);
+  alloc_->releasePool(0, pool);
+  alloc_->emptyCache({0, 0});
+}
+
 TEST_F(TorchNative, AllocateWithAddressServesAFreeBlockThere) {
   ctx_->stream = S(0x330);
   void* x = alloc_->raw_alloc(3 * MiB);
