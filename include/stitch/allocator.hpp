@@ -177,6 +177,9 @@ class STITCH_EXPORT Allocator {
   /// all of its blocks are free and no route is underway (at once, or at a later empty_cache or
   /// out-of-memory retry). Throws invalid_argument for a pool not in use.
   void release_pool(int device, PoolId id);
+  /// Pool `id`'s free blocks serve requests whole from now on, never split (PyTorch's
+  /// setNoSplit). Throws invalid_argument for a pool not in use.
+  void set_pool_no_split(int device, PoolId id);
 
   /// What stitch knows about a live allocation (stitch/block_info.hpp).
   using BlockInfo = stitch::BlockInfo;

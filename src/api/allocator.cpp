@@ -225,6 +225,8 @@ void Allocator::end_allocate_to_pool(int device, PoolId id) {
 
 void Allocator::release_pool(int device, PoolId id) { checked_device(device).release_pool(id); }
 
+void Allocator::set_pool_no_split(int device, PoolId id) { checked_device(device).set_no_split(id); }
+
 void Allocator::reset_accumulated_stats(int device) {
   checked_device(device).reset_accumulated_stats();
 }

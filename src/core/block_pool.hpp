@@ -35,6 +35,8 @@ struct BlockPool {
   /// it is taken (BlockStore::settle_all), so every path under the device lock sees every free
   /// block indexed.
   Block* parked = nullptr;
+  /// A private pool PyTorch marked setNoSplit: its free blocks serve requests whole, unsplit.
+  bool no_split = false;
   /// The cache hit's last free of the pool, not filed yet (state held), or no block: the free's
   /// statistics are counted, the inactive-split ones as its filing makes them, and `stamp` is the
   /// GC clock the filing would give the block it ends in. The pool's next request takes it back (BlockStore::take_held: a

@@ -390,7 +390,7 @@ inline Block* BlockStore::take(BlockPool& pool, Block* block, std::size_t rounde
                 "take: a free, indexed block that holds the request");
   Block* out = block;
   const bool parked = block == pool.parked;
-  if (should_split(block->small, block->segment->expandable, block->size, rounded)) {
+  if (!pool.no_split && should_split(block->small, block->segment->expandable, block->size, rounded)) {
     // A new block takes the front; `block` keeps the tail and stays in the index, re-keyed in
     // place (no tree rebalancing when its order is unchanged), or parked. An already split free
     // block shrinks; an unsplit one becomes a split remainder.

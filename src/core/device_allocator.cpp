@@ -255,6 +255,11 @@ void DeviceAllocator::end_allocate_to_pool(PoolId id) {
   note_hit_rules();
 }
 
+void DeviceAllocator::set_no_split(PoolId id) {
+  std::lock_guard lock(mutex_);
+  pools_.set_no_split(id);
+}
+
 void DeviceAllocator::release_pool(PoolId id) {
   std::lock_guard lock(mutex_);
   if (pools_.release(id)) release_unused_pools();

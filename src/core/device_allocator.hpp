@@ -173,6 +173,8 @@ class DeviceAllocator {
   /// meanwhile are recorded at the next allocation (or empty_cache), after the capture itself
   /// has ended. Throws invalid_argument if no route to `id` is underway.
   void end_allocate_to_pool(PoolId id);
+  /// Pool `id`'s free blocks serve requests whole from now on (PyTorch's setNoSplit).
+  void set_no_split(PoolId id);
   /// Drops one use of pool `id`; at none, its memory goes back to the device as soon as (and
   /// whenever) its blocks are all free and no route is underway. Throws invalid_argument for an
   /// unknown pool.

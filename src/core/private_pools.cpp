@@ -38,6 +38,14 @@ void PrivatePools::end(PoolId id) {
   routes_.erase(std::next(it).base());
 }
 
+void PrivatePools::set_no_split(PoolId id) {
+  auto it = pools_.find(id);
+  if (it == pools_.end() || it->second->use_count == 0)
+    throw invalid_argument(
+        fmt::format("set_no_split: device {} has no pool {} in use", device_, pool_name(id)));
+  it->second->small.no_split = it->second->large.no_split = true;
+}
+
 bool PrivatePools::release(PoolId id) {
   auto it = pools_.find(id);
   if (it == pools_.end() || it->second->use_count == 0)

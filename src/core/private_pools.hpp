@@ -41,6 +41,9 @@ class PrivatePools {
   /// Drops one use of pool `id`. True when no route is underway any more, so that the unused
   /// pools' memory may go back now. Throws invalid_argument for an unknown pool.
   bool release(PoolId id);
+  /// Pool `id`'s free blocks serve requests whole from now on (PyTorch's setNoSplit). Throws
+  /// invalid_argument for a pool not in use.
+  void set_no_split(PoolId id);
   /// Whether a route is underway.
   [[nodiscard]] bool routing() const noexcept { return !routes_.empty(); }
   /// Whether `pool` (a private pool's) is without uses: its memory may go back.

@@ -150,7 +150,12 @@ class NativeAllocator final : public cca::CUDAAllocator {
   bool initialized() override { return device_count_.load() > 0; }
   void enable(bool value) override { enabled_.store(value); }
   bool isEnabled() const override { return enabled_.load(); }
-  void emptyCache(c10::MempoolId_t /*mempool_id*/) override { a_.empty_cache(-1); }
+  /// Every device's cache ({0, 0}); for one pool, what PyTorch's does: a pool's memory goes back
+  /// once the pool is released and free, which stitch does as soon as it can, and a pool in use
+  /// keeps its memory, so nothing else is given back.
+  void emptyCache(c10::MempoolId_t mempool_id) override {
+    if (mempool_id.first == 0 && mempool_id.second == 0) a_.empty_cache(-1);
+  }
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
     check_device(device);
     const MemoryInfo info = a_.backend().memory_info(device);

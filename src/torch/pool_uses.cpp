@@ -78,6 +78,7 @@ void* PoolUses::allocate_on_oom(int device, std::size_t bytes, stream_t stream) 
 void PoolUses::set_no_split(int device, PoolId id) {
   std::lock_guard lock(mu_);
   known(device, id).no_split = true;
+  allocator_.set_pool_no_split(device, id);
 }
 
 PoolUses::Uses& PoolUses::known(int device, PoolId id) {

@@ -324,6 +324,13 @@ TEST_F(TorchNative, PrivatePoolsCountUsesRouteStreamsAndCheckLiveAllocations) {
   EXPECT_GT(alloc_->getDeviceStats(0).reserved_bytes_by_private_pools.at(pool)[0].current, 0);
   alloc_->setUseOnOOM(0, pool, true);
   alloc_->setNoSplit(0, pool);
+  // emptyCache of one pool leaves the device's own cache alone.
+  {
+    c10::DataPtr cached = alloc_->allocate(3 * MiB);
+  }
+  const int64_t reserved = alloc_->getDeviceStats(0).reserved_bytes[0].current;
+  alloc_->emptyCache(pool);
+  EXPECT_EQ(alloc_->getDeviceStats(0).reserved_bytes[0].current, reserved);
   // Released: its memory goes back once its blocks are free.
   alloc_->releasePool(0, pool);
   EXPECT_EQ(alloc_->getPoolUseCount(0, pool), 0);
@@ -423,6 +430,27 @@ TEST_F(TorchNative, APoolMarkedUseOnOomServesWhatTheDeviceCannot) {
   alloc_->releasePool(0, pool);
   alloc_->releasePool(0, pool);
   alloc_->emptyCache({0, 0});
+}
+
+TEST_F(TorchNative, ANoSplitPoolServesItsFreeBlocksWhole) {
+  const c10::MempoolId_t pool{0, 41};
+  const auto g = reinterpret_cast<cudaStream_t>(S(0x660));
+  alloc_->createOrIncrefPool(0, pool, nullptr);
+  alloc_->setNoSplit(0, pool);
+  alloc_->beginAllocateToPool(0, pool, [g](cudaStream_t s) { return s == g; });
+  void* first = alloc_->raw_alloc_with_stream(4 * MiB, g);
+  alloc_->raw_delete(first);
+  void* small = alloc_->raw_alloc_with_stream(1 * MiB + 4096, g);  // large pool, would split
+  alloc_->endAllocateToPool(0, pool);
+  EXPECT_EQ(small, first);
+  const auto info = stitch::process_allocator().find(small);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_GE(info->size, 4 * MiB) << "served whole, not split";
+  alloc_->raw_delete(small);
+  alloc_->releasePool(0, pool);
+  alloc_->releasePool(0, pool);
+  alloc_->emptyCache({0, 0});
+  EXPECT_THROW(alloc_->setNoSplit(0, pool), c10::Error);
 }
 
 TEST_F(TorchNative, AllocateWithAddressServesAFreeBlockThere) {
