@@ -4,6 +4,7 @@
 #   * the distribution is stitch-allocator (PyPI's "stitch" is another project), import name stitch;
 #   * its one libstitch.so links no CUDA library and no libpython, and exports the C API and the
 #     PyTorch hooks (graph pools included);
+#   * it ships the native PyTorch backend's sources where stitch.torch finds them;
 #   * it loads and serves backend:sim, and stitch.torch.enable() refuses backend:sim.
 # Needs network access to PyPI (scikit-build-core, and cmake when the system one is older).
 # Usage: scripts/wheel-check.sh [source dir: . (default) or python]
@@ -40,6 +41,18 @@ for fn in stitch_malloc stitch_free stitch_last_error stitch_clear_error stitch_
           stitch_torch_end_allocate_to_pool stitch_torch_release_pool; do
   echo "$symbols" | grep -q " T $fn\$" || { echo "FAIL: libstitch.so does not export $fn"; exit 1; }
 done
+# The native PyTorch backend ships as sources, which stitch.torch finds in the package.
+(cd "$work" && "$py" - <<'PY'
+from pathlib import Path
+import stitch
+from stitch.torch import _native
+src, include = _native._sources()
+pkg = Path(stitch.__file__).resolve().parent
+assert src == pkg / "_native_src" / "src" / "torch", src
+assert (src / "native_allocator.cpp").is_file() and (include / "stitch" / "torch_native.hpp").is_file()
+print("native backend sources:", src)
+PY
+)
 (cd "$work" && STITCH_ALLOC_CONF=backend:sim,sim_capacity_mb:64 "$py" - <<'PY'
 import importlib.metadata as md
 import stitch
