@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -81,8 +82,8 @@ class STITCH_EXPORT Allocator {
   /// (or in this one): the block's pages are shared, not copied. From now until it is freed the
   /// block is pinned (compaction never moves it, sleep refuses its tag). The exporter must keep
   /// it allocated until every importer has closed it. Throws invalid_argument when `ptr` does not
-  /// start a live block, backend_error where its memory cannot be shared (backend:sim shares
-  /// memory of expandable ranges only).
+  /// start a live block, backend_error where its memory cannot be shared (the back end cannot:
+  /// backend:cuda does not yet).
   [[nodiscard]] std::string export_block(void* ptr);
   /// Maps the block `handle` names on `device` of this process; returns its address here.
   /// Throws invalid_argument for a malformed handle, backend_error when the memory cannot be
@@ -266,7 +267,7 @@ class STITCH_EXPORT Allocator {
     std::size_t bytes;
   };
   std::mutex imports_mutex_;                 ///< guards imports_
-  std::vector<std::pair<void*, Imported>> imports_;  ///< import_block() results: address -> mapping
+  std::map<void*, Imported> imports_;        ///< import_block() results: address -> mapping
   mutable std::mutex tags_mutex_;        ///< guards tag_names_
   std::vector<std::string> tag_names_;   ///< [id - 1]
   int device_count_ = 0;

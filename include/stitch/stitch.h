@@ -132,7 +132,7 @@ STITCH_API int stitch_device_count(void);
  * The block's pages are shared, not copied. The exporter must keep the block allocated until every
  * importer has called stitch_ipc_close (count the importers yourself, as torch.multiprocessing
  * does); from the export until its free the block never moves (compaction skips it, sleep refuses
- * its tag). backend:sim shares memory of expandable ranges (expandable_segments:True). */
+ * its tag). backend:sim shares all of its memory; backend:cuda does not share yet. */
 /* Writes a NUL-terminated text handle for the block at ptr; returns its length (0 on error;
    a cap too small fails and says the length needed). */
 STITCH_API size_t stitch_ipc_export(void* ptr, char* buf, size_t cap);

@@ -40,7 +40,7 @@ void* Allocator::import_block(std::string_view handle, int device) {
   void* ptr = static_cast<char*>(base) + offset;
   try {
     std::lock_guard lock(imports_mutex_);
-    imports_.emplace_back(ptr, Imported{device, base, bytes});
+    imports_.emplace(ptr, Imported{device, base, bytes});
   } catch (...) {
     backend_->close_imported(device, base, bytes);
     throw;
@@ -52,8 +52,7 @@ void Allocator::close_block(void* ptr) {
   Imported found{};
   {
     std::lock_guard lock(imports_mutex_);
-    auto it = imports_.begin();
-    while (it != imports_.end() && it->first != ptr) ++it;
+    auto it = imports_.find(ptr);
     if (it == imports_.end())
       throw invalid_argument(fmt::format("close of {}: not a block import_block returned (or closed already)",
                                          fmt::ptr(ptr)));

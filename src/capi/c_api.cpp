@@ -171,8 +171,6 @@ std::unique_ptr<Allocator> capi_exchange_allocator(std::unique_ptr<Allocator> ne
   return std::unique_ptr<Allocator>(g_allocator.exchange(next.release(), std::memory_order_acq_rel));
 }
 
-Allocator& capi_allocator() { return allocator(); }
-
 }  // namespace stitch::detail
 
 namespace stitch {

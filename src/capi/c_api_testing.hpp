@@ -17,8 +17,4 @@ namespace stitch::detail {
 /// be passed to the new one.
 std::unique_ptr<Allocator> capi_exchange_allocator(std::unique_ptr<Allocator> next);
 
-/// The C API's process-wide allocator, built at first use (for the C++ hooks of
-/// torch_hooks.cpp). Throws what building it throws.
-Allocator& capi_allocator();
-
 }  // namespace stitch::detail

@@ -12,7 +12,7 @@
 #include <string>
 #include <utility>
 
-#include "capi/c_api_testing.hpp"
+#include "stitch/allocator.hpp"
 #include "stitch/errors.hpp"
 #include "stitch/stitch.h"
 
@@ -59,7 +59,7 @@ void stitch_torch_begin_allocate_to_pool(int device,
                                          std::pair<unsigned long long, unsigned long long> id,
                                          std::function<bool(CUstream_st*)> filter) {
   if (!filter) throw stitch::invalid_argument("stitch: begin_allocate_to_pool without a filter");
-  stitch::detail::capi_allocator().begin_allocate_to_pool(
+  stitch::process_allocator().begin_allocate_to_pool(
       device, id, [f = std::move(filter)](stitch::stream_t s) {
         return f(static_cast<CUstream_st*>(s));
       });
@@ -67,11 +67,11 @@ void stitch_torch_begin_allocate_to_pool(int device,
 
 void stitch_torch_end_allocate_to_pool(int device,
                                        std::pair<unsigned long long, unsigned long long> id) {
-  stitch::detail::capi_allocator().end_allocate_to_pool(device, id);
+  stitch::process_allocator().end_allocate_to_pool(device, id);
 }
 
 void stitch_torch_release_pool(int device, std::pair<unsigned long long, unsigned long long> id) {
-  stitch::detail::capi_allocator().release_pool(device, id);
+  stitch::process_allocator().release_pool(device, id);
 }
 
 }  // extern "C"

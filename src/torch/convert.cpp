@@ -42,10 +42,10 @@ cda::DeviceStats to_torch(const DeviceStats& s) {
 
 std::vector<cda::SegmentInfo> to_torch(const std::vector<SegmentSnapshot>& segments,
                                        c10::MempoolId_t pool, const TraceBook& book) {
-  const bool all = pool.first == 0 && pool.second == 0;
+  const bool all = pool == c10::MempoolId_t{0, 0};
   std::vector<cda::SegmentInfo> out;
   for (const SegmentSnapshot& s : segments) {
-    if (!all && (s.pool_id.first != pool.first || s.pool_id.second != pool.second)) continue;
+    if (!all && s.pool_id != pool) continue;
     cda::SegmentInfo& t = out.emplace_back();
     t.device = static_cast<c10::DeviceIndex>(s.device);
     t.address = s.address;
@@ -56,7 +56,7 @@ std::vector<cda::SegmentInfo> to_torch(const std::vector<SegmentSnapshot>& segme
     t.stream = reinterpret_cast<void*>(s.stream);
     t.is_large = s.segment_type == "large";
     t.is_expandable = s.is_expandable;
-    t.owner_private_pool_id = {s.pool_id.first, s.pool_id.second};
+    t.owner_private_pool_id = s.pool_id;
     for (const BlockSnapshot& b : s.blocks) {
       if (b.state == "unmapped") continue;
       cda::BlockInfo& bi = t.blocks.emplace_back();

@@ -94,7 +94,6 @@ struct PoolState final : cca::AllocatorState {
     bool allocated;
     void* stream;
   };
-  int device = 0;
   c10::MempoolId_t id{0, 0};
   std::vector<std::vector<Block>> segments;
 };
@@ -154,7 +153,7 @@ class NativeAllocator final : public cca::CUDAAllocator {
   /// once the pool is released and free, which stitch does as soon as it can, and a pool in use
   /// keeps its memory, so nothing else is given back.
   void emptyCache(c10::MempoolId_t mempool_id) override {
-    if (mempool_id.first == 0 && mempool_id.second == 0) a_.empty_cache(-1);
+    if (mempool_id == c10::MempoolId_t{0, 0}) a_.empty_cache(-1);
   }
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
     check_device(device);
@@ -226,8 +225,8 @@ class NativeAllocator final : public cca::CUDAAllocator {
     c10::CachingDeviceAllocator::DeviceStats stats = detail::to_torch(a_.stats(device));
     if (pools_.any()) {
       for (const SegmentSnapshot& s : a_.segments(device)) {
-        if (s.pool_id.first == 0 && s.pool_id.second == 0) continue;
-        auto& by_pool = stats.reserved_bytes_by_private_pools[{s.pool_id.first, s.pool_id.second}];
+        if (s.pool_id == c10::MempoolId_t{0, 0}) continue;
+        auto& by_pool = stats.reserved_bytes_by_private_pools[s.pool_id];
         const auto bytes = static_cast<std::int64_t>(s.total_size);
         by_pool[0].current += bytes;
         by_pool[s.segment_type == "small" ? 1 : 2].current += bytes;
@@ -322,29 +321,21 @@ class NativeAllocator final : public cca::CUDAAllocator {
                                 const std::unordered_set<void*>& expected) override {
     check_device(device);
     std::size_t allocated = 0;
-    bool found = pools_.use_count(device, id) > 0;
-    for (const SegmentSnapshot& s : a_.segments(device)) {
-      if (s.pool_id.first != id.first || s.pool_id.second != id.second) continue;
-      found = true;
+    for (const SegmentSnapshot& s : pool_segments(device, id, "Could not find pool of id")) {
       for (const BlockSnapshot& b : s.blocks) {
         if (b.state != "active_allocated") continue;
         if (expected.count(reinterpret_cast<void*>(b.address)) == 0) return false;
         ++allocated;
       }
     }
-    TORCH_CHECK(found, "Could not find pool of id");
     return allocated == expected.size();
   }
   // cudagraph trees: a pool's blocks saved, and put back where they were.
   std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t id) override {
     check_device(device);
     auto state = std::make_shared<PoolState>();
-    state->device = device;
     state->id = id;
-    bool found = pools_.use_count(device, id) > 0;
-    for (const SegmentSnapshot& s : a_.segments(device)) {
-      if (s.pool_id.first != id.first || s.pool_id.second != id.second) continue;
-      found = true;
+    for (const SegmentSnapshot& s : pool_segments(device, id, "Could not find pool of id")) {
       auto& blocks = state->segments.emplace_back();
       for (const BlockSnapshot& b : s.blocks) {
         TORCH_CHECK(b.state != "active_pending_free", "Events should have synchronized when checkpointing block");
@@ -353,7 +344,6 @@ class NativeAllocator final : public cca::CUDAAllocator {
                           reinterpret_cast<void*>(s.stream)});
       }
     }
-    TORCH_CHECK(found, "Could not find pool of id");
     return state;
   }
   cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
@@ -363,17 +353,13 @@ class NativeAllocator final : public cca::CUDAAllocator {
     TORCH_CHECK(state, "Expected PrivatePoolState");
     const c10::MempoolId_t id = state->id;
     cca::CheckpointDelta delta;
-    // 1. Every block the pool holds now is freed (the caller strips the deleters of their storages).
-    bool found = pools_.use_count(device, id) > 0;
-    for (const SegmentSnapshot& s : a_.segments(device)) {
-      if (s.pool_id.first != id.first || s.pool_id.second != id.second) continue;
-      found = true;
+    // 1. Every block the pool holds now is freed (the caller strips the deleters of their
+    // storages), once none waits for events.
+    const std::vector<SegmentSnapshot> now = pool_segments(device, id, "Could not find private pool id");
+    for (const SegmentSnapshot& s : now)
       for (const BlockSnapshot& b : s.blocks)
         TORCH_CHECK(b.state != "active_pending_free", "Events should have synchronized when setting checkpointed block");
-    }
-    TORCH_CHECK(found, "Could not find private pool id");
-    for (const SegmentSnapshot& s : a_.segments(device)) {
-      if (s.pool_id.first != id.first || s.pool_id.second != id.second) continue;
+    for (const SegmentSnapshot& s : now) {
       for (const BlockSnapshot& b : s.blocks) {
         if (b.state != "active_allocated") continue;
         void* p = reinterpret_cast<void*>(b.address);
@@ -462,6 +448,15 @@ class NativeAllocator final : public cca::CUDAAllocator {
   void check_device(int device) const {
     TORCH_CHECK(0 <= device && device < device_count_.load(std::memory_order_relaxed),
                 "Invalid device argument ", device, ": did you call init?");
+  }
+  /// The segments of private pool `id` on `device`; PyTorch's error `unknown` when the pool is
+  /// neither in use nor holding memory.
+  std::vector<SegmentSnapshot> pool_segments(int device, c10::MempoolId_t id, const char* unknown) {
+    std::vector<SegmentSnapshot> out;
+    for (SegmentSnapshot& s : a_.segments(device))
+      if (s.pool_id == id) out.push_back(std::move(s));
+    TORCH_CHECK(!out.empty() || pools_.use_count(device, id) > 0, unknown);
+    return out;
   }
   /// The "not initialized" rule of PyTorch's requests, memory fraction and segment sizes.
   void check_initialized(int device) const {

@@ -57,13 +57,13 @@ std::string prefix(const char* call, int device) {
   return std::string("sim: ") + call + " (device " + std::to_string(device) + "): ";
 }
 
-/// "<syscall> failed: <message of err>" (thread-safe, unlike strerror()).
 /// `bytes` rounded up to whole host pages (memfd offsets of mappings are page multiples).
 std::size_t host_pages(std::size_t bytes) {
   static const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   return (bytes + page - 1) / page * page;
 }
 
+/// "<syscall> failed: <message of err>" (thread-safe, unlike strerror()).
 std::string errno_text(const char* syscall, int err) {
   return std::string(syscall) + " failed: " + std::generic_category().message(err);
 }
@@ -983,7 +983,6 @@ void SimBackend::set_capacity(int device, std::size_t bytes) {
   std::lock_guard lock(impl_->mutex);
   impl_->device(device, "set_capacity").capacity = bytes;
 }
-
 
 // ---- memory another process maps ------------------------------------------------------------
 
