@@ -408,7 +408,7 @@ print(("same" if same else "DIFFERENT") + " results; memory API " + ("ok" if api
   t0=$SECONDS
   : >"$WORK/native.log"
   native_rc=0
-  for case in cudnn compile oom nccl; do
+  for case in cudnn compile oom nccl ipc ipc_exp; do
     for mode in native stitch; do
       STITCH_LIBRARY="$BUILD/libstitch.so" PYTHONPATH="$ROOT/python" STITCH_NATIVE_CACHE="$WORK/native-cache" \
         timeout --kill-after=10 "$(limit 150 30)" "$PYTHON" "$ROOT/scripts/gpu_torch_native.py" "$mode" "$case" \
@@ -425,11 +425,13 @@ bad = []
 for case, pair in sorted(by.items()):
     a, b = pair.get("native"), pair.get("stitch")
     if a is None or b is None: bad.append(case + ": missing run"); continue
-    if b.get("backend") != "native": bad.append(case + ": stitch ran on " + str(b.get("backend")))
+    side = b.get("backend", b.get("stitch_side_backend"))
+    if side != "native" or a.get("stitch_side_backend", "native") != "native":
+        bad.append(case + ": stitch ran on " + str(side) + "/" + str(a.get("stitch_side_backend")))
     keys = [k for k in a if k not in ("allocator",)]
     diff = [k for k in keys if a[k] != b.get(k)]
     if diff: bad.append(case + ": differs in " + ",".join(diff))
-if len(by) < 4: bad.append("cases run: " + ",".join(sorted(by)))
+if len(by) < 6: bad.append("cases run: " + ",".join(sorted(by)))
 print(("ok " if not bad else "FAILED ") + "; ".join(bad) + " " + json.dumps(by)[:200])
 ' 2>&1)
   case "$native_results" in "ok "*) ;; *) native_rc=1 ;; esac

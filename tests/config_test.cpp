@@ -390,7 +390,7 @@ TEST(ConfigTable, EveryKeyParsesItsOwnPrintedValue) {
   const Config c = Config::parse(
       "max_split_size_mb:64,garbage_collection_threshold:0.5,expandable_segments:True,"
       "stitching:True,stitch_before_grow_mb:8,stitch_compact:True,oom_snapshot:/tmp/x.pickle,"
-      "peer_access:True");
+      "peer_access:True,ipc:False");
   for (const detail::KeySpec& key : detail::config_keys()) {
     SCOPED_TRACE(std::string(key.name));
     const std::string value = key.print(c);
@@ -424,17 +424,18 @@ TEST(ConfigTable, FixedKeysCannotChangeOnceTheAllocatorExists) {
   for (const detail::KeySpec& key : detail::config_keys()) {
     if (!key.fixed) continue;
     SCOPED_TRACE(std::string(key.name));
-    const std::string other = key.name == "backend"                      ? "cuda"
-                              : std::string(key.accepted) == "True or False" ? "True"
-                                                                             : "3";
+    const std::string now = key.print(a.config());  // a default may print nothing
+    const bool boolean = std::string(key.accepted) == "True or False";
+    const bool is_true = boolean && key.print(Config::parse(std::string(key.name) + ":True")) == now;
+    const std::string other = key.name == "backend" ? "cuda" : boolean ? (is_true ? "False" : "True") : "3";
     try {
       a.configure(std::string(key.name) + ":" + other);
       ADD_FAILURE() << "a fixed key changed";
     } catch (const config_error& e) {
       EXPECT_TRUE(contains(e.what(), std::string(key.name) + " is fixed")) << e.what();
     }
-    const std::string same = key.print(a.config());  // a default may print nothing
-    a.configure(std::string(key.name) + ":" + (same.empty() ? "False" : same));  // the same value is fine
+    const std::string same = boolean ? (is_true ? "True" : "False") : now;
+    a.configure(std::string(key.name) + ":" + same);  // the same value is fine
   }
   a.configure("max_split_size_mb:40");  // tunables change
   EXPECT_EQ(a.config().max_split_size, std::size_t{40} << 20);

@@ -72,6 +72,14 @@ struct STITCH_EXPORT Config {
   /// owning device may touch it, as in PyTorch until it adds a peer. Plain cudaMalloc'd memory
   /// (no expandable segments) follows cudaDeviceEnablePeerAccess either way. Fixed at creation.
   bool peer_access = false;
+  /// ipc:True|False (backend:cuda; True): physical memory is created exportable to other
+  /// processes (POSIX file descriptors, and fabric handles where the driver grants them, retried
+  /// without when it refuses; GPUDirect RDMA capable where supported), as PyTorch's expandable
+  /// segments and ncclMemAlloc create it, so that IPC (stitch_ipc_export, torch.multiprocessing)
+  /// and NCCL buffer registration work for memory of expandable segments and stitching. With
+  /// False no handle type is requested and only cuMemAlloc'd memory (legacy cuIpcGetMemHandle)
+  /// can be exported. Fixed at creation.
+  bool ipc = true;
   double per_process_memory_fraction = 1.0;         ///< [0,1]; 1 = no limit
   InvalidFreePolicy on_invalid_free = InvalidFreePolicy::error;  ///< on_invalid_free:error|abort
 

@@ -132,7 +132,10 @@ STITCH_API int stitch_device_count(void);
  * The block's pages are shared, not copied. The exporter must keep the block allocated until every
  * importer has called stitch_ipc_close (count the importers yourself, as torch.multiprocessing
  * does); from the export until its free the block never moves (compaction skips it, sleep refuses
- * its tag). backend:sim shares all of its memory; backend:cuda does not share yet. */
+ * its tag). backend:sim shares all of its memory; backend:cuda shares memory of expandable segments
+ * and stitching by file descriptor or fabric handle (ipc:True, the default; a descriptor import
+ * needs pidfd_getfd rights over the exporter) and cudaMalloc'd segments by legacy IPC handle
+ * (opened in another process only). */
 /* Writes a NUL-terminated text handle for the block at ptr; returns its length (0 on error;
    a cap too small fails and says the length needed). */
 STITCH_API size_t stitch_ipc_export(void* ptr, char* buf, size_t cap);

@@ -185,7 +185,7 @@ void Allocator::configure_locked(std::string_view conf) {
     if (key.fixed && key.print(next) != key.print(config_))
       throw config_error(fmt::format(
           "stitch config: {} is fixed once the allocator exists (it is {}); only tunables can "
-          "change", key.name, key.print(config_)));
+          "change", key.name, key.print(config_).empty() ? std::string("the default") : key.print(config_)));
   }
   const bool fraction_given =
       std::find(given.begin(), given.end(), "per_process_memory_fraction") != given.end();

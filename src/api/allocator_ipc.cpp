@@ -1,14 +1,16 @@
 // api/allocator_ipc.cpp — blocks other processes map: export_block, import_block, close_block
 // (the back end shares the pages; the handle adds the device, the block's offset in them and
-// its size).
+// its size: stitch/ipc_handle.hpp).
 #include <fmt/format.h>
 
-#include <cstdio>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "core/device_allocator.hpp"
 #include "stitch/allocator.hpp"
 #include "stitch/errors.hpp"
+#include "stitch/ipc_handle.hpp"
 
 namespace stitch {
 
@@ -21,18 +23,17 @@ std::string Allocator::export_block(void* ptr) {
   std::string shared = backend_->export_memory(info->device, ptr, info->size, &offset);
   if (!checked_device(info->device).pin(ptr, true))
     throw invalid_argument(fmt::format("export of {}: the block was freed meanwhile", fmt::ptr(ptr)));
-  return fmt::format("stitch1:{}:{}:{}:{}", info->device, offset, info->requested, shared);
+  return ipc::format({info->device, offset, info->requested, std::move(shared)});
 }
 
 void* Allocator::import_block(std::string_view handle, int device) {
   checked_device(device);
   const std::string text(handle);
-  int from = 0, used = 0;
-  unsigned long long offset = 0, size = 0;
-  if (std::sscanf(text.c_str(), "stitch1:%d:%llu:%llu:%n", &from, &offset, &size, &used) != 3 || used == 0)
-    throw invalid_argument(fmt::format("import of '{}': not a handle stitch_ipc_export wrote", text.substr(0, 80)));
+  const std::optional<ipc::BlockHandle> h = ipc::parse(text);
+  if (!h) throw invalid_argument(fmt::format("import of '{}': not a handle stitch_ipc_export wrote", text.substr(0, 80)));
+  const std::size_t offset = h->offset, size = h->size;
   std::size_t bytes = 0;
-  void* base = backend_->import_memory(device, text.substr(static_cast<std::size_t>(used)), &bytes);
+  void* base = backend_->import_memory(device, h->share, &bytes);
   if (offset + size > bytes) {
     backend_->close_imported(device, base, bytes);
     throw invalid_argument(fmt::format("import of '{}': the block lies outside the shared memory", text.substr(0, 80)));

@@ -13,10 +13,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
@@ -25,7 +25,9 @@
 
 #include "stitch/allocator.hpp"
 #include "stitch/errors.hpp"
+#include "stitch/ipc_handle.hpp"
 #include "torch/convert.hpp"
+#include "torch/ipc_handles.hpp"
 #include "torch/pool_uses.hpp"
 #include "torch/trace_book.hpp"
 
@@ -395,9 +397,9 @@ class NativeAllocator final : public cca::CUDAAllocator {
   }
 
   // ---- IPC ----------------------------------------------------------------------------------
-  // PyTorch's handle: a version byte, a type byte, the type's bytes. stitch's type 's' carries
-  // the text of Allocator::export_block; `offset` is the block's place in the memory
-  // getIpcDevPtr maps, as PyTorch's receiver adds it.
+  // PyTorch's handles (torch/ipc_handles.hpp): 'c' and 'e' as PyTorch's own allocator writes and
+  // reads them, stitch's 's' where they cannot say it; `offset` is the block's place in the
+  // memory getIpcDevPtr maps, as PyTorch's receiver adds it.
   cca::ShareableHandle shareIpcHandle(void* ptr) override {
     std::string text;
     try {
@@ -405,25 +407,24 @@ class NativeAllocator final : public cca::CUDAAllocator {
     } catch (const error& e) {
       TORCH_CHECK(false, "stitch: ", e.what());
     }
-    return {static_cast<ptrdiff_t>(block_offset(text)), std::string{kHandleVersion, kHandleType} + text};
+    const std::optional<ipc::BlockHandle> block = ipc::parse(text);
+    TORCH_CHECK(block.has_value(), "stitch: malformed IPC handle");
+    return {static_cast<ptrdiff_t>(block->offset), detail::torch_handle(text)};
   }
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
-    TORCH_CHECK(handle.size() > 2 && handle[1] == kHandleType,
-                "stitch: this CUDA IPC handle was not written by stitch (PyTorch's own allocator writes "
-                "types 'c' and 'e', which stitch's native backend does not read yet)");
     std::lock_guard lock(ipc_->mu);
     auto it = ipc_->imported.find(handle);
     if (it != ipc_->imported.end()) {
       if (auto alive = it->second.lock()) return alive;
     }
-    const std::string text = handle.substr(2);
+    const detail::Import imp = detail::stitch_import(handle, context_->current_device());
     void* ptr = nullptr;
     try {
-      ptr = a_.import_block(text, context_->current_device());
+      ptr = a_.import_block(imp.text, context_->current_device());
     } catch (const error& e) {
       TORCH_CHECK(false, "stitch: ", e.what());
     }
-    void* base = static_cast<char*>(ptr) - block_offset(text);
+    void* base = static_cast<char*>(ptr) - imp.block_offset;
     // The deleter may run after this allocator is gone: it holds the cache, and the process's
     // allocator lives as long as the process.
     std::shared_ptr<void> sp(base, [cache = ipc_, a = &a_, handle, ptr](void*) {
@@ -508,17 +509,6 @@ class NativeAllocator final : public cca::CUDAAllocator {
       for (const auto& o : observers) o(device, segment, allowed, info.free);
     }
     TORCH_CHECK_WITH(OutOfMemoryError, false, report);
-  }
-
-  static constexpr char kHandleVersion = 3;
-  static constexpr char kHandleType = 's';
-  /// The block's offset in the memory its handle shares (the second field of export_block's text).
-  static std::size_t block_offset(const std::string& text) {
-    int device = 0;
-    unsigned long long offset = 0;
-    TORCH_CHECK(std::sscanf(text.c_str(), "stitch1:%d:%llu:", &device, &offset) == 2,
-                "stitch: malformed IPC handle");
-    return static_cast<std::size_t>(offset);
   }
 
   std::shared_ptr<DeviceContext> context_;

@@ -3,8 +3,10 @@
 // host) / streams / events, the contract rules (each check quotes the cuda.h sentence it
 // enforces; rule numbers as in README.md) and the test-control API declared in
 // fake_cuda_control.h.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -58,7 +60,9 @@ constexpr u64 kLegacyKey = 0x100;  // streams-map key of device d's legacy strea
   X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamBeginCapture)             \
   X(cuStreamEndCapture) X(cuStreamIsCapturing) X(cuThreadExchangeStreamCaptureMode)              \
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)      \
-  X(cuGetErrorName) X(cuGetErrorString) X(cuGetProcAddress)
+  X(cuGetErrorName) X(cuGetErrorString) X(cuGetProcAddress) X(cuMemGetAddressRange)               \
+  X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle) X(cuIpcGetMemHandle)         \
+  X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)
 enum Ep {
 #define X(n) EP_##n,
   FAKE_ENTRY_POINTS(X)
@@ -73,13 +77,13 @@ const char* const kEpNames[] = {
 
 enum Rule {
   R_ARG = STITCH_FAKE_CUDA_RULE_ARGUMENT, R_INIT, R_CONTEXT, R_GRANULARITY, R_MAP, R_ACCESS,
-  R_UNMAP, R_ADDRESS_FREE, R_RELEASED, R_HANDLE, R_FREE, R_OOM, R_CAPTURE, R_NO_VMM, R_COUNT
+  R_UNMAP, R_ADDRESS_FREE, R_RELEASED, R_HANDLE, R_FREE, R_OOM, R_CAPTURE, R_NO_VMM, R_IPC, R_COUNT
 };
 static_assert(static_cast<int>(R_COUNT) == static_cast<int>(STITCH_FAKE_CUDA_RULE_COUNT));
 const char* const kRuleNames[] = {"argument", "init",       "context",      "granularity",
                                   "map",      "access",     "unmap",        "address-free",
                                   "released-handle", "handle", "free", "out-of-memory",
-                                  "capture",  "no-vmm"};
+                                  "capture",  "no-vmm", "ipc"};
 
 // Every CUresult of cuda.h 13.0, for cuGetErrorName / cuGetErrorString.
 #define FAKE_ERRORS(E)                                                                           \
@@ -151,9 +155,14 @@ struct Device {
   int refcount = 0, activated = 0;
   u64 set_access = 0;
 };
-struct Alloc { size_t length, charged; int dev; };  // cuMemAlloc: mmap length, bytes charged
+// cuMemAlloc: a memfd (so that cuIpcGetMemHandle can share it) mapped read-write; its mmap
+// length, the bytes asked for, the bytes charged.
+struct Alloc { size_t length, bytes, charged; int dev; int fd; };
 struct HostAlloc { size_t length, bytes; int dev; unsigned flags; };  // cuMemHostAlloc: mmap length, bytesize
-struct Handle { int fd; size_t size; int dev; bool released; int maps; };
+// A cuMemCreate handle (or one cuMemImportFromShareableHandle made, which charges no device).
+struct Handle { int fd; size_t size; int dev; bool released; int maps; unsigned types = 0; bool imported = false; };
+// A cuIpcOpenMemHandle mapping of another process's cuMemAlloc memory.
+struct IpcOpen { size_t length, bytes; int refs; long pid; int fd; u64 source; int dev; };
 struct Reservation { size_t size; int dev; };
 struct Mapping { size_t size; CUmemGenericAllocationHandle handle; int prot = PROT_NONE; };
 struct Capture {
@@ -192,6 +201,8 @@ struct State {
   std::map<u64, Handle> handles;
   std::map<uintptr_t, Reservation> reservations;
   std::map<uintptr_t, Mapping> mappings;
+  std::map<uintptr_t, IpcOpen> ipc_opens;  // cuIpcOpenMemHandle, keyed by address
+  int fabric = 0;  // STITCH_FAKE_CUDA_FABRIC: 0 unsupported, 1 supported, 2 advertised but refused
   std::map<u64, Stream> streams;  // user streams keyed by handle value, legacy by kLegacyKey + d
   std::map<u64, Event> events;    // keyed by handle value
   u64 next_id = 1, capture_seq = 0;
@@ -529,7 +540,7 @@ void maybe_free_handle(State& st, Handle& h) {
   if (!h.released || h.maps > 0 || h.fd < 0) return;
   close(h.fd);
   h.fd = -1;
-  st.dev[h.dev].used -= h.size;
+  if (!h.imported) st.dev[h.dev].used -= h.size;
 }
 bool fits(const State& st, int d, size_t bytes) {
   return bytes <= st.dev[d].capacity && st.dev[d].used <= st.dev[d].capacity - bytes;
@@ -545,8 +556,14 @@ void reset_context(State& st, int d) {
   for (auto it = st.allocs.begin(); it != st.allocs.end();) {
     if (it->second.dev != d) { ++it; continue; }
     munmap(reinterpret_cast<void*>(it->first), it->second.length);
+    close(it->second.fd);
     st.dev[d].used -= it->second.charged;
     it = st.allocs.erase(it);
+  }
+  for (auto it = st.ipc_opens.begin(); it != st.ipc_opens.end();) {
+    if (it->second.dev != d) { ++it; continue; }
+    munmap(reinterpret_cast<void*>(it->first), it->second.length);
+    it = st.ipc_opens.erase(it);
   }
   for (auto it = st.host_allocs.begin(); it != st.host_allocs.end();) {
     if (it->second.dev != d) { ++it; continue; }
@@ -564,7 +581,12 @@ void reset_context(State& st, int d) {
 }
 
 void reset_all(State& st) {
-  for (auto& [p, a] : st.allocs) munmap(reinterpret_cast<void*>(p), a.length);
+  for (auto& [p, a] : st.allocs) {
+    munmap(reinterpret_cast<void*>(p), a.length);
+    close(a.fd);
+  }
+  for (auto& [p, o] : st.ipc_opens) munmap(reinterpret_cast<void*>(p), o.length);
+  st.ipc_opens.clear();
   for (auto& [p, a] : st.host_allocs) munmap(reinterpret_cast<void*>(p), a.length);
   for (auto& [p, r] : st.reservations) munmap(reinterpret_cast<void*>(p), r.size);  // + mappings
   for (auto& [id, h] : st.handles)
@@ -609,6 +631,7 @@ void initialize(State& st) {
   st.ndev = static_cast<int>(env_long("STITCH_FAKE_CUDA_DEVICES", 1, 1, kMaxDevices));
   const size_t mb = static_cast<size_t>(env_long("STITCH_FAKE_CUDA_MEMORY_MB", 2048, 2, 1L << 24));
   st.no_vmm = env_flag("STITCH_FAKE_CUDA_NO_VMM");
+  st.fabric = static_cast<int>(env_long("STITCH_FAKE_CUDA_FABRIC", 0, 0, 2));
   for (int d = 0; d < st.ndev; ++d) {
     st.dev[d].capacity = st.pending_capacity[d] != 0 ? st.pending_capacity[d] : mb << 20;
     Stream& s = legacy_stream(st, d);
@@ -655,6 +678,8 @@ const Attribute kAttributes[] = {
     {CU_DEVICE_ATTRIBUTE_TCC_DRIVER, 0}, {CU_DEVICE_ATTRIBUTE_ECC_ENABLED, 0},
     {CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 0}, {CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED, 0},
     {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 0},  // 1 with STITCH_FAKE_CUDA_FABRIC=1 or 2
     {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 0},  // the fake has no cuMemAllocAsync
 };
 
@@ -755,6 +780,7 @@ FAKE_EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int* pi, CUdevice_attribute at
     const bool vmm = a == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ||
                      a == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED;
     *pi = vmm && st.no_vmm ? 0 : a == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID ? e.value + dev : e.value;
+    if (a == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED) *pi = st.fabric != 0 && !st.no_vmm ? 1 : 0;
     return CUDA_SUCCESS;
   }
   note(ep_, "attribute %d is not modelled -> CUDA_ERROR_INVALID_VALUE", a);  // not a violation
@@ -896,9 +922,16 @@ FAKE_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   const size_t length = round_up(bytesize, kPage), charged = round_up(bytesize, kGranularity);
-  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-  st.allocs[reinterpret_cast<uintptr_t>(p)] = {length, charged, d};
+  const int fd = memfd_create("stitch_fake_cuda_alloc", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  void* p = ftruncate(fd, static_cast<off_t>(length)) != 0
+                ? MAP_FAILED
+                : mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  st.allocs[reinterpret_cast<uintptr_t>(p)] = {length, bytesize, charged, d, fd};
   st.dev[d].used += charged;
   *dptr = reinterpret_cast<CUdeviceptr>(p);
   return CUDA_SUCCESS;
@@ -922,6 +955,7 @@ FAKE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
                      "wrong context: 0x%llx was allocated on device %d, current context is device %d",
                      dptr, it->second.dev, d);
   munmap(reinterpret_cast<void*>(it->first), it->second.length);
+  close(it->second.fd);
   st.dev[d].used -= it->second.charged;
   st.allocs.erase(it);
   return CUDA_SUCCESS;
@@ -1075,9 +1109,16 @@ FAKE_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, s
   if (prop->location.id != d)
     return violation(st, R_CONTEXT, ep_, CUDA_ERROR_INVALID_VALUE,
                      "wrong context: prop.location.id = %d, current context is device %d", prop->location.id, d);
-  if ((raw(prop->requestedHandleTypes) & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0)
-    return violation(st, R_ARG, ep_, CUDA_ERROR_NOT_SUPPORTED, "requestedHandleTypes = 0x%x",
-                     raw(prop->requestedHandleTypes));
+  const unsigned types = static_cast<unsigned>(raw(prop->requestedHandleTypes));
+  if ((types & ~unsigned{CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC}) != 0)
+    return violation(st, R_ARG, ep_, CUDA_ERROR_NOT_SUPPORTED, "requestedHandleTypes = 0x%x", types);
+  // A fabric handle needs the attribute and an IMEX channel; cuda.h: "Applications that intend
+  // to use ::CU_MEM_HANDLE_TYPE_FABRIC based memory sharing must ensure: ... (2) the process
+  // has been granted access to an IMEX channel". Refusals are the driver's answer, not a misuse.
+  if ((types & CU_MEM_HANDLE_TYPE_FABRIC) != 0 && st.fabric != 1) {
+    note(ep_, "fabric handle requested: %s", st.fabric == 0 ? "unsupported" : "no IMEX channel");
+    return st.fabric == 0 ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_PERMITTED;
+  }
   // CUmemAllocationProp::win32HandleMetaData: "In all other cases, this field is required to be zero."
   if (prop->win32HandleMetaData != nullptr)
     return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "win32HandleMetaData is not NULL");
@@ -1093,7 +1134,7 @@ FAKE_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, s
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   const CUmemGenericAllocationHandle id = kHandleBase + st.next_id++;
-  st.handles[id] = {fd, size, d, false, 0};
+  st.handles[id] = {fd, size, d, false, 0, types, false};
   st.dev[d].used += size;
   *handle = id;
   return CUDA_SUCCESS;
@@ -1225,6 +1266,203 @@ FAKE_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const 
     }
   }
   st.dev[d].set_access++;
+  return CUDA_SUCCESS;
+}
+
+// ==== memory other processes map (IPC) ==============================================================
+// Shareable handles are real: a POSIX descriptor is a dup of the handle's memfd (another process
+// takes it with pidfd_getfd, as PyTorch does); a fabric handle and a CUipcMemHandle name the
+// exporting process and its descriptor, which the importer reopens through /proc/<pid>/fd.
+namespace {
+constexpr char kFabricMagic[8] = {'S', 'F', 'K', 'F', 'A', 'B', '0', '1'};
+constexpr char kIpcMagic[8] = {'S', 'F', 'K', 'I', 'P', 'C', '0', '1'};
+struct Named { char magic[8]; long long pid; int fd; int pad; u64 length, bytes, source; };
+static_assert(sizeof(Named) <= CU_IPC_HANDLE_SIZE);
+// Another process's descriptor, reopened read-write (-1 when it is gone).
+int reopen(long long pid, int fd) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%lld/fd/%d", pid, fd);
+  return open(path, O_RDWR | O_CLOEXEC);
+}
+bool is_fake_memfd(int fd) {
+  char path[64], target[256] = {};
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  const ssize_t n = readlink(path, target, sizeof target - 1);
+  return n > 0 && strncmp(target, "/memfd:stitch_fake_cuda", strlen("/memfd:stitch_fake_cuda")) == 0;
+}
+}  // namespace
+
+// cuda.h, cuMemGetAddressRange: "Returns the base address in \p *pbase and size in \p *psize of
+// the allocation by ::cuMemAlloc() or ::cuMemAllocPitch() that contains the input pointer \p dptr."
+// The fake answers for cuMemAlloc memory and cuIpcOpenMemHandle mappings, else CUDA_ERROR_NOT_FOUND.
+FAKE_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
+  ENTER(EP_cuMemGetAddressRange);
+  NEED_CTX(d);
+  (void)d;
+  auto find = [&](const auto& table, auto length_of, auto bytes_of) -> bool {
+    auto it = table.upper_bound(static_cast<uintptr_t>(dptr));
+    if (it == table.begin()) return false;
+    --it;
+    if (dptr - it->first >= length_of(it->second)) return false;
+    if (pbase != nullptr) *pbase = it->first;
+    if (psize != nullptr) *psize = bytes_of(it->second);
+    return true;
+  };
+  if (find(st.allocs, [](const Alloc& a) { return a.length; }, [](const Alloc& a) { return a.bytes; }) ||
+      find(st.ipc_opens, [](const IpcOpen& o) { return o.length; }, [](const IpcOpen& o) { return o.bytes; }))
+    return CUDA_SUCCESS;
+  note(ep_, "0x%llx is not cuMemAlloc memory -> CUDA_ERROR_NOT_FOUND", dptr);
+  return CUDA_ERROR_NOT_FOUND;
+}
+FAKE_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAllocationHandle handle,
+                                                          CUmemAllocationHandleType handleType, unsigned long long flags) {
+  ENTER(EP_cuMemExportToShareableHandle);
+  NEED_CTX(d);
+  (void)d;
+  NEED_VMM();
+  NEED_PTR(shareableHandle);
+  // "flags - Reserved, must be zero"
+  if (flags != 0) return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "flags = 0x%llx", flags);
+  Handle* h;
+  TRY(live_handle(st, ep_, handle, &h));
+  const int type = raw(handleType);
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && type != CU_MEM_HANDLE_TYPE_FABRIC)
+    return violation(st, R_ARG, ep_, CUDA_ERROR_NOT_SUPPORTED, "handleType = 0x%x", type);
+  // Rule 14 — CUmemAllocationProp::requestedHandleTypes: "requested handle types ... the
+  // application must request which shareable handle types it will export at creation"
+  // (cuMemCreate: "If ... the handle type ... was not requested, ... export fails").
+  if ((h->types & static_cast<unsigned>(type)) == 0)
+    return violation(st, R_IPC, ep_, CUDA_ERROR_INVALID_VALUE,
+                     "handle type 0x%x was not requested when handle 0x%llx was made (requestedHandleTypes = 0x%x)",
+                     type, handle, h->types);
+  if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    const int fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    *static_cast<int*>(shareableHandle) = fd;
+    return CUDA_SUCCESS;
+  }
+  CUmemFabricHandle out{};
+  Named n{};
+  memcpy(n.magic, kFabricMagic, sizeof n.magic);
+  n.pid = getpid();
+  n.fd = h->fd;
+  memcpy(out.data, &n, sizeof n);
+  memcpy(shareableHandle, &out, sizeof out);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* osHandle,
+                                                            CUmemAllocationHandleType shHandleType) {
+  ENTER(EP_cuMemImportFromShareableHandle);
+  NEED_CTX(d);
+  NEED_VMM();
+  NEED_PTR(handle);
+  const int type = raw(shHandleType);
+  int fd = -1;
+  if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    const int given = static_cast<int>(reinterpret_cast<uintptr_t>(osHandle));
+    if (!is_fake_memfd(given))
+      return violation(st, R_IPC, ep_, CUDA_ERROR_INVALID_VALUE,
+                       "descriptor %d is not one cuMemExportToShareableHandle returned", given);
+    fd = fcntl(given, F_DUPFD_CLOEXEC, 0);  // the caller may close its own
+  } else if (type == CU_MEM_HANDLE_TYPE_FABRIC) {
+    NEED_PTR(osHandle);
+    if (st.fabric != 1) {
+      note(ep_, "fabric handle import: %s", st.fabric == 0 ? "unsupported" : "no IMEX channel");
+      return st.fabric == 0 ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_NOT_PERMITTED;
+    }
+    Named n{};
+    memcpy(&n, osHandle, sizeof n);
+    if (memcmp(n.magic, kFabricMagic, sizeof n.magic) != 0)
+      return violation(st, R_IPC, ep_, CUDA_ERROR_INVALID_VALUE, "not a fabric handle cuMemExportToShareableHandle made");
+    fd = reopen(n.pid, n.fd);
+    if (fd < 0) {  // the exporter released it or exited: a stale handle, not a misuse
+      note(ep_, "fabric handle of process %lld is stale -> CUDA_ERROR_INVALID_VALUE", n.pid);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  } else {
+    return violation(st, R_ARG, ep_, CUDA_ERROR_NOT_SUPPORTED, "shHandleType = 0x%x", type);
+  }
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  struct stat sb {};
+  if (fstat(fd, &sb) != 0 || sb.st_size <= 0) {
+    close(fd);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const CUmemGenericAllocationHandle id = kHandleBase + st.next_id++;
+  st.handles[id] = {fd, static_cast<size_t>(sb.st_size), d, false, 0, static_cast<unsigned>(type), true};
+  *handle = id;
+  return CUDA_SUCCESS;
+}
+// cuda.h, cuIpcGetMemHandle: "Takes a pointer to the base of an existing device memory
+// allocation created with ::cuMemAlloc and exports it for use in another process."
+FAKE_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
+  ENTER(EP_cuIpcGetMemHandle);
+  NEED_CTX(d);
+  (void)d;
+  NEED_PTR(pHandle);
+  auto it = st.allocs.find(static_cast<uintptr_t>(dptr));
+  if (it == st.allocs.end())
+    return violation(st, R_IPC, ep_, CUDA_ERROR_INVALID_VALUE,
+                     "0x%llx is not the base of a cuMemAlloc allocation (VMM memory shares with "
+                     "cuMemExportToShareableHandle)", dptr);
+  Named n{};
+  memcpy(n.magic, kIpcMagic, sizeof n.magic);
+  n.pid = getpid();
+  n.fd = it->second.fd;
+  n.length = it->second.length;
+  n.bytes = it->second.bytes;
+  n.source = dptr;
+  memset(pHandle, 0, sizeof *pHandle);
+  memcpy(pHandle->reserved, &n, sizeof n);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags) {
+  ENTER(EP_cuIpcOpenMemHandle);
+  NEED_CTX(d);
+  NEED_PTR(pdptr);
+  // "Flags - Flags for this operation. Must be specified as ::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS"
+  if (Flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+    return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "Flags = 0x%x", Flags);
+  Named n{};
+  memcpy(&n, handle.reserved, sizeof n);
+  if (memcmp(n.magic, kIpcMagic, sizeof n.magic) != 0)
+    return violation(st, R_IPC, ep_, CUDA_ERROR_INVALID_VALUE, "not a handle cuIpcGetMemHandle made");
+  // "::CUipcMemHandles from each ::CUdevice in a given process may only be opened by one
+  // ::CUcontext per ::CUdevice per other process."
+  if (n.pid == getpid())
+    return violation(st, R_IPC, ep_, CUDA_ERROR_INVALID_CONTEXT, "the handle was made in this process");
+  // "If the memory handle has already been opened by the current context, the reference count on
+  // the handle is incremented by 1 and the existing device pointer is returned."
+  for (auto& [p, o] : st.ipc_opens) {
+    if (o.pid == n.pid && o.source == n.source && o.dev == d) {
+      o.refs++;
+      *pdptr = p;
+      return CUDA_SUCCESS;
+    }
+  }
+  const int fd = reopen(n.pid, n.fd);
+  if (fd < 0) {
+    note(ep_, "handle of process %lld is stale -> CUDA_ERROR_INVALID_HANDLE", n.pid);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  void* p = mmap(nullptr, n.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return CUDA_ERROR_MAP_FAILED;
+  st.ipc_opens[reinterpret_cast<uintptr_t>(p)] = {n.length, n.bytes, 1, n.pid, n.fd, n.source, d};
+  *pdptr = reinterpret_cast<CUdeviceptr>(p);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  ENTER(EP_cuIpcCloseMemHandle);
+  NEED_CTX(d);
+  (void)d;
+  auto it = st.ipc_opens.find(static_cast<uintptr_t>(dptr));
+  if (it == st.ipc_opens.end())
+    return violation(st, R_IPC, ep_, CUDA_ERROR_INVALID_VALUE, "0x%llx is not a pointer cuIpcOpenMemHandle returned", dptr);
+  if (--it->second.refs == 0) {
+    munmap(reinterpret_cast<void*>(it->first), it->second.length);
+    st.ipc_opens.erase(it);
+  }
   return CUDA_SUCCESS;
 }
 
@@ -1586,7 +1824,11 @@ const ProcEntry kProcs[] = {
     P("cuEventRecord", 2000, cuEventRecord), P("cuEventQuery", 2000, cuEventQuery),
     P("cuEventSynchronize", 2000, cuEventSynchronize), P("cuGetErrorName", 6000, cuGetErrorName),
     P("cuGetErrorString", 6000, cuGetErrorString), P("cuGetProcAddress", 11030, cuGetProcAddress),
-    P("cuGetProcAddress", 12000, cuGetProcAddress_v2),
+    P("cuGetProcAddress", 12000, cuGetProcAddress_v2), P("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
+    P("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
+    P("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
+    P("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle), P("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
+    P("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
 };
 #undef P
 

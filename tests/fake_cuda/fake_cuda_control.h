@@ -31,7 +31,9 @@ enum stitch_fake_cuda_rule {
   STITCH_FAKE_CUDA_RULE_OUT_OF_MEMORY = 11, /* never counted: running out is not a violation */
   STITCH_FAKE_CUDA_RULE_CAPTURE = 12,       /* stream-capture rule broken */
   STITCH_FAKE_CUDA_RULE_NO_VMM = 13,        /* VMM call while STITCH_FAKE_CUDA_NO_VMM=1 */
-  STITCH_FAKE_CUDA_RULE_COUNT = 14
+  STITCH_FAKE_CUDA_RULE_IPC = 14,           /* export of a handle type not requested at creation,
+                                               import of what no export gave, bad IPC open/close */
+  STITCH_FAKE_CUDA_RULE_COUNT = 15
 };
 
 /* Arms a fault: the nth call (1 = the next one) of `entry_point`, counted from now, returns

@@ -97,6 +97,12 @@ struct Cu {
   PFN_cuGetErrorString_v6000 GetErrorString;
   PFN_cuGetProcAddress_v12000 GetProcAddress;
   PFN_cuGetProcAddress_v11030 GetProcAddressLegacy;
+  PFN_cuMemGetAddressRange_v3020 MemGetAddressRange;
+  PFN_cuMemExportToShareableHandle_v10020 MemExportToShareableHandle;
+  PFN_cuMemImportFromShareableHandle_v10020 MemImportFromShareableHandle;
+  PFN_cuIpcGetMemHandle_v4010 IpcGetMemHandle;
+  PFN_cuIpcOpenMemHandle_v11000 IpcOpenMemHandle;
+  PFN_cuIpcCloseMemHandle_v4010 IpcCloseMemHandle;
 } cu;
 void* g_lib = nullptr;
 
@@ -137,7 +143,7 @@ enum {
   UNMAP = STITCH_FAKE_CUDA_RULE_UNMAP, AFREE = STITCH_FAKE_CUDA_RULE_ADDRESS_FREE,
   RELEASED = STITCH_FAKE_CUDA_RULE_RELEASED, HANDLE = STITCH_FAKE_CUDA_RULE_HANDLE,
   FREE = STITCH_FAKE_CUDA_RULE_FREE, CAPTURE = STITCH_FAKE_CUDA_RULE_CAPTURE,
-  NOVMM = STITCH_FAKE_CUDA_RULE_NO_VMM
+  NOVMM = STITCH_FAKE_CUDA_RULE_NO_VMM, IPC = STITCH_FAKE_CUDA_RULE_IPC
 };
 constexpr size_t MiB = size_t{1} << 20, G = 2 * MiB;
 
@@ -1038,6 +1044,89 @@ void test_no_vmm() {
   ctl.reset();
 }
 
+// Rule 14 and the IPC model: an export needs the handle type requested at creation; descriptors
+// and fabric handles import to the same bytes; a legacy handle opens in another process only.
+void test_ipc() {
+  puts("IPC");
+  setenv("STITCH_FAKE_CUDA_FABRIC", "1", 1);
+  OK(cu.Init(0));
+  unsetenv("STITCH_FAKE_CUDA_FABRIC");
+  int v = 0;
+  OK(cu.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 0));
+  CHECK(v == 1);
+  OK(cu.PrimaryCtxRetain(&ctx[0], 0));
+  use(0);
+  CUmemAllocationProp plain = prop_of(0), shareable = prop_of(0);
+  shareable.requestedHandleTypes =
+      static_cast<CUmemAllocationHandleType>(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC);
+  CUmemGenericAllocationHandle none, both, imported;
+  OK(cu.MemCreate(&none, G, &plain, 0));
+  OK(cu.MemCreate(&both, G, &shareable, 0));
+  int fd = -1;
+  BAD(cu.MemExportToShareableHandle(&fd, none, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_ERROR_INVALID_VALUE, IPC);
+  BAD(cu.MemExportToShareableHandle(&fd, both, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 1), CUDA_ERROR_INVALID_VALUE, ARG);
+  OK(cu.MemExportToShareableHandle(&fd, both, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  CHECK(fd >= 0);
+  // Two mappings, one of the exporter's handle and one of the imported: the same bytes.
+  CUdeviceptr va;
+  OK(cu.MemAddressReserve(&va, 2 * G, 0, 0, 0));
+  OK(cu.MemImportFromShareableHandle(&imported, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  close(fd);
+  OK(cu.MemMap(va, G, 0, both, 0));
+  OK(cu.MemMap(va + G, G, 0, imported, 0));
+  CUmemAccessDesc rw = access_of(0);
+  OK(cu.MemSetAccess(va, 2 * G, &rw, 1));
+  at(va)[5] = 42;
+  CHECK(at(va + G)[5] == 42);
+  CHECK(usage(0).used_bytes == 2 * G);  // the import charges nothing
+  CUmemFabricHandle fabric{};
+  OK(cu.MemExportToShareableHandle(&fabric, both, CU_MEM_HANDLE_TYPE_FABRIC, 0));
+  CUmemGenericAllocationHandle again;
+  OK(cu.MemImportFromShareableHandle(&again, &fabric, CU_MEM_HANDLE_TYPE_FABRIC));
+  OK(cu.MemRelease(again));
+  int bogus = open("/dev/null", O_RDONLY);
+  BAD(cu.MemImportFromShareableHandle(&again, reinterpret_cast<void*>(static_cast<uintptr_t>(bogus)),
+                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), CUDA_ERROR_INVALID_VALUE, IPC);
+  close(bogus);
+  OK(cu.MemUnmap(va, 2 * G));
+  OK(cu.MemAddressFree(va, 2 * G));
+  OK(cu.MemRelease(imported));
+  OK(cu.MemRelease(both));
+  OK(cu.MemRelease(none));
+
+  // Legacy handles: of a cuMemAlloc base only; another process opens them (this one may not).
+  CUdeviceptr p;
+  OK(cu.MemAlloc(&p, 3 * MiB));
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  OK(cu.MemGetAddressRange(&base, &size, p + 12345));
+  CHECK(base == p && size == 3 * MiB);
+  CUipcMemHandle h;
+  BAD(cu.IpcGetMemHandle(&h, p + 512), CUDA_ERROR_INVALID_VALUE, IPC);
+  OK(cu.IpcGetMemHandle(&h, p));
+  CUdeviceptr self;
+  BAD(cu.IpcOpenMemHandle(&self, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_ERROR_INVALID_CONTEXT, IPC);
+  memset(at(p), 7, 3 * MiB);
+  const pid_t child = fork();
+  if (child == 0) {
+    CUdeviceptr q = 0, q2 = 0;
+    int rc = cu.IpcOpenMemHandle(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS ? 0 : 1;
+    if (rc == 0 && (at(q)[0] != 7 || at(q)[3 * MiB - 1] != 7)) rc = 2;
+    if (rc == 0 && (cu.IpcOpenMemHandle(&q2, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != CUDA_SUCCESS || q2 != q)) rc = 3;
+    if (rc == 0) at(q)[100] = 9;
+    if (rc == 0 && (cu.IpcCloseMemHandle(q) != CUDA_SUCCESS || cu.IpcCloseMemHandle(q) != CUDA_SUCCESS)) rc = 4;
+    if (rc == 0 && cu.IpcCloseMemHandle(q) == CUDA_SUCCESS) rc = 5;  // closed twice already
+    _exit(rc);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK(at(p)[100] == 9);
+  OK(cu.MemFree(p));
+  ctl.reset();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1124,6 +1213,12 @@ int main(int argc, char** argv) {
   resolve(cu.GetErrorString, "cuGetErrorString", 6000);
   resolve(cu.GetProcAddressLegacy, "cuGetProcAddress", 11030);
   CHECK(reinterpret_cast<void*>(cu.GetProcAddressLegacy) == dlsym(g_lib, "cuGetProcAddress"));
+  resolve(cu.MemGetAddressRange, "cuMemGetAddressRange", 3020);
+  resolve(cu.MemExportToShareableHandle, "cuMemExportToShareableHandle", 10020);
+  resolve(cu.MemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020);
+  resolve(cu.IpcGetMemHandle, "cuIpcGetMemHandle", 4010);
+  resolve(cu.IpcOpenMemHandle, "cuIpcOpenMemHandle", 11000);
+  resolve(cu.IpcCloseMemHandle, "cuIpcCloseMemHandle", 4010);
 
   test_proc_address();
   test_init();
@@ -1137,6 +1232,7 @@ int main(int argc, char** argv) {
   test_threads();
   test_faults_and_reset();
   test_no_vmm();
+  test_ipc();
   if (g_failures != 0) {
     fprintf(stderr, "FAILED: %d check(s)\n", g_failures);
     return 1;

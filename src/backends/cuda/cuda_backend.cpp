@@ -2,24 +2,38 @@
 // (cuMemAlloc, events, streams, the virtual-memory calls cuMemAddressReserve, cuMemCreate,
 // cuMemMap ..., the copies, and pinned host memory: cuMemHostAlloc and the asynchronous copies
 // through it), reached through the Driver table (driver.hpp). Owns the per-device state (the
-// primary context, retained once on first use; the capabilities; who may access mapped memory),
-// the context scope every call runs in, and the translation of driver results into
-// backend_error / nullptr. Messages are formatted only when a call fails.
+// primary context, retained once on first use; the capabilities; who may access mapped memory;
+// what was mapped where and exported, for IPC), the context scope every call runs in, and the
+// translation of driver results into backend_error / nullptr. Messages are formatted only when a
+// call fails. IPC: physical memory is created exportable as POSIX file descriptors (and fabric
+// handles where the driver allows), cuMemAlloc'd memory shares through the legacy
+// cuIpcGetMemHandle; the text of a share is stitch/ipc_handle.hpp's.
 #include "backends/cuda/cuda_backend.hpp"
 
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "backends/cuda/driver.hpp"
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
+#include "stitch/ipc_handle.hpp"
 
 namespace stitch {
 namespace {
@@ -86,6 +100,22 @@ struct DeviceState {
   std::size_t granularity = kDefaultGranularity;
   std::string no_vmm_reason;           ///< why vmm is false
   std::vector<CUmemAccessDesc> access;  ///< who may read and write mapped memory
+  /// CUmemAllocationHandleType mask cuMemCreate requests (0 with ipc:False or no support); the
+  /// fabric bit is dropped for good when the driver refuses it.
+  std::atomic<unsigned> handle_types{0};
+  bool rdma = false;  ///< gpuDirectRDMACapable is requested
+
+  /// IPC bookkeeping, kept only when handle_types != 0: each mapping map_run made (its handle
+  /// and mapped bytes, by address), the descriptors exported (closed when the handle is
+  /// released), and the ranges import_memory mapped.
+  struct Imported {
+    std::size_t bytes = 0;
+    bool legacy = false;  ///< cuIpcOpenMemHandle (else reserved, imported and mapped)
+  };
+  std::mutex ipc_mutex;
+  std::map<CUdeviceptr, std::pair<CUmemGenericAllocationHandle, std::size_t>> mapped;
+  std::unordered_map<CUmemGenericAllocationHandle, int> exported_fds;
+  std::map<CUdeviceptr, Imported> imported;
 
   std::mutex context_mutex;
   CUcontext context = nullptr;  ///< the primary context, once retained
@@ -147,10 +177,11 @@ class RelaxedCapture {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const Driver& d, int device_count, bool peer_access)
+  CudaBackend(const Driver& d, int device_count, bool peer_access, bool ipc)
       : d_(d),
         device_count_(device_count),
         peer_access_(peer_access),
+        ipc_(ipc),
         devices_(std::make_unique<DeviceState[]>(static_cast<std::size_t>(device_count))) {}
 
   [[nodiscard]] const char* name() const noexcept override { return "cuda"; }
@@ -240,11 +271,20 @@ class CudaBackend final : public Backend {
 
   [[nodiscard]] phys_handle_t create_physical(int device, std::size_t bytes) override {
     auto call = [&] { return "cuMemCreate(" + bytes_text(bytes) + ")"; };
-    const DeviceState& s = require_vmm(device, call);
-    const CUmemAllocationProp prop = device_memory_prop(s.cu_device);
+    DeviceState& s = devices_[static_cast<std::size_t>(device)];
+    require_vmm(device, call);
+    const unsigned types = s.handle_types.load(std::memory_order_relaxed);
+    CUmemAllocationProp prop = device_memory_prop(s.cu_device, types, s.rdma);
     ContextScope scope = enter(device, call);
     CUmemGenericAllocationHandle handle = 0;
-    const CUresult r = d_.mem_create(&handle, bytes, &prop, 0);
+    CUresult r = d_.mem_create(&handle, bytes, &prop, 0);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && (types & CU_MEM_HANDLE_TYPE_FABRIC) != 0) {
+      // As ncclMemAlloc and PyTorch do: a fabric handle needs an IMEX channel this process may
+      // lack (CUDA_ERROR_NOT_PERMITTED / NOT_SUPPORTED). Retry without it, and stop asking.
+      s.handle_types.fetch_and(~unsigned{CU_MEM_HANDLE_TYPE_FABRIC}, std::memory_order_relaxed);
+      prop.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(types & ~unsigned{CU_MEM_HANDLE_TYPE_FABRIC});
+      r = d_.mem_create(&handle, bytes, &prop, 0);
+    }
     if (r == CUDA_ERROR_OUT_OF_MEMORY) return 0;
     if (r != CUDA_SUCCESS) fail(call, device, r);
     if (handle == 0) {  // 0 means "out of memory" to the core; never hand it out as a handle
@@ -259,6 +299,16 @@ class CudaBackend final : public Backend {
     ContextScope scope = enter(device, call);
     const CUresult r = d_.mem_release(static_cast<CUmemGenericAllocationHandle>(handle));
     if (r != CUDA_SUCCESS) fail(call, device, r);
+    DeviceState& s = devices_[static_cast<std::size_t>(device)];
+    if (s.handle_types.load(std::memory_order_relaxed) == 0) return;
+    // The exported descriptor holds the memory too ("Once all shareable handles are closed and
+    // the allocation is released, the allocated memory ... will be released back to the OS").
+    std::lock_guard lock(s.ipc_mutex);
+    auto it = s.exported_fds.find(static_cast<CUmemGenericAllocationHandle>(handle));
+    if (it != s.exported_fds.end()) {
+      (void)::close(it->second);
+      s.exported_fds.erase(it);
+    }
   }
 
   [[nodiscard]] bool map_run(int device, void* va, const MapPiece* pieces,
@@ -315,6 +365,20 @@ class CudaBackend final : public Backend {
       throw backend_error(undo("cuMemSetAccess(" + hex(va) + ", " + bytes_text(mapped) +
                                ", read-write)" + on_device(device) + " failed: " + describe(r)));
     }
+    if (state.handle_types.load(std::memory_order_relaxed) != 0) {
+      try {  // what export_memory reads: which handle lies where
+        std::lock_guard lock(state.ipc_mutex);
+        std::size_t at = 0;
+        for (std::size_t k = 0; k < count; ++k) {
+          state.mapped[to_cu(base + at)] = {static_cast<CUmemGenericAllocationHandle>(pieces[k].handle), pieces[k].bytes};
+          at += pieces[k].bytes;
+        }
+      } catch (const std::bad_alloc&) {
+        forget_mappings(state, to_cu(va), mapped);
+        throw backend_error(undo("cuMemMap(" + hex(va) + ", " + bytes_text(mapped) + ")" + on_device(device) +
+                                 ": out of host memory to record the mappings"));
+      }
+    }
     return true;
   }
 
@@ -324,6 +388,7 @@ class CudaBackend final : public Backend {
     ContextScope scope = enter(device, call);
     const CUresult r = d_.mem_unmap(to_cu(va), bytes);
     if (r != CUDA_SUCCESS) fail(call, device, r);
+    forget_mappings(devices_[static_cast<std::size_t>(device)], to_cu(va), bytes);
   }
 
   // ---- events and streams ----
@@ -473,6 +538,94 @@ class CudaBackend final : public Backend {
     return status != CU_STREAM_CAPTURE_STATUS_NONE;
   }
 
+  // ---- memory other processes map (IPC) ----
+
+  [[nodiscard]] std::string export_memory(int device, const void* va, std::size_t bytes,
+                                          std::size_t* offset) override {
+    auto call = [&] { return "export of " + hex(va) + " (" + bytes_text(bytes) + ")"; };
+    DeviceState& s = caps(device, call);
+    ipc::CudaShare share;
+    std::vector<CUmemGenericAllocationHandle> handles;
+    CUdeviceptr start = 0;
+    if (s.handle_types.load(std::memory_order_relaxed) != 0) {
+      std::lock_guard lock(s.ipc_mutex);
+      auto it = s.mapped.upper_bound(to_cu(va));
+      if (it != s.mapped.begin() && to_cu(va) < std::prev(it)->first + std::prev(it)->second.second) {
+        --it;
+        start = it->first;
+        CUdeviceptr end = start;
+        for (; it != s.mapped.end() && it->first == end && end < to_cu(va) + bytes; ++it) {
+          handles.push_back(it->second.first);
+          share.pieces.push_back({it->second.second, -1, {}});
+          end += it->second.second;
+        }
+        if (end < to_cu(va) + bytes)
+          throw backend_error(call_text(call) + on_device(device) + ": the range is not wholly mapped");
+      }
+    }
+    ContextScope scope = enter(device, call);
+    if (handles.empty()) return export_allocation(device, va, offset, call);
+    share.pid = static_cast<long>(::getpid());
+    share.kind = fabric_handles(device, s, handles, &share) ? ipc::Kind::fabric : ipc::Kind::fd;
+    if (share.kind == ipc::Kind::fd) {
+      for (std::size_t k = 0; k < handles.size(); ++k) share.pieces[k].fd = exported_fd(device, s, handles[k], call);
+    }
+    *offset = static_cast<std::size_t>(to_cu(va) - start);
+    return ipc::encode(share);
+  }
+
+  [[nodiscard]] void* import_memory(int device, const std::string& handle, std::size_t* bytes) override {
+    auto call = [&] { return "import of '" + handle.substr(0, 96) + "'"; };
+    const std::optional<ipc::CudaShare> share = ipc::decode_cuda(handle);
+    if (!share) throw backend_error(call_text(call) + ": not a handle backend:cuda wrote");
+    DeviceState& s = caps(device, call);
+    ContextScope scope = enter(device, call);
+    std::lock_guard lock(s.ipc_mutex);
+    CUdeviceptr va = 0;
+    if (share->kind == ipc::Kind::legacy) {
+      CUipcMemHandle h{};
+      std::memcpy(&h, share->legacy.data(), sizeof h);
+      const CUresult r = d_.ipc_open_mem_handle(&va, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+      if (r != CUDA_SUCCESS) fail([&] { return "cuIpcOpenMemHandle (" + call_text(call) + ")"; }, device, r);
+      std::size_t size = share->bytes;
+      CUdeviceptr base = 0;
+      if (size == 0 && d_.mem_get_address_range(&base, &size, va) != CUDA_SUCCESS) size = 0;  // PyTorch's 'c'
+      try {
+        s.imported[va] = {size, true};
+      } catch (...) {
+        (void)d_.ipc_close_mem_handle(va);
+        throw;
+      }
+      *bytes = size;
+      return from_cu(va);
+    } else {
+      require_vmm(device, call);
+      va = import_pieces(device, s, *share, call);
+    }
+    *bytes = share->total();
+    return from_cu(va);
+  }
+
+  void close_imported(int device, void* va, std::size_t bytes) override {
+    auto call = [&] { return "close of the imported " + hex(va) + " (" + bytes_text(bytes) + ")"; };
+    DeviceState& s = caps(device, call);
+    ContextScope scope = enter(device, call);
+    std::lock_guard lock(s.ipc_mutex);
+    auto it = s.imported.find(to_cu(va));
+    if (it == s.imported.end()) throw backend_error(call_text(call) + on_device(device) + ": import_memory did not return it");
+    const DeviceState::Imported imp = it->second;
+    if (imp.legacy) {
+      const CUresult r = d_.ipc_close_mem_handle(to_cu(va));
+      if (r != CUDA_SUCCESS) fail([&] { return "cuIpcCloseMemHandle(" + hex(va) + ")"; }, device, r);
+    } else {
+      CUresult r = d_.mem_unmap(to_cu(va), imp.bytes);
+      if (r != CUDA_SUCCESS) fail([&] { return "cuMemUnmap(" + hex(va) + ", " + bytes_text(imp.bytes) + ")"; }, device, r);
+      r = d_.mem_address_free(to_cu(va), imp.bytes);
+      if (r != CUDA_SUCCESS) fail([&] { return "cuMemAddressFree(" + hex(va) + ", " + bytes_text(imp.bytes) + ")"; }, device, r);
+    }
+    s.imported.erase(it);
+  }
+
  private:
   template <class Call>
   void check_device(int device, const Call& call) const {
@@ -481,6 +634,172 @@ class CudaBackend final : public Backend {
                           ": no such device (this process sees " + std::to_string(device_count_) +
                           " CUDA device" + (device_count_ == 1 ? "" : "s") + ")");
     }
+  }
+
+  /// With ipc:False, why memory of expandable segments and stitching does not export.
+  [[nodiscard]] std::string no_ipc_hint() const {
+    return ipc_ ? std::string()
+                : std::string("; with ipc:False, memory of expandable segments and stitching is created without a "
+                              "shareable handle type and cannot be exported");
+  }
+
+  /// Forgets export_memory's record of the mappings in [va, va + bytes).
+  static void forget_mappings(DeviceState& s, CUdeviceptr va, std::size_t bytes) {
+    if (s.handle_types.load(std::memory_order_relaxed) == 0) return;
+    std::lock_guard lock(s.ipc_mutex);
+    s.mapped.erase(s.mapped.lower_bound(va), s.mapped.lower_bound(va + bytes));
+  }
+
+  /// A cuMemAlloc allocation's legacy IPC handle (cuIpcGetMemHandle of its base), in the
+  /// device's context.
+  template <class Call>
+  std::string export_allocation(int device, const void* va, std::size_t* offset, const Call& call) {
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    CUresult r = d_.mem_get_address_range(&base, &size, to_cu(va));
+    if (r != CUDA_SUCCESS) {
+      throw backend_error(call_text(call) + on_device(device) + ": not cuMemAlloc'd memory (cuMemGetAddressRange failed: " +
+                          describe(r) + ")" + no_ipc_hint());
+    }
+    CUipcMemHandle h{};
+    r = d_.ipc_get_mem_handle(&h, base);
+    if (r != CUDA_SUCCESS) {
+      fail([&] {
+        return "cuIpcGetMemHandle(" + hex(from_cu(base)) + ")" + no_ipc_hint();
+      }, device, r);
+    }
+    ipc::CudaShare share;
+    share.kind = ipc::Kind::legacy;
+    share.bytes = size;
+    std::memcpy(share.legacy.data(), &h, sizeof h);
+    *offset = static_cast<std::size_t>(to_cu(va) - base);
+    return ipc::encode(share);
+  }
+
+  /// Fills the pieces' fabric handles when every handle was created with one and exports as
+  /// one; false otherwise (the descriptors serve then).
+  bool fabric_handles(int device, const DeviceState& s, const std::vector<CUmemGenericAllocationHandle>& handles,
+                      ipc::CudaShare* share) {
+    (void)device;
+    if ((s.handle_types.load(std::memory_order_relaxed) & CU_MEM_HANDLE_TYPE_FABRIC) == 0) return false;
+    for (std::size_t k = 0; k < handles.size(); ++k) {
+      CUmemFabricHandle f{};
+      if (d_.mem_export_to_shareable_handle(&f, handles[k], CU_MEM_HANDLE_TYPE_FABRIC, 0) != CUDA_SUCCESS) return false;
+      std::memcpy(share->pieces[k].fabric.data(), &f, sizeof f);
+    }
+    return true;
+  }
+
+  /// The descriptor `handle` is exported as: made once, kept open until the handle is released
+  /// (an importer takes its own copy from this process with pidfd_getfd).
+  template <class Call>
+  int exported_fd(int device, DeviceState& s, CUmemGenericAllocationHandle handle, const Call& call) {
+    std::lock_guard lock(s.ipc_mutex);
+    auto it = s.exported_fds.find(handle);
+    if (it != s.exported_fds.end()) return it->second;
+    if ((s.handle_types.load(std::memory_order_relaxed) & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
+      throw backend_error(call_text(call) + on_device(device) +
+                          ": the memory was created without a shareable handle type (ipc:False, or the device "
+                          "exports no POSIX file descriptors)");
+    }
+    int fd = -1;
+    const CUresult r = d_.mem_export_to_shareable_handle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (r != CUDA_SUCCESS) {
+      fail([&] { return "cuMemExportToShareableHandle(handle " + std::to_string(handle) + ", POSIX file descriptor)"; },
+           device, r);
+    }
+    try {
+      s.exported_fds.emplace(handle, fd);
+    } catch (...) {
+      (void)::close(fd);
+      throw;
+    }
+    return fd;
+  }
+
+  /// This process's descriptor for `fd` of process `pid` (pidfd_getfd; a dup in the exporter).
+  template <class Call>
+  static int take_fd(long pid, int pidfd, int fd, const Call& call) {
+    if (pid == static_cast<long>(::getpid())) {
+      const int mine = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+      if (mine < 0) throw backend_error(call_text(call) + ": descriptor " + std::to_string(fd) + " is not open here");
+      return mine;
+    }
+    const int mine = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+    if (mine >= 0) return mine;
+    const int err = errno;
+    std::string why = std::strerror(err);
+    if (err == EPERM)
+      why += ": this process may not take descriptors of process " + std::to_string(pid) +
+             " (ptrace access: Yama ptrace_scope 1 allows it only to an ancestor of the exporter, "
+             "CAP_SYS_PTRACE always; or share through fabric handles)";
+    if (err == EBADF) why += ": the exporter freed the memory, or the handle is stale";
+    if (err == ENOSYS) why += ": the kernel lacks pidfd_getfd (Linux 5.6+)";
+    throw backend_error(call_text(call) + ": pidfd_getfd(" + std::to_string(pid) + ", " + std::to_string(fd) +
+                        ") failed: " + why);
+  }
+
+  /// Reserves a range, imports the pieces' handles and maps them in a row, readable and writable
+  /// by the devices stitch grants; undoes everything on failure. Holds s.ipc_mutex.
+  template <class Call>
+  CUdeviceptr import_pieces(int device, DeviceState& s, const ipc::CudaShare& share, const Call& call) {
+    const std::size_t total = share.total();
+    int pidfd = -1;
+    CUdeviceptr va = 0;
+    std::size_t mapped = 0;
+    std::vector<CUmemGenericAllocationHandle> handles;
+    auto cleanup = [&] {
+      if (mapped > 0) (void)d_.mem_unmap(va, mapped);
+      for (CUmemGenericAllocationHandle h : handles) (void)d_.mem_release(h);
+      if (va != 0) (void)d_.mem_address_free(va, total);
+      if (pidfd >= 0) (void)::close(pidfd);
+    };
+    try {
+      if (share.kind == ipc::Kind::fd && share.pid != static_cast<long>(::getpid())) {
+        pidfd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(share.pid), 0));
+        if (pidfd < 0) {
+          const int err = errno;
+          throw backend_error(call_text(call) + ": pidfd_open(" + std::to_string(share.pid) + ") failed: " +
+                              std::strerror(err) + (err == ESRCH ? " (the exporting process has exited)" : ""));
+        }
+      }
+      handles.reserve(share.pieces.size());
+      for (const ipc::Piece& p : share.pieces) {
+        CUmemGenericAllocationHandle h = 0;
+        CUresult r;
+        if (share.kind == ipc::Kind::fd) {
+          const int fd = take_fd(share.pid, pidfd, p.fd, call);
+          r = d_.mem_import_from_shareable_handle(&h, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
+                                                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+          (void)::close(fd);  // the imported handle holds the memory
+        } else {
+          CUmemFabricHandle f{};
+          std::memcpy(&f, p.fabric.data(), sizeof f);
+          r = d_.mem_import_from_shareable_handle(&h, &f, CU_MEM_HANDLE_TYPE_FABRIC);
+        }
+        if (r != CUDA_SUCCESS) fail([] { return std::string("cuMemImportFromShareableHandle"); }, device, r);
+        handles.push_back(h);
+      }
+      CUresult r = d_.mem_address_reserve(&va, total, s.granularity, 0, 0);
+      if (r != CUDA_SUCCESS) {
+        va = 0;
+        fail([&] { return "cuMemAddressReserve(" + bytes_text(total) + ")"; }, device, r);
+      }
+      for (std::size_t k = 0; k < handles.size(); ++k) {
+        r = d_.mem_map(va + mapped, share.pieces[k].bytes, 0, handles[k], 0);
+        if (r != CUDA_SUCCESS) fail([&] { return "cuMemMap(" + bytes_text(share.pieces[k].bytes) + ")"; }, device, r);
+        mapped += share.pieces[k].bytes;
+      }
+      r = d_.mem_set_access(va, total, s.access.data(), s.access.size());
+      if (r != CUDA_SUCCESS) fail([&] { return "cuMemSetAccess(" + bytes_text(total) + ")"; }, device, r);
+      s.imported[va] = {total, false};
+    } catch (...) {
+      cleanup();
+      throw;
+    }
+    for (CUmemGenericAllocationHandle h : handles) (void)d_.mem_release(h);  // the mappings keep them
+    if (pidfd >= 0) (void)::close(pidfd);
+    return va;
   }
 
   /// The scope of a call for `device`: its primary context current, retained on first use.
@@ -553,7 +872,22 @@ class CudaBackend final : public Backend {
           "(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0)";
       return;
     }
-    const CUmemAllocationProp prop = device_memory_prop(cu_device);
+    // IPC (ipc:True): POSIX file descriptors and fabric handles where the device exports them,
+    // and GPUDirect RDMA registration where supported, as ncclMemAlloc asks. An attribute the
+    // driver does not know reads as unsupported.
+    auto attribute = [&](CUdevice_attribute a) {
+      int v = 0;
+      return d_.device_get_attribute(&v, a, cu_device) == CUDA_SUCCESS && v != 0;
+    };
+    unsigned types = 0;
+    if (ipc_) {
+      if (attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED))
+        types |= CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+      if (attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)) types |= CU_MEM_HANDLE_TYPE_FABRIC;
+      out.rdma = attribute(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED);
+    }
+    out.handle_types.store(types, std::memory_order_relaxed);
+    const CUmemAllocationProp prop = device_memory_prop(cu_device, types, out.rdma);
     std::size_t granularity = 0;
     r = d_.mem_get_allocation_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     if (r != CUDA_SUCCESS) {
@@ -602,6 +936,7 @@ class CudaBackend final : public Backend {
   const Driver& d_;
   const int device_count_;
   const bool peer_access_;
+  const bool ipc_;  ///< ipc:True: physical memory is created exportable
   const std::unique_ptr<DeviceState[]> devices_;
 };
 
@@ -630,7 +965,7 @@ int cuda_device_count() {
 
 std::shared_ptr<Backend> make_cuda_backend(const Config& config) {
   const int count = cuda_device_count();  // the driver is loaded once it returns
-  return std::make_shared<CudaBackend>(*cuda_driver::driver(), count, config.peer_access);
+  return std::make_shared<CudaBackend>(*cuda_driver::driver(), count, config.peer_access, config.ipc);
 }
 
 }  // namespace stitch

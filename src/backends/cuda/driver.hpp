@@ -51,6 +51,16 @@ struct Driver {
   CUresult (*mem_unmap)(CUdeviceptr ptr, std::size_t size) = nullptr;
   CUresult (*mem_set_access)(CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc* desc,
                              std::size_t count) = nullptr;
+  CUresult (*mem_get_address_range)(CUdeviceptr* base, std::size_t* size, CUdeviceptr ptr) = nullptr;
+  // memory other processes map (IPC)
+  CUresult (*mem_export_to_shareable_handle)(void* shareable, CUmemGenericAllocationHandle handle,
+                                             CUmemAllocationHandleType type,
+                                             unsigned long long flags) = nullptr;
+  CUresult (*mem_import_from_shareable_handle)(CUmemGenericAllocationHandle* handle, void* os_handle,
+                                               CUmemAllocationHandleType type) = nullptr;
+  CUresult (*ipc_get_mem_handle)(CUipcMemHandle* handle, CUdeviceptr ptr) = nullptr;
+  CUresult (*ipc_open_mem_handle)(CUdeviceptr* ptr, CUipcMemHandle handle, unsigned int flags) = nullptr;
+  CUresult (*ipc_close_mem_handle)(CUdeviceptr ptr) = nullptr;
   CUresult (*memcpy_dtod_async)(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes,
                                 CUstream stream) = nullptr;
   CUresult (*memcpy_dtoh)(void* dst, CUdeviceptr src, std::size_t bytes) = nullptr;
@@ -81,12 +91,14 @@ struct Driver {
 /// "cannot open the CUDA driver libcuda.so.1 (...)" or "cuInit failed: CUDA_ERROR_NO_DEVICE".
 [[nodiscard]] const Driver* driver(std::string* why = nullptr) noexcept;
 
-/// The properties of the physical memory stitch creates: pinned device memory on `device`, no
-/// shareable handle.
-inline CUmemAllocationProp device_memory_prop(CUdevice device) {
+/// The properties of the physical memory stitch creates: pinned device memory on `device` that
+/// can be exported as `handle_types` (a CUmemAllocationHandleType mask: POSIX file descriptors,
+/// fabric handles, or none), registrable for GPUDirect RDMA when `rdma`.
+inline CUmemAllocationProp device_memory_prop(CUdevice device, unsigned handle_types = 0, bool rdma = false) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  prop.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(handle_types);
+  prop.allocFlags.gpuDirectRDMACapable = rdma ? 1 : 0;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = static_cast<int>(device);
   return prop;
