@@ -35,6 +35,14 @@
 #include "stitch/errors.hpp"
 #include "stitch/ipc_handle.hpp"
 
+// Older C libraries lack the names (Linux 5.6 added the calls; one number on every architecture).
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
+
 namespace stitch {
 namespace {
 
