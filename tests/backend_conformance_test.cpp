@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -414,6 +415,36 @@ TEST_P(BackendConformance, CopiesThroughPinnedHostMemoryAsynchronously) {
   b().deallocate_host(0, host, 2 * g);
   b().unmap(0, va, 2 * g);
   b().release_physical(0, h);
+  b().release_reservation(0, va, 2 * g);
+  GetParam().destroy_stream(s);
+}
+
+TEST_P(BackendConformance, HostPagesMapBesideDevicePagesAndHoldTheData) {
+  // Spill's pages: host memory mapped into a device range next to device memory, the device's
+  // copies moving data between the two, free device memory unchanged by host pages.
+  if (!b().supports_virtual_memory(0)) GTEST_SKIP() << "no virtual memory support";
+  const std::size_t hg = b().host_granularity(0);
+  if (hg == 0) GTEST_SKIP() << "no host pages on this back end";
+  ASSERT_EQ(hg & (hg - 1), 0u) << "a power of two";
+  const std::size_t g = std::max(b().granularity(0), hg);  // a unit both granularities divide
+  auto* va = static_cast<char*>(b().reserve(0, 2 * g, g));
+  ASSERT_NE(va, nullptr);
+  const std::size_t free_before = b().memory_info(0).free;
+  const phys_handle_t host = b().create_host_physical(0, g);
+  ASSERT_NE(host, 0u);
+  EXPECT_EQ(b().memory_info(0).free, free_before) << "host pages are not device memory";
+  const phys_handle_t dev = b().create_physical(0, g);
+  ASSERT_NE(dev, 0u);
+  const MapPiece pieces[] = {{dev, g}, {host, g}};
+  ASSERT_TRUE(b().map_run(0, va, pieces, 2));
+  const bool readable = write(va, g, 5);
+  stream_t s = GetParam().make_stream();
+  b().copy(0, va + g, va, g, s);  // device -> host pages, at their device addresses
+  b().synchronize_stream(0, s);
+  if (readable) expect_pattern(va + g, g, 5);
+  b().unmap(0, va, 2 * g);
+  b().release_physical(0, host);
+  b().release_physical(0, dev);
   b().release_reservation(0, va, 2 * g);
   GetParam().destroy_stream(s);
 }

@@ -238,26 +238,84 @@ TEST(PageMapper, ARemapThroughHostMemoryNeedsNoRoomAndKeepsTheData) {
   EXPECT_EQ(sim.call_count(SimCall::copy_from_host), 1u);
 }
 
-/// A remap of a 4-granule page that keeps its first granule (`stage`: through host memory), with
-/// the `nth` call of `call` failing.
-void remap_with_a_fault(SimCall call, int nth, bool stage) {
+/// A 4-granule page of granules 0x60..0x63, with `faults` armed (call, nth) before a remap that
+/// keeps granules 1 and 3 (`stage`: through host memory).
+struct FaultedRemap {
   SimBackend sim;
-  PageMapper pages(sim, 0);
+  PageMapper pages{sim, 0};
   Segment seg = reserve_range(sim, 4);
-  if (!pages.map(seg, 0, 4, 4)) std::abort();
-  sim.inject_fault(call, nth, SimFault::error);
-  (void)pages.remap(Mapping{&seg, 0, 4}, {SlotRun{0, 1}}, stage);
+  phys_handle_t original = 0;
+  FaultedRemap() {
+    if (!pages.map(seg, 0, 4, 4)) std::abort();
+    for (std::size_t i = 0; i < 4; ++i) fill_slot(seg, i, static_cast<unsigned char>(0x60 + i));
+    original = seg.pages.handle(0);
+  }
+  bool remap(std::initializer_list<std::pair<SimCall, int>> faults, bool stage) {
+    for (const auto& [call, nth] : faults) sim.inject_fault(call, static_cast<std::uint64_t>(nth), SimFault::error);
+    return pages.remap(Mapping{&seg, 0, 4}, {SlotRun{1, 1}, SlotRun{3, 1}}, stage);
+  }
+  /// The kept granules hold their data at their addresses.
+  [[nodiscard]] bool data_intact() const { return slot_holds(seg, 1, 0x61) && slot_holds(seg, 3, 0x63); }
+};
+
+TEST(PageMapper, AFreshMappingThatFailsMapsTheOldPageBackAndChangesNothing) {
+  // Fresh pages mapped at the scratch range (map 1), over the first kept run (map 2), over the
+  // second (map 3, failing): the first run is taken back and the old page mapped back (map 4).
+  FaultedRemap r;
+  EXPECT_THROW((void)r.remap({{SimCall::map, 3}}, false), backend_error);
+  EXPECT_EQ(r.seg.pages.extent(0), 4u);
+  EXPECT_EQ(r.seg.pages.handle(0), r.original);
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_TRUE(slot_holds(r.seg, i, static_cast<unsigned char>(0x60 + i)));
+  EXPECT_EQ(r.sim.usage(0).physical_handles, 1u) << "the fresh pages went back";
+  EXPECT_TRUE(r.pages.orphans().empty());
+  // And the same remap then succeeds.
+  ASSERT_TRUE(r.pages.remap(Mapping{&r.seg, 0, 4}, {SlotRun{1, 1}, SlotRun{3, 1}}));
+  EXPECT_TRUE(r.data_intact());
+  EXPECT_EQ(r.sim.usage(0).physical_handles, 2u);
 }
 
-TEST(PageMapperDeathTest, LosingTheDataAfterTheOldPageWentAbortsLoudly) {
-  // Past the point where the old mapping is gone, a failure cannot be undone: the process stops
-  // with a message that names the range, never silently. Device scratch: the fresh pages are
-  // mapped at the scratch range (map 1), then over the kept run once the old mapping is unmapped
-  // (map 2), which fails. Staged: the fresh page is created after the old one was released.
-  EXPECT_DEATH(remap_with_a_fault(SimCall::map, 2, false),
-               "stitch: fatal: remapping .* failed after their old pages were unmapped");
-  EXPECT_DEATH(remap_with_a_fault(SimCall::create_physical, 1, true),
-               "stitch: fatal: creating a fresh page failed while remapping");
+TEST(PageMapper, AStagedRemapWhoseFreshPagesFailRebuildsTheMappingWithTheData) {
+  {  // the first fresh page cannot be made: one page of the old size takes the data back
+    FaultedRemap r;
+    EXPECT_THROW((void)r.remap({{SimCall::create_physical, 1}}, true), backend_error);
+    EXPECT_EQ(r.seg.pages.extent(0), 4u);
+    EXPECT_TRUE(r.data_intact());
+    EXPECT_EQ(r.sim.usage(0).physical_handles, 1u);
+  }
+  {  // the fresh pages are made but cannot be mapped over the second run
+    FaultedRemap r;
+    EXPECT_THROW((void)r.remap({{SimCall::map, 2}}, true), backend_error);
+    EXPECT_EQ(r.seg.pages.extent(0), 4u);
+    EXPECT_TRUE(r.data_intact());
+    EXPECT_EQ(r.sim.usage(0).physical_handles, 1u);
+  }
+  {  // a copy back that fails once is tried again: the host copy still exists
+    FaultedRemap r;
+    EXPECT_TRUE(r.remap({{SimCall::copy_from_host, 1}}, true));
+    EXPECT_TRUE(r.data_intact());
+    EXPECT_EQ(r.seg.pages.handle(0), 0u);
+    EXPECT_EQ(r.sim.usage(0).physical_handles, 2u);
+  }
+}
+
+/// A remap with faults armed, for the death tests.
+void remap_with_faults(std::initializer_list<std::pair<SimCall, int>> faults, bool stage) {
+  FaultedRemap r;
+  (void)r.remap(faults, stage);
+}
+
+TEST(PageMapperDeathTest, AbortsOnlyWhenTheDataCannotBePutBackAndSaysWhy) {
+  // Device scratch: the fresh pages fail over the kept runs and the old page cannot be mapped
+  // back either: the data is intact in device memory, but not at its address.
+  EXPECT_DEATH(remap_with_faults({{SimCall::map, 3}, {SimCall::map, 4}}, false),
+               "stitch: fatal: remapping .* and mapping their old page back failed too; the data is "
+               "intact in device memory but cannot be put back at its address");
+  // Staged: neither fresh pages nor one of the old size: the host copy is the only one.
+  EXPECT_DEATH(remap_with_faults({{SimCall::create_physical, 1}, {SimCall::create_physical, 2}}, true),
+               "stitch: fatal: remapping .* through host memory: the fresh pages failed .* the data's "
+               "only copy is in host memory");
+  EXPECT_DEATH(remap_with_faults({{SimCall::copy_from_host, 1}, {SimCall::copy_from_host, 2}}, true),
+               "stitch: fatal: copying .* failed twice .* only copy is in host memory");
 }
 
 }  // namespace

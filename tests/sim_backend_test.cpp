@@ -710,5 +710,45 @@ TEST(SimBackendCopy, CopiesMappedMemoryAndRefusesTheRest) {
   sim.release_reservation(0, va, 4 * g);
 }
 
+TEST(SimBackend, HostPagesAndPinnedHostMemoryShareTheHostBudget) {
+  SimBackend::Options o;
+  o.capacity = std::size_t{8} << 20;
+  o.host_capacity = std::size_t{6} << 20;  // sim_host_mb:6
+  o.host_granularity = std::size_t{4} << 20;
+  SimBackend sim(o);
+  const std::size_t hg = sim.host_granularity(0);
+  ASSERT_EQ(hg, std::size_t{4} << 20);
+  const phys_handle_t h = sim.create_host_physical(0, hg);
+  ASSERT_NE(h, 0u);
+  EXPECT_EQ(sim.usage(0).host_pages, hg);
+  EXPECT_EQ(sim.usage(0).used, 0u) << "host pages are not device memory";
+  EXPECT_EQ(sim.memory_info(0).free, o.capacity);
+  EXPECT_EQ(sim.create_host_physical(0, hg), 0u) << "past sim_host_mb: out of memory";
+  EXPECT_EQ(sim.allocate_host(0, std::size_t{3} << 20), nullptr) << "one budget for both";
+  void* pinned = sim.allocate_host(0, std::size_t{2} << 20);
+  ASSERT_NE(pinned, nullptr);
+  EXPECT_THROW((void)sim.create_host_physical(0, std::size_t{2} << 20), backend_error) << "off the host granularity";
+  // Mapped beside device memory in one range: one memory at one address.
+  auto* va = static_cast<char*>(sim.reserve(0, 2 * hg, hg));
+  const phys_handle_t d = sim.create_physical(0, hg);
+  ASSERT_NE(d, 0u);
+  const MapPiece pieces[] = {{d, hg}, {h, hg}};
+  ASSERT_TRUE(sim.map_run(0, va, pieces, 2));
+  std::memset(va + hg, 0x5c, 64);
+  EXPECT_EQ(static_cast<unsigned char>(va[hg + 63]), 0x5c);
+  sim.unmap(0, va, 2 * hg);
+  sim.release_physical(0, h);
+  sim.release_physical(0, d);
+  sim.release_reservation(0, va, 2 * hg);
+  sim.deallocate_host(0, pinned, std::size_t{2} << 20);
+  EXPECT_EQ(sim.usage(0).host_pages, 0u);
+  EXPECT_EQ(sim.usage(0).used, 0u);
+  // Faults at the new call.
+  sim.inject_fault(SimCall::create_host_physical, 1, SimFault::out_of_memory);
+  EXPECT_EQ(sim.create_host_physical(0, hg), 0u);
+  sim.inject_fault(SimCall::create_host_physical, 1, SimFault::error);
+  EXPECT_THROW((void)sim.create_host_physical(0, hg), backend_error);
+}
+
 }  // namespace
 }  // namespace stitch

@@ -492,6 +492,32 @@ TEST(SleepWithoutVirtualMemory, TheFirstTaggedAllocationFailsWithAClearMessage) 
   a.validate();
 }
 
+TEST(SleepHostBudget, ABackupPastSimHostMbFailsWithNothingChanged) {
+  // sim_host_mb bounds the pinned host memory of backups: a sleep whose backups do not fit fails
+  // whole, every block awake with its data; with room it succeeds.
+  auto alloc = std::make_unique<Allocator>(
+      Config::parse("backend:sim,sim_capacity_mb:256,sim_host_mb:8,expandable_segments:True"));
+  std::vector<void*> blocks;
+  {
+    Allocator::Region r(*alloc, "weights", /*backup=*/true);
+    for (int i = 0; i < 3; ++i) {
+      blocks.push_back(alloc->allocate(4 * MiB, nullptr, 0));
+      std::memset(blocks.back(), 0x30 + i, 4 * MiB);
+    }
+  }
+  EXPECT_THROW(alloc->sleep(-1, "weights"), std::exception);  // 12 MiB of backups, 8 MiB of host
+  alloc->validate();
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(static_cast<unsigned char*>(blocks[static_cast<std::size_t>(i)])[4 * MiB - 1], 0x30 + i);
+  alloc->deallocate(blocks.back());
+  blocks.pop_back();
+  alloc->sleep(-1, "weights");  // 8 MiB: fits
+  alloc->wake(-1, "weights");
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(static_cast<unsigned char*>(blocks[static_cast<std::size_t>(i)])[0], 0x30 + i);
+  for (void* p : blocks) alloc->deallocate(p);
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, Sleep, test::sleep_configs(), test::sleep_config_name);
 
 }  // namespace

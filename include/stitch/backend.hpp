@@ -128,6 +128,16 @@ class STITCH_EXPORT Backend {
                                   stream_t stream);
   virtual void copy_from_host_async(int device, void* dst, const void* src, std::size_t bytes,
                                     stream_t stream);
+  // ---- host pages the device maps (spill) ------------------------------------------------------
+  /// The page size of host-located physical memory (create_host_physical), or 0 when this back
+  /// end cannot map host memory into the device's ranges. By default 0.
+  [[nodiscard]] virtual std::size_t host_granularity(int device);
+  /// Host-located physical memory of `bytes` (a positive multiple of host_granularity()) for
+  /// `device` (cuMemCreate with CU_MEM_LOCATION_TYPE_HOST_NUMA): map_run maps it into the
+  /// device's reserved ranges like device memory and release_physical releases it, so kernels
+  /// reach it over the bus at the same addresses. It is host memory: memory_info() does not count
+  /// it. Returns 0 when the host cannot give it. By default it throws backend_error.
+  [[nodiscard]] virtual phys_handle_t create_host_physical(int device, std::size_t bytes);
   // ---- memory another process maps (IPC) ------------------------------------------------------
   /// A printable handle naming the device memory under [va, va + bytes) of `device` (memory this
   /// back end allocated or mapped), which import_memory() maps in another process (or in this

@@ -80,6 +80,10 @@ struct STITCH_EXPORT Config {
   /// False no handle type is requested and only cuMemAlloc'd memory (legacy cuIpcGetMemHandle)
   /// can be exported. Fixed at creation.
   bool ipc = true;
+  /// sim_host_mb:N (backend:sim; 0): the host memory the simulated device's host pages (spill)
+  /// and pinned host memory (sleep's backups) may take together, all devices; 0: no bound.
+  /// Tests run out of host memory with it.
+  std::uint64_t sim_host_mb = 0;
   double per_process_memory_fraction = 1.0;         ///< [0,1]; 1 = no limit
   InvalidFreePolicy on_invalid_free = InvalidFreePolicy::error;  ///< on_invalid_free:error|abort
 

@@ -48,6 +48,7 @@ enum class SimCall : int {
   deallocate_host,       ///< cuMemFreeHost
   copy_to_host_async,    ///< cuMemcpyDtoHAsync
   copy_from_host_async,  ///< cuMemcpyHtoDAsync
+  create_host_physical,  ///< host pages for mapping (cuMemCreate, HOST_NUMA); `out_of_memory` returns 0
   count_  ///< number of kinds (not a call)
 };
 
@@ -72,6 +73,7 @@ struct SimUsage {
   std::size_t events = 0;           ///< live events
   std::size_t host_bytes = 0;       ///< pinned host memory of allocate_host (all devices)
   std::size_t host_allocations = 0; ///< live allocate_host blocks (all devices)
+  std::size_t host_pages = 0;       ///< host pages of create_host_physical, in bytes (all devices)
 };
 
 /// The simulated device. Thread-safe.
@@ -81,6 +83,11 @@ class STITCH_EXPORT SimBackend : public Backend {
     int devices = 1;                                     ///< sim_devices
     std::size_t capacity = std::size_t{81920} << 20;     ///< per device, sim_capacity_mb
     std::size_t granularity = std::size_t{2} << 20;      ///< physical page size
+    /// sim_host_mb: the host memory the device's host pages and allocate_host may take together
+    /// (all devices); 0: no bound. Past it they report out of memory.
+    std::size_t host_capacity = 0;
+    /// The page size of host pages (create_host_physical); 0: the device's.
+    std::size_t host_granularity = 0;
     /// copy() moves the bytes; false: it checks and counts the copy but moves nothing (a
     /// replay's device holds no contents worth copying).
     bool copy_data = true;
@@ -118,6 +125,8 @@ class STITCH_EXPORT SimBackend : public Backend {
   void copy_to_host(int device, void* dst, const void* src, std::size_t bytes) override;
   void copy_from_host(int device, void* dst, const void* src, std::size_t bytes) override;
   [[nodiscard]] void* allocate_host(int device, std::size_t bytes) override;
+  [[nodiscard]] std::size_t host_granularity(int device) override;
+  [[nodiscard]] phys_handle_t create_host_physical(int device, std::size_t bytes) override;
   void deallocate_host(int device, void* ptr, std::size_t bytes) override;
   void copy_to_host_async(int device, void* dst, const void* src, std::size_t bytes,
                           stream_t stream) override;

@@ -35,6 +35,12 @@ void Backend::synchronize_device(int device) { not_implemented(*this, "synchroni
 
 void* Backend::allocate_host(int device, std::size_t) { not_implemented(*this, "allocate_host", device); }
 
+std::size_t Backend::host_granularity(int) { return 0; }
+
+phys_handle_t Backend::create_host_physical(int device, std::size_t) {
+  not_implemented(*this, "create_host_physical (host pages mapped for the device)", device);
+}
+
 void Backend::deallocate_host(int device, void*, std::size_t) {
   not_implemented(*this, "deallocate_host", device);
 }
@@ -65,6 +71,7 @@ std::shared_ptr<Backend> make_backend(const Config& config) {
       SimBackend::Options options;
       options.devices = config.sim_devices;
       options.capacity = config.sim_capacity_mb << 20;
+      options.host_capacity = config.sim_host_mb << 20;
       return std::make_shared<SimBackend>(options);
     }
     case BackendKind::cuda:

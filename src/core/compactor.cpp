@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <new>
 
 #include "core/assert.hpp"
 #include "stitch/errors.hpp"
@@ -130,6 +131,8 @@ bool Compactor::compact(stream_t stream, std::size_t rounded) {
     }
   } catch (const backend_error&) {
     return false;  // the page being emptied is as it was; the request fails with the report
+  } catch (const std::bad_alloc&) {
+    return false;  // host memory ran out before a page moved, or between two: each is whole
   }
   return true;
 }

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "core/assert.hpp"
 #include "core/undo.hpp"
+#include "stitch/errors.hpp"
 
 namespace stitch::detail {
 
@@ -248,11 +250,27 @@ bool PageMapper::remap(const Mapping& m, const std::vector<SlotRun>& keep, bool 
   }
   if (kept != 0) backend_.synchronize_stream(device_, nullptr);
   // 4: the whole mapping goes (throws: nothing changed, the undos run).
+  const phys_handle_t original = s.pages.handle(m.first);
+  const std::size_t original_piece = s.pages.piece(m.first);
   unmap(s.base + m.first * page, m.count * page);
-  release_fresh.done();
   s.pages.set(m.first, m.count, 0);
-  // 5: the fresh pages over the kept runs. The data has no address until this succeeds.
-  map_over(s, keep, fresh);
+  // 5: the fresh pages over the kept runs. Until then the data is in the old handle (unmapped,
+  // not released) and in the fresh pages at the scratch range: on a failure the old handle is
+  // mapped back, the undos release the rest, and the error is reported with nothing changed.
+  if (std::string error = map_over(s, keep, fresh); !error.empty()) {
+    if (!map_back(s.base + m.first * page, m.count * page, original)) {
+      std::fprintf(stderr,
+                   "stitch: fatal: remapping %zu bytes at %p under live blocks failed (%s), and mapping "
+                   "their old page back failed too; the data is intact in device memory but cannot be "
+                   "put back at its address\n",
+                   m.count * page, static_cast<void*>(s.base + m.first * page), error.c_str());
+      std::abort();
+    }
+    s.pages.set(m.first, m.count, original, original_piece);
+    throw backend_error("remapping " + std::to_string(m.count * page) + " bytes under live blocks failed (" +
+                        error + "); their old page was mapped back, nothing changed");
+  }
+  release_fresh.done();
   // 6-7: the scratch range and the old handle go (undos that cannot fail the remap).
   unmap_scratch.done();
   if (kept != 0) unmap_or_stray(scratch, kept * page);
@@ -260,27 +278,38 @@ bool PageMapper::remap(const Mapping& m, const std::vector<SlotRun>& keep, bool 
   return true;  // release_scratch runs: the scratch reservation goes back
 }
 
-void PageMapper::map_over(Segment& s, const std::vector<SlotRun>& keep,
-                          const std::vector<MapPiece>& fresh) noexcept {
+std::string PageMapper::map_over(Segment& s, const std::vector<SlotRun>& keep,
+                                 const std::vector<MapPiece>& fresh) noexcept {
   const std::size_t page = s.page;
-  std::size_t next = 0;
+  std::size_t next = 0, done = 0;
+  std::string error;
   for (const SlotRun& r : keep) {
     char* at = s.base + r.first * page;
-    bool mapped = false;
     try {
-      mapped = backend_.map_run(device_, at, fresh.data() + next, r.count);
+      if (!backend_.map_run(device_, at, fresh.data() + next, r.count)) error = "out of device memory";
+    } catch (const std::exception& e) {
+      error = e.what();
     } catch (...) {
+      error = "an unknown error";
     }
-    if (!mapped) {
-      std::fprintf(stderr,
-                   "stitch: fatal: remapping %zu bytes at %p under live blocks failed after their "
-                   "old pages were unmapped; their data cannot be reached\n",
-                   r.count * page, static_cast<void*>(at));
-      std::abort();
-    }
+    if (!error.empty()) break;
     for (std::size_t k = 0; k < r.count; ++k) s.pages.set(r.first + k, 1, fresh[next + k].handle);
     next += r.count;
+    ++done;
   }
+  if (error.empty()) return error;
+  // Take back the runs mapped: the range is as step 4 left it (a run that cannot be unmapped
+  // keeps its fresh pages mapped: the caller finds the range not wholly free and aborts).
+  for (std::size_t j = 0; j < done; ++j) {
+    const SlotRun& r = keep[j];
+    try {
+      backend_.unmap(device_, s.base + r.first * page, r.count * page);
+      s.pages.set(r.first, r.count, 0);
+    } catch (const std::exception& e) {
+      error += std::string("; taking back a mapped run failed too: ") + e.what();
+    }
+  }
+  return error.empty() ? std::string("an unknown error") : error;
 }
 
 bool PageMapper::remap_through_host(const Mapping& m, const std::vector<SlotRun>& keep,
@@ -288,7 +317,10 @@ bool PageMapper::remap_through_host(const Mapping& m, const std::vector<SlotRun>
   // The device has no room for the fresh pages before the old one goes: the kept data waits in
   // host memory. 1. copied out; 2. the whole mapping unmapped (an error here changes nothing);
   // 3. its handle released; 4. fresh pages created and mapped over the kept runs; 5. the data
-  // copied back. From 3 on there is no way back: a failure aborts with a message.
+  // copied back. From 3 on the host copy is the data's only one: when the fresh pages cannot be
+  // made or mapped, the mapping is rebuilt whole from one page of the old size (the device just
+  // got that much back) and the data copied into it, so nothing changes but the handle; only
+  // when the device refuses that too does the process stop, saying where the data was.
   Segment& s = *m.segment;
   const std::size_t page = s.page;
   std::vector<char> host(kept * page);  // throws std::bad_alloc: nothing changed
@@ -298,37 +330,75 @@ bool PageMapper::remap_through_host(const Mapping& m, const std::vector<SlotRun>
     offset += r.count * page;
   }
   std::vector<MapPiece> fresh;
-  fresh.reserve(kept);
+  fresh.reserve(kept);  // throws std::bad_alloc: nothing changed
+  const phys_handle_t original = s.pages.handle(m.first);
+  const std::size_t original_piece = s.pages.piece(m.first);
   unmap(s.base + m.first * page, m.count * page);  // throws: nothing changed
   s.pages.set(m.first, m.count, 0);
   if (old != 0) release_or_orphan(old);
-  auto fatal = [&](const char* what) {
-    std::fprintf(stderr,
-                 "stitch: fatal: %s while remapping %zu bytes at %p through host memory, after "
-                 "their old pages were released; their data cannot be put back\n",
-                 what, m.count * page, static_cast<void*>(s.base + m.first * page));
-    std::abort();
-  };
-  for (std::size_t i = 0; i < kept; ++i) {
+  std::string error;
+  bool out_of_memory = false;
+  for (std::size_t i = 0; i < kept && error.empty(); ++i) {
     phys_handle_t h = 0;
     try {
       h = create(page);
-    } catch (...) {
+    } catch (const std::exception& e) {
+      error = e.what();
+      break;
     }
-    if (h == 0) fatal("creating a fresh page failed");
+    if (h == 0) {
+      error = "out of device memory";
+      out_of_memory = true;
+      break;
+    }
     fresh.push_back(MapPiece{h, page});
   }
-  map_over(s, keep, fresh);
+  if (error.empty()) error = map_over(s, keep, fresh);  // takes back what it mapped on a failure
+  const bool rebuilt = !error.empty();
+  if (rebuilt) {
+    for (const MapPiece& p : fresh) release_or_orphan(p.handle);
+    // Borrowed memory is its lender's, still alive: map it back. Else one page of the old size.
+    phys_handle_t whole = old == 0 ? original : 0;
+    if (whole == 0) {
+      try {
+        whole = create(m.count * page);
+      } catch (...) {
+      }
+    }
+    if (whole == 0 || !map_back(s.base + m.first * page, m.count * page, whole)) {
+      std::fprintf(stderr,
+                   "stitch: fatal: remapping %zu bytes at %p through host memory: the fresh pages "
+                   "failed (%s) and the device gave no page of the old size either; the data's only "
+                   "copy is in host memory, with no device memory to put it back\n",
+                   m.count * page, static_cast<void*>(s.base + m.first * page), error.c_str());
+      std::abort();
+    }
+    s.pages.set(m.first, m.count, whole, old == 0 ? original_piece : 0);
+  }
   offset = 0;
   for (const SlotRun& r : keep) {
-    try {
-      backend_.copy_from_host(device_, s.base + r.first * page, host.data() + offset, r.count * page);
-    } catch (...) {
-      fatal("copying the data back failed");
+    char* at = s.base + r.first * page;
+    bool copied = false;
+    for (int attempt = 0; attempt < 2 && !copied; ++attempt) {  // the host copy still exists
+      try {
+        backend_.copy_from_host(device_, at, host.data() + offset, r.count * page);
+        copied = true;
+      } catch (...) {
+      }
+    }
+    if (!copied) {
+      std::fprintf(stderr,
+                   "stitch: fatal: copying %zu bytes back to %p failed twice while remapping through "
+                   "host memory; the data's only copy is in host memory\n",
+                   r.count * page, static_cast<void*>(at));
+      std::abort();
     }
     offset += r.count * page;
   }
-  return true;
+  if (!rebuilt) return true;
+  if (out_of_memory) return false;  // as if there had been no room: the layout is unchanged
+  throw backend_error("remapping " + std::to_string(m.count * page) + " bytes through host memory failed (" +
+                      error + "); the mapping was rebuilt whole with the data, nothing changed but its page");
 }
 
 }  // namespace stitch::detail

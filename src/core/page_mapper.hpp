@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <exception>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -110,21 +111,25 @@ class PageMapper {
   ///  the fresh handles over the kept runs; 6. unmaps and releases the scratch range; 7. releases
   ///  the old handle (its memory goes back once no other mapping of it is left).
   /// The caller has synchronized every stream that could touch the mapping, and no graph is being
-  /// captured. All or nothing up to step 4: false when the device is out of memory, a rethrow on
-  /// a backend error, nothing changed either way. Between steps 4 and 5 the kept data has no
-  /// address: if mapping it back fails it cannot be reached, and the process aborts with a
-  /// message. Afterwards the page table maps the kept slots one to a handle, and the others not.
+  /// captured. All or nothing: false when the device is out of memory, backend_error on a backend
+  /// error, nothing changed either way: the old handle is released only after the fresh pages hold
+  /// the data at its address, and if mapping them there fails the old handle is mapped back. Only
+  /// when that fails too (the data intact in device memory, but no way to put it at its address)
+  /// does the process abort, saying so. Afterwards the page table maps the kept slots one to a
+  /// handle, and the others not.
   /// With `stage` (the device has no room for the fresh pages while the old one lives), the kept
   /// data waits in host memory instead: copied out, the mapping unmapped (all or nothing up to
-  /// here) and its handle released, fresh pages created and mapped, the data copied back; a
-  /// failure after the release aborts with a message.
+  /// here) and its handle released, fresh pages created and mapped, the data copied back. If the
+  /// fresh pages fail, the mapping is rebuilt whole from one page of the old size with the data
+  /// (false or backend_error, the layout unchanged); the process aborts only when the device
+  /// refuses that too, or the copy back fails twice: the host copy is then the data's only one.
   bool remap(const Mapping& m, const std::vector<SlotRun>& keep, bool stage = false);
 
  private:
-  /// Maps `fresh` (one-slot handles, in order) over the kept runs of `s`; aborts on a failure
-  /// (the data under them has no other address).
-  void map_over(Segment& s, const std::vector<SlotRun>& keep,
-                const std::vector<MapPiece>& fresh) noexcept;
+  /// Maps `fresh` (one-slot handles, in order) over the kept runs of `s`. On a failure takes
+  /// back the runs it mapped and returns the error ("" on success).
+  std::string map_over(Segment& s, const std::vector<SlotRun>& keep,
+                       const std::vector<MapPiece>& fresh) noexcept;
   /// remap with `stage`: `kept` slots in `keep`; `old` is the handle to release (0: borrowed
   /// memory, whose handle is its lender's).
   bool remap_through_host(const Mapping& m, const std::vector<SlotRun>& keep, std::size_t kept,

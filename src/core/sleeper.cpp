@@ -60,10 +60,15 @@ std::vector<Sleeper::Slept> Sleeper::plan(const std::vector<std::uint16_t>& tags
 void Sleeper::sleep(const std::vector<std::uint16_t>& tags,
                     const std::function<bool(const Block*)>& keep) {
   std::vector<Slept> ranges = plan(tags, keep);
+  // Everything that allocates happens before the pages go (give_back allocates nothing): the
+  // tags' states and room for the slept ranges. Throws std::bad_alloc with nothing changed.
+  for (std::uint16_t tag : tags)
+    if (tag >= tags_.size()) tags_.resize(std::size_t{tag} + 1);
+  slept_.reserve(slept_.size() + ranges.size());
   back_up(ranges);  // throws with nothing changed
   const std::string failure = give_back(ranges);
   for (std::uint16_t tag : tags) {
-    note_used(tag);
+    note_used(tag);  // (sized above: allocates nothing)
     tags_[tag].asleep = true;
   }
   ++stats_.num_sleeps;  // (the caller passes only tags awake here)
@@ -125,7 +130,7 @@ std::string Sleeper::give_back(std::vector<Slept>& plan) noexcept {
         // The bookkeeping calls it unmapped from here on: the page mapper retries the unmap
         // before the next map there and before memory goes back to the device.
         pages_.unmap_or_stray(at, bytes);
-        if (failure.empty()) failure = e.what();
+        note_failure(failure, e.what());
         ++kept;
       }
       ledger_.unmapped(seg, at, bytes);
@@ -133,9 +138,9 @@ std::string Sleeper::give_back(std::vector<Slept>& plan) noexcept {
         try {
           std::rethrow_exception(e);
         } catch (const std::exception& x) {
-          failure = x.what();
+          note_failure(failure, x.what());
         } catch (...) {
-          failure = "a page release failed";
+          note_failure(failure, "a page release failed");
         }
         ++kept;
       }
@@ -145,13 +150,26 @@ std::string Sleeper::give_back(std::vector<Slept>& plan) noexcept {
     for (const Block* b = seg.head; b != nullptr; b = b->next)
       if (b->state == BlockState::allocated) live += static_cast<std::int64_t>(b->size);
     stats_.sleeping_bytes.increase(live);
-    slept_.push_back(std::move(s));
+    slept_.push_back(std::move(s));  // room reserved by sleep(): cannot throw
   }
   if (failure.empty()) return failure;
-  return fmt::format(
-      "stitch_sleep: device {}: {} page(s) could not be given back ({}); every range of the tags "
-      "is asleep, with its backups: the pages are retried before the next map and at empty_cache",
-      device_, kept, failure);
+  try {
+    return fmt::format(
+        "stitch_sleep: device {}: {} page(s) could not be given back ({}); every range of the tags "
+        "is asleep, with its backups: the pages are retried before the next map and at empty_cache",
+        device_, kept, failure);
+  } catch (...) {  // no memory for the message: the reason alone
+    return failure;
+  }
+}
+
+void Sleeper::note_failure(std::string& failure, const char* what) noexcept {
+  if (!failure.empty()) return;
+  try {
+    failure = what;
+  } catch (...) {  // no memory for the text: a short one fits the small-string buffer
+    failure = "unmap failed";
+  }
 }
 
 std::size_t Sleeper::wake_bytes(const std::vector<std::uint16_t>& tags) const {

@@ -51,6 +51,8 @@ class Sleeper {
   }
   /// Memory of `tag` is allocated on this device.
   void note_used(std::uint16_t tag);
+  /// Keeps the first failure's text in `failure` (without throwing).
+  static void note_failure(std::string& failure, const char* what) noexcept;
   /// The tags ever used here (ascending).
   [[nodiscard]] std::vector<std::uint16_t> used_tags() const;
 

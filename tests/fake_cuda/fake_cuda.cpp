@@ -160,7 +160,8 @@ struct Device {
 struct Alloc { size_t length, bytes, charged; int dev; int fd; };
 struct HostAlloc { size_t length, bytes; int dev; unsigned flags; };  // cuMemHostAlloc: mmap length, bytesize
 // A cuMemCreate handle (or one cuMemImportFromShareableHandle made, which charges no device).
-struct Handle { int fd; size_t size; int dev; bool released; int maps; unsigned types = 0; bool imported = false; };
+struct Handle { int fd; size_t size; int dev; bool released; int maps; unsigned types = 0; bool imported = false;
+                bool host = false; };  // host: CU_MEM_LOCATION_TYPE_HOST_NUMA memory, charged to no device
 // A cuIpcOpenMemHandle mapping of another process's cuMemAlloc memory.
 struct IpcOpen { size_t length, bytes; int refs; long pid; int fd; u64 source; int dev; };
 struct Reservation { size_t size; int dev; };
@@ -203,6 +204,9 @@ struct State {
   std::map<uintptr_t, Mapping> mappings;
   std::map<uintptr_t, IpcOpen> ipc_opens;  // cuIpcOpenMemHandle, keyed by address
   int fabric = 0;  // STITCH_FAKE_CUDA_FABRIC: 0 unsupported, 1 supported, 2 advertised but refused
+  int host_numa = 1;  // STITCH_FAKE_CUDA_HOST_NUMA: 0 unsupported, 1 supported, 2 advertised but refused
+  size_t host_granularity = kGranularity;  // STITCH_FAKE_CUDA_HOST_GRANULARITY_MB
+  size_t host_bytes = 0, host_capacity = 0;  // HOST_NUMA handles live; STITCH_FAKE_CUDA_HOST_MB (0: no bound)
   std::map<u64, Stream> streams;  // user streams keyed by handle value, legacy by kLegacyKey + d
   std::map<u64, Event> events;    // keyed by handle value
   u64 next_id = 1, capture_seq = 0;
@@ -540,7 +544,11 @@ void maybe_free_handle(State& st, Handle& h) {
   if (!h.released || h.maps > 0 || h.fd < 0) return;
   close(h.fd);
   h.fd = -1;
-  if (!h.imported) st.dev[h.dev].used -= h.size;
+  if (h.host) {
+    st.host_bytes -= h.size;
+  } else if (!h.imported) {
+    st.dev[h.dev].used -= h.size;
+  }
 }
 bool fits(const State& st, int d, size_t bytes) {
   return bytes <= st.dev[d].capacity && st.dev[d].used <= st.dev[d].capacity - bytes;
@@ -632,6 +640,10 @@ void initialize(State& st) {
   const size_t mb = static_cast<size_t>(env_long("STITCH_FAKE_CUDA_MEMORY_MB", 2048, 2, 1L << 24));
   st.no_vmm = env_flag("STITCH_FAKE_CUDA_NO_VMM");
   st.fabric = static_cast<int>(env_long("STITCH_FAKE_CUDA_FABRIC", 0, 0, 2));
+  st.host_numa = static_cast<int>(env_long("STITCH_FAKE_CUDA_HOST_NUMA", 1, 0, 2));
+  st.host_granularity = static_cast<size_t>(env_long("STITCH_FAKE_CUDA_HOST_GRANULARITY_MB", 2, 2, 1024)) << 20;
+  if ((st.host_granularity & (st.host_granularity - 1)) != 0) st.host_granularity = kGranularity;
+  st.host_capacity = static_cast<size_t>(env_long("STITCH_FAKE_CUDA_HOST_MB", 0, 0, 1L << 24)) << 20;
   for (int d = 0; d < st.ndev; ++d) {
     st.dev[d].capacity = st.pending_capacity[d] != 0 ? st.pending_capacity[d] : mb << 20;
     Stream& s = legacy_stream(st, d);
@@ -680,6 +692,8 @@ const Attribute kAttributes[] = {
     {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0},
     {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 0},  // 1 with STITCH_FAKE_CUDA_FABRIC=1 or 2
+    {CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, 0},
+    {CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1},  // 0 with STITCH_FAKE_CUDA_HOST_NUMA=0
     {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 0},  // the fake has no cuMemAllocAsync
 };
 
@@ -708,6 +722,66 @@ CUresult sync_context(State& st, Ep ep, int d) {
   for (auto& [key, s] : st.streams)
     if (s.dev == d) forced |= complete_stream(s);
   if (forced) st.forced++;
+  return CUDA_SUCCESS;
+}
+
+// The location of a CUmemAllocationProp: a device, or a host NUMA node (cuda.h, cuMemCreate: "To
+// create a CPU allocation targeting a specific host NUMA node, applications must set
+// ::CUmemAllocationProp::CUmemLocation::type to ::CU_MEM_LOCATION_TYPE_HOST_NUMA and
+// ::CUmemAllocationProp::CUmemLocation::id must specify the NUMA ID of the CPU. On systems where
+// NUMA is not available ::CUmemAllocationProp::CUmemLocation::id must be set to 0. Specifying
+// ::CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT as the ::CUmemLocation::type will result in
+// ::CUDA_ERROR_INVALID_VALUE."). The fake's host has one NUMA node, 0.
+CUresult location_of(State& st, Ep ep, const CUmemAllocationProp* prop, bool* host) {
+  if (raw(prop->type) != CU_MEM_ALLOCATION_TYPE_PINNED)
+    return violation(st, R_ARG, ep, CUDA_ERROR_INVALID_VALUE, "prop.type must be CU_MEM_ALLOCATION_TYPE_PINNED");
+  const int type = raw(prop->location.type);
+  if (type == CU_MEM_LOCATION_TYPE_DEVICE) {
+    *host = false;
+    return CUDA_SUCCESS;
+  }
+  if (type != CU_MEM_LOCATION_TYPE_HOST_NUMA)
+    return violation(st, R_ARG, ep, CUDA_ERROR_INVALID_VALUE,
+                     "prop.location.type = %d (the fake models DEVICE and HOST_NUMA)", type);
+  if (prop->location.id != 0)
+    return violation(st, R_ARG, ep, CUDA_ERROR_INVALID_VALUE,
+                     "prop.location.id = %d is not a host NUMA node (the host has node 0)", prop->location.id);
+  if (st.host_numa == 0)
+    return violation(st, R_ARG, ep, CUDA_ERROR_NOT_SUPPORTED,
+                     "HOST_NUMA although CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0");
+  *host = true;
+  return CUDA_SUCCESS;
+}
+// cuMemCreate of host memory: a memfd like device memory, charged to the host (bounded by
+// STITCH_FAKE_CUDA_HOST_MB) and owned by the creating context's device for cuMemSetAccess.
+CUresult create_host(State& st, Ep ep, CUmemGenericAllocationHandle* handle, size_t size,
+                     const CUmemAllocationProp* prop, int d) {
+  if (st.host_numa == 2) {  // as in a container without the capability: the create fails
+    note(ep, "HOST_NUMA create refused (as without CAP_SYS_NICE) -> CUDA_ERROR_NOT_PERMITTED");
+    return CUDA_ERROR_NOT_PERMITTED;
+  }
+  if (size == 0 || size % st.host_granularity != 0)
+    return violation(st, R_GRANULARITY, ep, CUDA_ERROR_INVALID_VALUE,
+                     "size 0x%zx is not a positive multiple of the host granularity 0x%zx", size, st.host_granularity);
+  if ((static_cast<unsigned>(raw(prop->requestedHandleTypes)) & ~unsigned{CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR}) != 0)
+    return violation(st, R_ARG, ep, CUDA_ERROR_NOT_SUPPORTED, "requestedHandleTypes = 0x%x for host memory",
+                     raw(prop->requestedHandleTypes));
+  if (st.host_capacity != 0 && (st.host_bytes > st.host_capacity || size > st.host_capacity - st.host_bytes)) {
+    note(ep, "%zu bytes of host memory do not fit -> CUDA_ERROR_OUT_OF_MEMORY", size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const int fd = memfd_create("stitch_fake_cuda_host", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const CUmemGenericAllocationHandle id = kHandleBase + st.next_id++;
+  Handle h{fd, size, d, false, 0, static_cast<unsigned>(raw(prop->requestedHandleTypes)), false};
+  h.host = true;
+  st.handles[id] = h;
+  st.host_bytes += size;
+  *handle = id;
   return CUDA_SUCCESS;
 }
 
@@ -781,6 +855,7 @@ FAKE_EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int* pi, CUdevice_attribute at
                      a == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED;
     *pi = vmm && st.no_vmm ? 0 : a == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID ? e.value + dev : e.value;
     if (a == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED) *pi = st.fabric != 0 && !st.no_vmm ? 1 : 0;
+    if (a == CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) *pi = st.host_numa != 0 && !st.no_vmm ? 1 : 0;
     return CUDA_SUCCESS;
   }
   note(ep_, "attribute %d is not modelled -> CUDA_ERROR_INVALID_VALUE", a);  // not a violation
@@ -1024,11 +1099,10 @@ FAKE_EXPORT CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granularity, 
   NEED_PTR(prop);
   if (raw(option) != CU_MEM_ALLOC_GRANULARITY_MINIMUM && raw(option) != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
     return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "option = %d", raw(option));
-  if (raw(prop->type) != CU_MEM_ALLOCATION_TYPE_PINNED || raw(prop->location.type) != CU_MEM_LOCATION_TYPE_DEVICE)
-    return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE,
-                     "prop must be CU_MEM_ALLOCATION_TYPE_PINNED on CU_MEM_LOCATION_TYPE_DEVICE");
-  NEED_DEVICE(prop->location.id);
-  *granularity = kGranularity;
+  bool host = false;
+  TRY(location_of(st, ep_, prop, &host));
+  if (!host) NEED_DEVICE(prop->location.id);
+  *granularity = host ? st.host_granularity : kGranularity;
   return CUDA_SUCCESS;
 }
 FAKE_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
@@ -1100,9 +1174,9 @@ FAKE_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, s
   // cuda.h, cuMemCreate: "flags - flags for future use, must be zero now."
   if (flags != 0) return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE, "flags = 0x%llx", flags);
   // CUmemAllocationProp::allocType: "Currently must be specified as CU_MEM_ALLOCATION_TYPE_PINNED"
-  if (raw(prop->type) != CU_MEM_ALLOCATION_TYPE_PINNED || raw(prop->location.type) != CU_MEM_LOCATION_TYPE_DEVICE)
-    return violation(st, R_ARG, ep_, CUDA_ERROR_INVALID_VALUE,
-                     "prop must be CU_MEM_ALLOCATION_TYPE_PINNED on CU_MEM_LOCATION_TYPE_DEVICE");
+  bool host = false;
+  TRY(location_of(st, ep_, prop, &host));
+  if (host) return create_host(st, ep_, handle, size, prop, d);
   NEED_DEVICE(prop->location.id);
   // Rule 2 (strict): "This creates a memory allocation on the target device specified through
   // the \p prop structure." — the back end must have that device's context current.

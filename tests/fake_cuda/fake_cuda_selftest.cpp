@@ -1127,6 +1127,48 @@ void test_ipc() {
   ctl.reset();
 }
 
+// Host memory for mapping: CU_MEM_LOCATION_TYPE_HOST_NUMA node 0, charged to no device, mapped
+// into device ranges; the location's rules.
+void test_host_numa() {
+  puts("HOST_NUMA");
+  OK(cu.Init(0));
+  int v = 0;
+  OK(cu.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0));
+  CHECK(v == 1);
+  OK(cu.PrimaryCtxRetain(&ctx[0], 0));
+  use(0);
+  CUmemAllocationProp host{};
+  host.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  host.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  host.location.id = 0;
+  size_t g = 0;
+  OK(cu.MemGetAllocationGranularity(&g, &host, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CHECK(g == G);
+  const unsigned long long used = usage(0).used_bytes;
+  CUmemGenericAllocationHandle h;
+  OK(cu.MemCreate(&h, G, &host, 0));
+  CHECK(usage(0).used_bytes == used);  // host memory
+  CUmemAllocationProp bad = host;
+  bad.location.id = 1;
+  BAD(cu.MemCreate(&h, G, &bad, 0), CUDA_ERROR_INVALID_VALUE, ARG);
+  bad.location.id = 0;
+  bad.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+  BAD(cu.MemCreate(&h, G, &bad, 0), CUDA_ERROR_INVALID_VALUE, ARG);
+  CUmemGenericAllocationHandle odd;
+  BAD(cu.MemCreate(&odd, G / 2, &host, 0), CUDA_ERROR_INVALID_VALUE, GRAN);
+  CUdeviceptr va;
+  OK(cu.MemAddressReserve(&va, G, 0, 0, 0));
+  OK(cu.MemMap(va, G, 0, h, 0));
+  CUmemAccessDesc rw = access_of(0);
+  OK(cu.MemSetAccess(va, G, &rw, 1));
+  at(va)[7] = 3;
+  CHECK(at(va)[7] == 3);
+  OK(cu.MemUnmap(va, G));
+  OK(cu.MemAddressFree(va, G));
+  OK(cu.MemRelease(h));
+  ctl.reset();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1233,6 +1275,7 @@ int main(int argc, char** argv) {
   test_faults_and_reset();
   test_no_vmm();
   test_ipc();
+  test_host_numa();
   if (g_failures != 0) {
     fprintf(stderr, "FAILED: %d check(s)\n", g_failures);
     return 1;

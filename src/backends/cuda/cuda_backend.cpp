@@ -113,6 +113,13 @@ struct DeviceState {
   std::atomic<unsigned> handle_types{0};
   bool rdma = false;  ///< gpuDirectRDMACapable is requested
 
+  /// Host pages (spill): found once, on first use: the host NUMA node closest to the device and
+  /// the granularity of its memory, 0 when the device cannot map host memory.
+  std::once_flag host_once;
+  int host_numa = 0;
+  std::size_t host_granularity = 0;
+  std::string no_host_reason;  ///< why host_granularity is 0
+
   /// IPC bookkeeping, kept only when handle_types != 0: each mapping map_run made (its handle
   /// and mapped bytes, by address), the descriptors exported (closed when the handle is
   /// released), and the ranges import_memory mapped.
@@ -546,6 +553,27 @@ class CudaBackend final : public Backend {
     return status != CU_STREAM_CAPTURE_STATUS_NONE;
   }
 
+  // ---- host pages the device maps (spill) ----
+
+  [[nodiscard]] std::size_t host_granularity(int device) override {
+    return host_pages(device, [] { return std::string("host_granularity"); }).host_granularity;
+  }
+
+  [[nodiscard]] phys_handle_t create_host_physical(int device, std::size_t bytes) override {
+    auto call = [&] { return "cuMemCreate(" + bytes_text(bytes) + ", CU_MEM_LOCATION_TYPE_HOST_NUMA)"; };
+    const DeviceState& s = host_pages(device, call);
+    if (s.host_granularity == 0)
+      throw backend_error(call_text(call) + on_device(device) + ": host pages are unavailable: " + s.no_host_reason);
+    const CUmemAllocationProp prop = host_memory_prop(s.host_numa);
+    ContextScope scope = enter(device, call);
+    CUmemGenericAllocationHandle handle = 0;
+    const CUresult r = d_.mem_create(&handle, bytes, &prop, 0);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) return 0;
+    if (r != CUDA_SUCCESS) fail(call, device, r);
+    if (handle == 0) throw backend_error(call_text(call) + on_device(device) + " returned the null handle");
+    return static_cast<phys_handle_t>(handle);
+  }
+
   // ---- memory other processes map (IPC) ----
 
   [[nodiscard]] std::string export_memory(int device, const void* va, std::size_t bytes,
@@ -649,6 +677,58 @@ class CudaBackend final : public Backend {
     return ipc_ ? std::string()
                 : std::string("; with ipc:False, memory of expandable segments and stitching is created without a "
                               "shareable handle type and cannot be exported");
+  }
+
+  /// Host-located physical memory on NUMA node `numa`, as NCCL's ncclCuMemHostAlloc creates it.
+  static CUmemAllocationProp host_memory_prop(int numa) {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    prop.location.id = numa;
+    return prop;
+  }
+
+  /// The device's host-page support, found on first use as NCCL does: the attribute where the
+  /// driver knows it, then the granularity and one small create (containers without the right
+  /// capability fail only there). Never throws for a device without support: the granularity
+  /// is 0 and the reason kept.
+  template <class Call>
+  DeviceState& host_pages(int device, const Call& call) {
+    DeviceState& s = caps(device, call);
+    std::call_once(s.host_once, [&] {
+      if (!s.vmm) {
+        s.no_host_reason = s.no_vmm_reason;
+        return;
+      }
+      int v = 0;
+      if (d_.device_get_attribute(&v, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                  s.cu_device) == CUDA_SUCCESS && v == 0) {
+        s.no_host_reason = "CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0";
+        return;
+      }
+      int numa = -1;
+      if (d_.device_get_attribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, s.cu_device) != CUDA_SUCCESS || numa < 0)
+        numa = 0;  // cuda.h: "On systems where NUMA is not available ... id must be set to 0"
+      const CUmemAllocationProp prop = host_memory_prop(numa);
+      std::size_t g = 0;
+      CUresult r = d_.mem_get_allocation_granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+      if (r != CUDA_SUCCESS || g == 0 || (g & (g - 1)) != 0) {
+        s.no_host_reason = "cuMemGetAllocationGranularity(CU_MEM_LOCATION_TYPE_HOST_NUMA) failed: " + describe(r);
+        return;
+      }
+      ContextScope scope = enter(device, call);
+      CUmemGenericAllocationHandle probe = 0;
+      r = d_.mem_create(&probe, g, &prop, 0);
+      if (r != CUDA_SUCCESS) {
+        s.no_host_reason = "a probe cuMemCreate of host memory failed: " + describe(r) +
+                           " (in a container, host NUMA memory needs CAP_SYS_NICE)";
+        return;
+      }
+      (void)d_.mem_release(probe);
+      s.host_numa = numa;
+      s.host_granularity = g;
+    });
+    return s;
   }
 
   /// Forgets export_memory's record of the mappings in [va, va + bytes).

@@ -74,6 +74,7 @@ struct Physical {
   std::size_t bytes = 0;
   std::size_t mappings = 0;  ///< live map() calls of this handle
   bool released = false;     ///< release_physical() was called; freed when mappings reaches 0
+  bool host = false;         ///< host pages (create_host_physical): charged to the host budget
 };
 
 /// One map() call.
@@ -118,6 +119,7 @@ struct Device {
   std::map<std::size_t, std::size_t> free_ranges;      ///< free memfd ranges: offset -> bytes
   std::map<std::uintptr_t, std::size_t> imports;       ///< import_memory() ranges: address -> bytes
   std::size_t events = 0;
+  std::size_t* host_pages = nullptr;  ///< the simulator's count of host-page bytes (all devices)
 
   Device() = default;
   Device(const Device&) = delete;
@@ -189,7 +191,11 @@ struct Device {
   void free_physical(std::map<phys_handle_t, Physical>::iterator it) {
     const Physical p = it->second;
     physical.erase(it);
-    used -= p.bytes;
+    if (p.host) {
+      *host_pages -= p.bytes;
+    } else {
+      used -= p.bytes;
+    }
     give_back(p.offset, p.bytes);
   }
 
@@ -264,6 +270,7 @@ const char* to_string(SimCall call) noexcept {
     case SimCall::deallocate_host: return "deallocate_host";
     case SimCall::copy_to_host_async: return "copy_to_host_async";
     case SimCall::copy_from_host_async: return "copy_from_host_async";
+    case SimCall::create_host_physical: return "create_host_physical";
     case SimCall::count_: return "count_";
   }
   return "unknown";
@@ -283,6 +290,13 @@ struct SimBackend::Impl {
   std::uint64_t invalidations = 0;  ///< captures invalidated
   std::map<std::uintptr_t, std::size_t> host_blocks;  ///< pinned host memory: address -> bytes
   std::size_t host_bytes = 0;
+  std::size_t host_pages = 0;  ///< bytes of create_host_physical, live
+  /// Whether the host budget (sim_host_mb) has room for `bytes` more.
+  [[nodiscard]] bool host_fits(std::size_t bytes) const {
+    const std::size_t cap = options.host_capacity;
+    const std::size_t in_use = host_bytes + host_pages;
+    return cap == 0 || (in_use <= cap && bytes <= cap - in_use);
+  }
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
   ~Impl() {
@@ -315,6 +329,11 @@ struct SimBackend::Impl {
                           " is not a power of two of at least the page size (" +
                           std::to_string(page) + ")");
     }
+    const std::size_t hg = options.host_granularity;
+    if (hg != 0 && (!is_power_of_two(hg) || hg < page)) {
+      throw backend_error("sim: host granularity " + std::to_string(hg) +
+                          " is not a power of two of at least the page size (" + std::to_string(page) + ")");
+    }
     const std::size_t g = options.granularity;
     for (int i = 0; i < options.devices; ++i) {
       auto d = std::make_unique<Device>();
@@ -326,6 +345,7 @@ struct SimBackend::Impl {
                             errno_text("memfd_create", err));
       }
       d->capacity = options.capacity;
+      d->host_pages = &host_pages;
       // Sparse: costs nothing until pages are touched. Rounded so offsets stay granular.
       d->file_size = options.capacity / g * g + (options.capacity % g ? g : 0);
       if (::ftruncate(d->fd, static_cast<off_t>(d->file_size)) != 0) {
@@ -403,7 +423,7 @@ struct SimBackend::Impl {
     ++fired;
     const bool can_oom = call == SimCall::allocate || call == SimCall::reserve ||
                          call == SimCall::create_physical || call == SimCall::map ||
-                         call == SimCall::allocate_host;
+                         call == SimCall::allocate_host || call == SimCall::create_host_physical;
     if (fault == SimFault::out_of_memory && can_oom) return true;
     throw backend_error(std::string("sim: injected fault in ") + to_string(call));
   }
@@ -835,12 +855,37 @@ void* SimBackend::allocate_host(int device, std::size_t bytes) {
   if (impl_->enter(SimCall::allocate_host, bytes)) return nullptr;
   (void)impl_->device(device, "allocate_host");
   if (bytes == 0) throw backend_error(prefix("allocate_host", device) + "0 bytes");
+  if (!impl_->host_fits(bytes)) return nullptr;  // sim_host_mb
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return nullptr;
   impl_->host_blocks.emplace(addr(p), bytes);
   impl_->host_bytes += bytes;
   return p;
+}
+
+std::size_t SimBackend::host_granularity(int device) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->device(device, "host_granularity");
+  return impl_->options.host_granularity != 0 ? impl_->options.host_granularity : impl_->options.granularity;
+}
+
+phys_handle_t SimBackend::create_host_physical(int device, std::size_t bytes) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->enter(SimCall::create_host_physical, bytes)) return 0;
+  Device& d = impl_->device(device, "create_host_physical");
+  const std::size_t g = impl_->options.host_granularity != 0 ? impl_->options.host_granularity : impl_->options.granularity;
+  if (bytes == 0 || bytes % g != 0) {
+    throw backend_error(prefix("create_host_physical", device) + "size " + std::to_string(bytes) +
+                        " is not a positive multiple of the host granularity " + std::to_string(g));
+  }
+  if (!impl_->host_fits(bytes)) return 0;  // sim_host_mb
+  // Host pages live in the device's memfd too (one file maps them all), charged to the host.
+  const std::size_t offset = d.carve(bytes);
+  const phys_handle_t handle = ++impl_->last_handle;
+  d.physical.emplace(handle, Physical{offset, bytes, 0, false, true});
+  impl_->host_pages += bytes;
+  return handle;
 }
 
 void SimBackend::deallocate_host(int device, void* p, std::size_t bytes) {
@@ -976,6 +1021,7 @@ SimUsage SimBackend::usage(int device) const {
   u.events = d.events;
   u.host_bytes = impl_->host_bytes;
   u.host_allocations = impl_->host_blocks.size();
+  u.host_pages = impl_->host_pages;
   return u;
 }
 
