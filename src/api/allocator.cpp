@@ -215,7 +215,7 @@ void Allocator::begin_allocate_to_pool(int device, PoolId id, StreamFilter filte
     backup = region->backup;
   }
   DeviceAllocator& d = checked_device(device);
-  if (tag != 0) d.name_tag(tag, tag_name(tag));
+  if (tag != 0) d.residency().name_tag(tag, tag_name(tag));
   d.begin_allocate_to_pool(id, std::move(filter), tag, backup);
 }
 

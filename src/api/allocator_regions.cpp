@@ -58,7 +58,7 @@ void Allocator::begin_region(std::string_view tag, bool backup) {
   const std::string name = tag_name(id);
   // Each device learns the name (the device lock routes the thread's allocations while a region
   // is open: the cache hit leaves them to it, core/region_stack.hpp).
-  for (int d = 0; d < device_count_; ++d) devices_[static_cast<std::size_t>(d)]->name_tag(id, name);
+  for (int d = 0; d < device_count_; ++d) devices_[static_cast<std::size_t>(d)]->residency().name_tag(id, name);
   detail::t_regions.frames.push_back(detail::RegionFrame{this, id, backup});
   detail::t_open_regions = static_cast<int>(detail::t_regions.frames.size());
 }
@@ -82,7 +82,7 @@ std::vector<std::uint16_t> Allocator::tag_list(std::optional<std::string_view> n
   std::vector<std::uint16_t> out;
   auto used = [&](std::uint16_t id) {
     for (int d = 0; d < device_count_; ++d)
-      if (devices_[static_cast<std::size_t>(d)]->tag_used(id)) return true;
+      if (devices_[static_cast<std::size_t>(d)]->residency().used(id)) return true;
     return false;
   };
   if (!names) {
@@ -113,7 +113,7 @@ void Allocator::sleep(int device, std::optional<std::string_view> tags, std::str
   std::string done;  // the devices put to sleep so far, for the message of a later failure
   for (int d = device == -1 ? 0 : device; d < (device == -1 ? device_count_ : device + 1); ++d) {
     try {
-      if (devices_[static_cast<std::size_t>(d)]->sleep(ids, backups))
+      if (devices_[static_cast<std::size_t>(d)]->residency().sleep(ids, backups))
         done += fmt::format("{}{}", done.empty() ? "" : ", ", d);
     } catch (const out_of_memory& e) {
       throw out_of_memory(fmt::format("{} (devices asleep before this one: {})", e.what(),
@@ -139,7 +139,7 @@ void Allocator::wake(int device, std::optional<std::string_view> tags) {
   for (int d = device == -1 ? 0 : device; d < (device == -1 ? device_count_ : device + 1); ++d) {
     std::string report;
     try {
-      report = devices_[static_cast<std::size_t>(d)]->wake(ids, names);
+      report = devices_[static_cast<std::size_t>(d)]->residency().wake(ids, names);
     } catch (const backend_error& e) {
       throw backend_error(fmt::format("{} (devices woken before this one: {})", e.what(),
                                       done.empty() ? "none" : done));
@@ -158,19 +158,19 @@ void Allocator::wake(int device, std::optional<std::string_view> tags) {
 
 void Allocator::trim(int device, std::size_t keep_bytes) {
   if (device == -1) {
-    for (int d = 0; d < device_count_; ++d) devices_[static_cast<std::size_t>(d)]->trim(keep_bytes);
+    for (int d = 0; d < device_count_; ++d) devices_[static_cast<std::size_t>(d)]->residency().trim(keep_bytes);
   } else {
-    checked_device(device).trim(keep_bytes);
+    checked_device(device).residency().trim(keep_bytes);
   }
 }
 
 std::string Allocator::residency(int device) const {
   auto name = [this](std::uint16_t id) { return tag_name(id); };
-  if (device != -1) return checked_device(device).residency(name);
+  if (device != -1) return checked_device(device).residency().report(name);
   std::string out = "{\"devices\": [";
   for (int d = 0; d < device_count_; ++d) {
     if (d != 0) out += ", ";
-    out += devices_[static_cast<std::size_t>(d)]->residency(name);
+    out += devices_[static_cast<std::size_t>(d)]->residency().report(name);
   }
   return out + "]}";
 }

@@ -185,7 +185,7 @@ FreeStatus DeviceAllocator::free_locked(void* ptr, const std::size_t* expected_s
   store_.pool_of(block).index.reserve();  // filing cannot fail below (may throw: nothing changed)
   if (stream != nullptr) add_stream_use(*block, *stream);  // freed on another stream: its last use
   // Asleep: its backup goes (its memory is simply free at the wake).
-  if (block->segment->asleep) sleeper_.forget(block);
+  if (block->segment->asleep) residency_.sleeper().forget(block);
   if (!block->stream_uses.empty()) {
     if (pools_.may_touch_device(block)) {
       events_.record(block);  // may throw; nothing changed then
@@ -283,14 +283,14 @@ std::vector<TraceEntry> DeviceAllocator::snapshot(std::vector<SegmentSnapshot>& 
   std::lock_guard lock(mutex_);
   poll_events(nullptr);  // blocks whose streams are done are shown free
   recorder_.trace(TraceAction::snapshot, nullptr, 0, nullptr);
-  store_.snapshot(device_, out, /*oldest_first=*/false, &tag_names_);
+  store_.snapshot(device_, out, /*oldest_first=*/false, &residency_.tag_names());
   return recorder_.entries();
 }
 
 void DeviceAllocator::segments(std::vector<SegmentSnapshot>& out) {
   std::lock_guard lock(mutex_);
   poll_events(nullptr);
-  store_.snapshot(device_, out, /*oldest_first=*/false, &tag_names_);
+  store_.snapshot(device_, out, /*oldest_first=*/false, &residency_.tag_names());
 }
 
 void DeviceAllocator::observe(std::function<void(const TraceEntry&)> observer) {

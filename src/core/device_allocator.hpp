@@ -15,11 +15,11 @@
 // - plain_segments.hpp: cudaMalloc'd segments; expandable_ranges.hpp: expandable segments;
 // - page_mapper.hpp: the only caller of the virtual-memory API;
 // - stitcher.hpp: virtual-memory stitching; compactor.hpp: compaction (stitch_compact);
-// - sleeper.hpp: sleep and wake of region-tagged memory.
+// - residency.hpp (and sleeper.hpp under it): where region-tagged memory lives: sleep, wake, trim.
 // Member functions by file: device_allocator.cpp (entry points, fast path), device_growth.cpp
 // (the out-of-memory ladder), device_oom.cpp (a failed request), device_seed.cpp (replays'
-// start state), device_validate.cpp (the cross-checks of validate()), device_sleep.cpp (tagged
-// allocations, sleep, wake, trim, residency).
+// start state), device_validate.cpp (the cross-checks of validate()), device_tagged.cpp (tagged
+// allocations).
 #pragma once
 
 #include <atomic>
@@ -43,7 +43,7 @@
 #include "core/page_mapper.hpp"
 #include "core/plain_segments.hpp"
 #include "core/private_pools.hpp"
-#include "core/sleeper.hpp"
+#include "core/residency.hpp"
 #include "core/stream_shards.hpp"
 #include "core/stitcher.hpp"
 #include "core/stream_events.hpp"
@@ -105,29 +105,11 @@ class DeviceAllocator {
   /// Returns every entirely free segment to the device (waits for outstanding events first).
   void empty_cache();
 
-  // ---- region tags: sleep and wake (device_sleep.cpp, core/sleeper.hpp) -----------------------
+  // ---- region tags: where their memory lives (core/residency.hpp) --------------------------------
   /// The allocator whose regions (core/region_stack.hpp) tag this device's allocations.
   void set_owner(const void* owner) noexcept { owner_ = owner; }
-  /// Puts the `tags` used here and awake to sleep (the live blocks of the tags in `backup_tags`
-  /// or allocated with backup keep their contents in host memory). Synchronizes the device and
-  /// its peers first. Throws error while a graph may be captured (a route is underway, or a
-  /// stream of the device captures); see Sleeper::sleep for the rest. Returns whether anything
-  /// was put to sleep.
-  bool sleep(const std::vector<std::uint16_t>& tags, const std::vector<std::uint16_t>& backup_tags);
-  /// Wakes the `tags` asleep here. On out of memory (after releasing the cache and trying again),
-  /// nothing changes and the OOM report is returned (empty: woken, or nothing to wake).
-  std::string wake(const std::vector<std::uint16_t>& tags, const std::string& names);
-  /// `tag`'s name, for messages about it here (and the device lock taken once: it settles every
-  /// thread's slot, as a region opens).
-  void name_tag(std::uint16_t tag, const std::string& name);
-  /// Whether `tag` is asleep / was ever used on this device.
-  [[nodiscard]] bool tag_asleep(std::uint16_t tag) const;
-  [[nodiscard]] bool tag_used(std::uint16_t tag) const;
-  /// Gives back cached free memory until reserved memory is at most `keep` bytes or nothing more
-  /// can go (empty_cache that stops when enough has gone).
-  void trim(std::size_t keep);
-  /// What is resident on this device, as a JSON object; `tag_name(tag)` names a tag.
-  [[nodiscard]] std::string residency(const std::function<std::string(std::uint16_t)>& tag_name);
+  /// Sleep, wake, trim, the tags' states and the residency report of this device.
+  [[nodiscard]] detail::Residency& residency() noexcept { return residency_; }
   /// Caps reserved memory at `fraction` of the device's capacity (>= 1: no cap).
   void set_memory_fraction(double fraction);
   /// The cap as a fraction of the device's capacity; 1 without a cap.
@@ -207,6 +189,7 @@ class DeviceAllocator {
   [[nodiscard]] std::size_t expandable_page(bool small);
 
  private:
+  friend class detail::Residency;  // the tags' entry points use the lock, cache and events
   using Block = detail::Block;
   using BlockPool = detail::BlockPool;
 
@@ -224,7 +207,6 @@ class DeviceAllocator {
   /// `backup`. Throws error while the tag is asleep here, and backend_error where the device has
   /// no virtual-memory API. An allocation a private-pool route takes is the pool's.
   Allocation malloc_tagged(std::size_t size, stream_t stream, std::uint16_t tag, bool backup);
-  [[nodiscard]] std::string tag_name(std::uint16_t tag) const;
   /// Best fit in `pool`, else the out-of-memory ladder; the block activated and entered live.
   [[gnu::always_inline]] inline Allocation allocate_from(BlockPool& pool, std::size_t size,
                                                          std::size_t rounded, stream_t stream);
@@ -261,9 +243,6 @@ class DeviceAllocator {
   void release_cached_blocks(std::size_t keep = 0);
   /// Returns the memory of the private pools without uses whose blocks are all free.
   void release_unused_pools();
-  /// Throws error when the device may not be synchronized for `what` (a sleep or a wake): a
-  /// private-pool route is underway, or a stream of the device captures a graph.
-  void refuse_while_capturing(const char* what);
 
   /// Counts a failed request and captures its facts (and a what-if check's input) in failed_
   /// (device_oom.cpp).
@@ -292,8 +271,7 @@ class DeviceAllocator {
   detail::Stitcher stitcher_{store_, pages_, ledger_, stats_};
   detail::ExpandableRanges ranges_{config_, store_, pages_, ledger_, stitcher_};
   detail::Compactor compactor_{config_, store_, pages_, ledger_, stitcher_, stats_};
-  detail::Sleeper sleeper_{backend_, device_, store_, pages_, ledger_, stats_};
-  std::vector<std::string> tag_names_;  ///< [tag]: names for messages (name_tag)
+  detail::Residency residency_{*this};  ///< the tags: sleep, wake, trim (a friend)
   const void* owner_ = nullptr;          ///< the Allocator whose regions tag (set_owner)
   std::atomic<bool> python_frames_{false};  ///< the history takes Python frames
   /// The failure of the request in progress, until malloc hands it to its caller.
