@@ -62,7 +62,7 @@ void Allocator::fail_allocation(detail::OomCapture* failure) {
 }
 
 void Allocator::reject_free(DeviceAllocator& counter, std::string message) const {
-  counter.count_invalid_free();
+  counter.reports().count_invalid_free();
   InvalidFreePolicy policy;
   {
     std::lock_guard lock(config_mutex_);
@@ -135,7 +135,7 @@ void* Allocator::allocate_at(void* addr, std::size_t bytes, stream_t stream, int
   if (block_bytes == 0) block_bytes = detail::round_size(bytes, config().roundup_power2_divisions);
   if (block_bytes < bytes || block_bytes % 512 != 0)
     throw invalid_argument(fmt::format("allocate_at {}: a block of {} bytes cannot serve {}", addr, block_bytes, bytes));
-  return d.allocate_at(addr, block_bytes, bytes, stream);
+  return d.placement().allocate_at(addr, block_bytes, bytes, stream);
 }
 
 void Allocator::pin(void* ptr) {
@@ -194,13 +194,13 @@ void Allocator::configure_locked(std::string_view conf) {
   config_ = std::move(next);
 }
 
-DeviceStats Allocator::stats(int device) const { return checked_device(device).stats(); }
+DeviceStats Allocator::stats(int device) const { return checked_device(device).reports().stats(); }
 
 std::optional<std::int64_t> Allocator::stat(int device, std::string_view key) const {
-  return checked_device(device).stats().get(key);
+  return checked_device(device).reports().stats().get(key);
 }
 
-void Allocator::reset_peak_stats(int device) { checked_device(device).reset_peak_stats(); }
+void Allocator::reset_peak_stats(int device) { checked_device(device).reports().reset_peak_stats(); }
 
 double Allocator::memory_fraction(int device) const {
   return checked_device(device).memory_fraction();
@@ -216,25 +216,25 @@ void Allocator::begin_allocate_to_pool(int device, PoolId id, StreamFilter filte
   }
   DeviceAllocator& d = checked_device(device);
   if (tag != 0) d.residency().name_tag(tag, tag_name(tag));
-  d.begin_allocate_to_pool(id, std::move(filter), tag, backup);
+  d.pool_routes().begin_allocate_to_pool(id, std::move(filter), tag, backup);
 }
 
 void Allocator::end_allocate_to_pool(int device, PoolId id) {
-  checked_device(device).end_allocate_to_pool(id);
+  checked_device(device).pool_routes().end_allocate_to_pool(id);
 }
 
-void Allocator::release_pool(int device, PoolId id) { checked_device(device).release_pool(id); }
+void Allocator::release_pool(int device, PoolId id) { checked_device(device).pool_routes().release_pool(id); }
 
-void Allocator::set_pool_no_split(int device, PoolId id) { checked_device(device).set_no_split(id); }
+void Allocator::set_pool_no_split(int device, PoolId id) { checked_device(device).pool_routes().set_no_split(id); }
 
 void Allocator::reset_accumulated_stats(int device) {
-  checked_device(device).reset_accumulated_stats();
+  checked_device(device).reports().reset_accumulated_stats();
 }
 
 Snapshot Allocator::snapshot() const {
   Snapshot snap;
   for (int d = 0; d < device_count_; ++d)
-    snap.device_traces.push_back(devices_[static_cast<std::size_t>(d)]->snapshot(snap.segments));
+    snap.device_traces.push_back(devices_[static_cast<std::size_t>(d)]->reports().snapshot(snap.segments));
   const Config c = config();
   snap.settings = c.source;
   snap.max_split_size = c.max_split_size;

@@ -33,8 +33,8 @@ std::string Allocator::memory_summary(int device) const {
   // records a `snapshot` entry when recording is on). Statistics and segments are read under
   // two separate lock acquisitions, so under concurrent use they may differ by a few operations.
   std::vector<SegmentSnapshot> segments;
-  (void)d.snapshot(segments);
-  const DeviceStats stats = d.stats();
+  (void)d.reports().snapshot(segments);
+  const DeviceStats stats = d.reports().stats();
   return detail::memory_summary(stats, device, detail::summary_extras(segments, device));
 }
 
@@ -67,20 +67,20 @@ void Allocator::set_trace_observer(std::function<void(int device, const TraceEnt
   for (int d = 0; d < device_count_; ++d) {
     std::function<void(const TraceEntry&)> one;
     if (observer) one = [observer, d](const TraceEntry& e) { observer(d, e); };
-    devices_[static_cast<std::size_t>(d)]->observe(std::move(one));
+    devices_[static_cast<std::size_t>(d)]->reports().observe(std::move(one));
   }
 }
 
 std::size_t Allocator::largest_request(int device) const {
-  return checked_device(device).largest_request();
+  return checked_device(device).reports().largest_request();
 }
 
 std::vector<SegmentSnapshot> Allocator::segments(int device) const {
   std::vector<SegmentSnapshot> out;
   if (device >= 0) {
-    checked_device(device).segments(out);
+    checked_device(device).reports().segments(out);
   } else {
-    for (int d = 0; d < device_count_; ++d) devices_[static_cast<std::size_t>(d)]->segments(out);
+    for (int d = 0; d < device_count_; ++d) devices_[static_cast<std::size_t>(d)]->reports().segments(out);
   }
   return out;
 }

@@ -235,101 +235,12 @@ void DeviceAllocator::empty_cache() {
   release_cached_blocks();
 }
 
-// ---- private pools ------------------------------------------------------------------------------
-
-void DeviceAllocator::begin_allocate_to_pool(PoolId id, StreamFilter filter, std::uint16_t tag,
-                                             bool backup) {
-  if (tag != 0 && !pages_.supported())
-    throw backend_error(fmt::format(
-        "a graph pool begun in a region is tagged: its memory is mapped in pages, and backend:{} "
-        "has no virtual-memory API on device {}", backend_.name(), device_));
-  std::lock_guard lock(mutex_);
-  pools_.begin(id, std::move(filter), tag, backup);
-  note_hit_rules();  // no cache hit while a route is underway
-}
-
-void DeviceAllocator::end_allocate_to_pool(PoolId id) {
-  std::lock_guard lock(mutex_);
-  pools_.end(id);
-  // The deferred events wait for the next allocation: the capture has not ended yet.
-  note_hit_rules();
-}
-
-void DeviceAllocator::set_no_split(PoolId id) {
-  std::lock_guard lock(mutex_);
-  pools_.set_no_split(id);
-}
-
-void DeviceAllocator::release_pool(PoolId id) {
-  std::lock_guard lock(mutex_);
-  if (pools_.release(id)) release_unused_pools();
-}
-
 // ---- queries ------------------------------------------------------------------------------------
-
-DeviceStats DeviceAllocator::stats() {
-  std::lock_guard lock(mutex_);
-  poll_events(nullptr);
-  return stats_locked();
-}
 
 DeviceStats DeviceAllocator::stats_locked() const noexcept {
   DeviceStats out = stats_;
   hot_.expand(out);
   return out;
-}
-
-std::vector<TraceEntry> DeviceAllocator::snapshot(std::vector<SegmentSnapshot>& out) {
-  std::lock_guard lock(mutex_);
-  poll_events(nullptr);  // blocks whose streams are done are shown free
-  recorder_.trace(TraceAction::snapshot, nullptr, 0, nullptr);
-  store_.snapshot(device_, out, /*oldest_first=*/false, &residency_.tag_names());
-  return recorder_.entries();
-}
-
-void DeviceAllocator::segments(std::vector<SegmentSnapshot>& out) {
-  std::lock_guard lock(mutex_);
-  poll_events(nullptr);
-  store_.snapshot(device_, out, /*oldest_first=*/false, &residency_.tag_names());
-}
-
-void DeviceAllocator::observe(std::function<void(const TraceEntry&)> observer) {
-  std::lock_guard lock(mutex_);
-  recorder_.observe(std::move(observer));
-  note_hit_rules();
-}
-
-std::size_t DeviceAllocator::largest_request() {
-  std::lock_guard lock(mutex_);
-  poll_events(nullptr);  // blocks whose streams are done are free
-  std::size_t best = store_.largest_free_block();
-  const MemoryInfo info = backend_.memory_info(device_);
-  // Plain segments round to 2 MiB; expandable ranges map whole pages.
-  const std::size_t page = config_.expandable_segments ? pages_.granularity() : detail::kRoundLarge;
-  const std::size_t room = std::min(info.free, ledger_.room()) / page * page;
-  best = std::max(best, room);
-  if (config_.stitching) {
-    const std::size_t all = detail::round_up(info.total, page);
-    best = std::max(best, stitcher_.pages_within_reach(nullptr, all) * page);
-  }
-  return best;
-}
-
-void DeviceAllocator::reset_peak_stats() {
-  std::lock_guard lock(mutex_);
-  stats_.reset_peak();
-  hot_.reset_peak();
-}
-
-void DeviceAllocator::reset_accumulated_stats() {
-  std::lock_guard lock(mutex_);
-  stats_.reset_accumulated();
-  hot_.reset_accumulated();
-}
-
-void DeviceAllocator::count_invalid_free() {
-  std::lock_guard lock(mutex_);
-  ++stats_.num_invalid_frees;
 }
 
 std::optional<BlockInfo> DeviceAllocator::find(const void* ptr) const {

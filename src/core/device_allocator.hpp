@@ -15,11 +15,13 @@
 // - plain_segments.hpp: cudaMalloc'd segments; expandable_ranges.hpp: expandable segments;
 // - page_mapper.hpp: the only caller of the virtual-memory API;
 // - stitcher.hpp: virtual-memory stitching; compactor.hpp: compaction (stitch_compact);
-// - residency.hpp (and sleeper.hpp under it): where region-tagged memory lives: sleep, wake, trim.
+// - residency.hpp (and sleeper.hpp under it): where region-tagged memory lives: sleep, wake, trim;
+// - placement.hpp: blocks where a recording had them (replays' start states, exact addresses);
+// - reports.hpp: what the device says about itself (statistics, snapshots, the trace observer);
+// - pool_routes.hpp: the entry points of private pools (routes, no-split, releases).
 // Member functions by file: device_allocator.cpp (entry points, fast path), device_growth.cpp
-// (the out-of-memory ladder), device_oom.cpp (a failed request), device_seed.cpp (replays'
-// start state), device_validate.cpp (the cross-checks of validate()), device_tagged.cpp (tagged
-// allocations).
+// (the out-of-memory ladder), device_oom.cpp (a failed request), device_validate.cpp (the
+// cross-checks of validate()), device_tagged.cpp (tagged allocations).
 #pragma once
 
 #include <atomic>
@@ -43,6 +45,9 @@
 #include "core/page_mapper.hpp"
 #include "core/plain_segments.hpp"
 #include "core/private_pools.hpp"
+#include "core/placement.hpp"
+#include "core/pool_routes.hpp"
+#include "core/reports.hpp"
 #include "core/residency.hpp"
 #include "core/stream_shards.hpp"
 #include "core/stitcher.hpp"
@@ -122,22 +127,8 @@ class DeviceAllocator {
   /// every request. Results are identical either way; tests and benchmarks compare the two.
   void set_cache_hit(bool on);
 
-  /// The statistics, after retiring the cross-stream events that have completed (so a block
-  /// whose streams are done counts as free, not active, whether or not an allocation came since).
-  [[nodiscard]] DeviceStats stats();
-  /// Appends this device's segments to `out` and returns its trace (records a `snapshot`).
-  std::vector<TraceEntry> snapshot(std::vector<SegmentSnapshot>& out);
-  /// Appends this device's segments to `out` (no trace entry).
-  void segments(std::vector<SegmentSnapshot>& out);
-  /// Shows every trace event of this device to `observer` from now on (empty: none), under the
-  /// device lock (Allocator::set_trace_observer).
-  void observe(std::function<void(const TraceEntry&)> observer);
-  /// The largest request that would succeed now without freeing live memory: a free block, the
-  /// device's room within the cap, or (stitching) the pages a stitch would find.
-  [[nodiscard]] std::size_t largest_request();
-  void reset_peak_stats();
-  void reset_accumulated_stats();
-  void count_invalid_free();
+  /// Statistics and their resets, snapshots, the trace observer, the largest request.
+  [[nodiscard]] detail::Reports& reports() noexcept { return reports_; }
   [[nodiscard]] std::optional<BlockInfo> find(const void* ptr) const;
   /// Throws stitch::error on the first broken invariant (see Allocator::validate): each type
   /// checks its own, and this checks them against each other and the statistics.
@@ -145,51 +136,21 @@ class DeviceAllocator {
 
   [[nodiscard]] int device() const noexcept { return device_; }
 
-  // ---- private pools: CUDA graphs and MemPools (core/private_pools.hpp) ------------------------
-  /// Routes the allocations on the streams `filter` accepts to private pool `id` (created at the
-  /// first call, with region tag `tag` and `backup`; each call is one use) until
-  /// end_allocate_to_pool(id).
-  void begin_allocate_to_pool(PoolId id, StreamFilter filter, std::uint16_t tag = 0,
-                              bool backup = false);
-  /// Ends the route to `id` begun last; once no route is left, the events of the blocks freed
-  /// meanwhile are recorded at the next allocation (or empty_cache), after the capture itself
-  /// has ended. Throws invalid_argument if no route to `id` is underway.
-  void end_allocate_to_pool(PoolId id);
-  /// Pool `id`'s free blocks serve requests whole from now on (PyTorch's setNoSplit).
-  void set_no_split(PoolId id);
-  /// Drops one use of pool `id`; at none, its memory goes back to the device as soon as (and
-  /// whenever) its blocks are all free and no route is underway. Throws invalid_argument for an
-  /// unknown pool.
-  void release_pool(PoolId id);
+  // ---- private pools: CUDA graphs and MemPools (core/pool_routes.hpp, core/private_pools.hpp) -----
+  /// Routes begun and ended, a pool's no-split rule, a use released.
+  [[nodiscard]] detail::PoolRoutes& pool_routes() noexcept { return pool_routes_; }
 
-  // ---- for replays: a recorded start state, and releases as the recording made them
-  //      (device_seed.cpp) -------------------------------------------------------------------
+  // ---- blocks where a recording had them (core/placement.hpp) -----------------------------------
   using SeedBlock = detail::SeedBlock;
   using SeedRun = detail::SeedRun;
-  /// A plain segment of `bytes` in the small or large pool of `stream`, with `blocks` (address
-  /// order, inside it, not overlapping) allocated and the rest free, as if the blocks had been
-  /// allocated and their neighbours freed. Returns the blocks' pointers in order; empty when
-  /// the device cannot give the segment (nothing changed then).
-  std::vector<void*> seed_segment(stream_t stream, bool small, std::size_t bytes,
-                                  const std::vector<SeedBlock>& blocks);
-  /// A new expandable range of `stream` and pool with `runs` (address order) mapped and
-  /// `blocks` allocated in them. Returns the blocks' pointers in order (nullptr for a block of a
-  /// run the device could not map; the runs before it stay).
-  std::vector<void*> seed_expandable(stream_t stream, bool small, const std::vector<SeedRun>& runs,
-                                     const std::vector<SeedBlock>& blocks);
-  /// A block of `block_bytes` serving `requested` bytes at exactly `addr` for `stream`, cut from
-  /// the free block of `stream` that holds it (PyTorch's allocateWithAddress, and a cudagraph
-  /// tree's checkpoint restored); nullptr, with nothing changed, when no such free block holds
-  /// all of it.
-  void* allocate_at(void* addr, std::size_t block_bytes, std::size_t requested, stream_t stream);
-  /// Returns one entirely free plain segment of exactly `bytes` on `stream` to the device (the
-  /// one with the lowest address); false if there is none.
-  bool release_free_segment(stream_t stream, std::size_t bytes);
-  /// The page size of expandable ranges in the small or large pool.
-  [[nodiscard]] std::size_t expandable_page(bool small);
+  /// A recorded start state, releases as the recording made them, and blocks at an exact address.
+  [[nodiscard]] detail::Placement& placement() noexcept { return placement_; }
 
  private:
   friend class detail::Residency;  // the tags' entry points use the lock, cache and events
+  friend class detail::Placement;  // places blocks under the lock, as live ones
+  friend class detail::Reports;    // reads the statistics and the store under the lock
+  friend class detail::PoolRoutes; // routes allocations, with the cache hit closed meanwhile
   using Block = detail::Block;
   using BlockPool = detail::BlockPool;
 
@@ -210,8 +171,6 @@ class DeviceAllocator {
   /// Best fit in `pool`, else the out-of-memory ladder; the block activated and entered live.
   [[gnu::always_inline]] inline Allocation allocate_from(BlockPool& pool, std::size_t size,
                                                          std::size_t rounded, stream_t stream);
-  /// A placed block of a recorded start state becomes live (device_seed.cpp).
-  void seeded(Block* block, const SeedBlock& seed);
   /// A pending block's last event completed: it becomes free.
   void complete_pending(Block* block);
   /// Retires the completed events, when the device may be touched: for an allocation on
@@ -272,6 +231,9 @@ class DeviceAllocator {
   detail::ExpandableRanges ranges_{config_, store_, pages_, ledger_, stitcher_};
   detail::Compactor compactor_{config_, store_, pages_, ledger_, stitcher_, stats_};
   detail::Residency residency_{*this};  ///< the tags: sleep, wake, trim (a friend)
+  detail::Placement placement_{*this};  ///< recorded start states, exact addresses (a friend)
+  detail::Reports reports_{*this};      ///< statistics, snapshots, the observer (a friend)
+  detail::PoolRoutes pool_routes_{*this};  ///< private pools' routes (a friend)
   const void* owner_ = nullptr;          ///< the Allocator whose regions tag (set_owner)
   std::atomic<bool> python_frames_{false};  ///< the history takes Python frames
   /// The failure of the request in progress, until malloc hands it to its caller.

@@ -145,7 +145,7 @@ std::vector<bool> Replay::seed_held() {
     }
     std::vector<std::size_t> index;
     const auto blocks = seeds(s.addr, s.addr, s.addr + s.size, s.small, index);
-    const std::vector<void*> ptrs = device_->seed_segment(as_stream(s.stream), s.small, s.size, blocks);
+    const std::vector<void*> ptrs = device_->placement().seed_segment(as_stream(s.stream), s.small, s.size, blocks);
     if (ptrs.size() != blocks.size()) {
       ++failures_;
       continue;
@@ -156,7 +156,7 @@ std::vector<bool> Replay::seed_held() {
   for (const auto& [key, runs] : ranges) {
     const bool small = key.second;
     const std::uintptr_t base = runs.front()->addr;
-    const std::size_t page = device_->expandable_page(small);
+    const std::size_t page = device_->placement().expandable_page(small);
     std::vector<DeviceAllocator::SeedRun> seed_runs;
     std::vector<DeviceAllocator::SeedBlock> blocks;
     std::vector<std::size_t> index;
@@ -168,7 +168,7 @@ std::vector<bool> Replay::seed_held() {
       blocks.insert(blocks.end(), inside.begin(), inside.end());
     }
     if (!aligned) continue;  // another page size than the recording's: blocks allocated below
-    const std::vector<void*> ptrs = device_->seed_expandable(as_stream(key.first), small, seed_runs, blocks);
+    const std::vector<void*> ptrs = device_->placement().seed_expandable(as_stream(key.first), small, seed_runs, blocks);
     seeded_ += runs.size();
     record(ptrs, index);
   }
@@ -213,7 +213,7 @@ bool Replay::step(const Event& e) {
       if (setup_.honour_releases) device_->empty_cache();
       return true;
     case Event::Kind::release_segment:
-      if (setup_.honour_releases) (void)device_->release_free_segment(as_stream(e.stream), e.size);
+      if (setup_.honour_releases) (void)device_->placement().release_free_segment(as_stream(e.stream), e.size);
       return true;
     case Event::Kind::none:
       return true;
@@ -221,11 +221,11 @@ bool Replay::step(const Event& e) {
   return true;
 }
 
-DeviceStats Replay::stats() const { return device_->stats(); }
+DeviceStats Replay::stats() const { return device_->reports().stats(); }
 
 Snapshot Replay::snapshot() const {
   Snapshot snap;
-  snap.device_traces.push_back(device_->snapshot(snap.segments));
+  snap.device_traces.push_back(device_->reports().snapshot(snap.segments));
   return snap;
 }
 
