@@ -21,6 +21,8 @@ using detail::BlockState;
 DeviceAllocator::DeviceAllocator(int device, Backend& backend, const Config& config)
     : device_(device), backend_(backend) {
   set_config(config, true);
+  // A sleep's unmap that failed stays reserved until the page mapper's retry unmaps it.
+  pages_.on_unbooked([this](bool small, const char* va, std::size_t bytes) { ledger_.stray_unmapped(small, va, bytes); });
 }
 
 DeviceAllocator::~DeviceAllocator() {

@@ -71,6 +71,13 @@ class Ledger {
     ++stats_.num_device_free;
     sub(stats_.reserved_bytes, s.small, static_cast<std::int64_t>(bytes));
   }
+  /// A stray range (a sleep's unmap that failed) of the small or large pool was unmapped at last
+  /// by a retry: it leaves reserved memory now.
+  void stray_unmapped(bool small, const char* at, std::size_t bytes) noexcept {
+    history_.trace(TraceAction::segment_unmap, at, bytes, nullptr);
+    ++stats_.num_device_free;
+    sub(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
+  }
   /// A free block's memory is lent to a stitched range of the pool `to_small` (mapped there a
   /// second time): it counts there from now on, and where it lies it looks unmapped. No call.
   void lent(const Block& b, bool to_small) noexcept {

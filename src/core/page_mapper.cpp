@@ -14,9 +14,9 @@
 namespace stitch::detail {
 
 PageMapper::~PageMapper() {
-  for (const auto& [va, bytes] : strays_) {
+  for (const Stray& st : strays_) {
     try {
-      backend_.unmap(device_, va, bytes);
+      backend_.unmap(device_, st.va, st.bytes);
     } catch (...) {
     }
   }
@@ -143,37 +143,52 @@ void PageMapper::release_or_orphan(phys_handle_t handle) noexcept {
   }
 }
 
-void PageMapper::unmap_or_stray(char* va, std::size_t bytes) noexcept {
+void PageMapper::unmap_or_stray(char* va, std::size_t bytes, int booked) noexcept {
   try {
     backend_.unmap(device_, va, bytes);
+    if (booked >= 0) unmapped_stray(Stray{va, bytes, booked});
   } catch (...) {  // the caller's first error is what it reports; this one is retried later
     try {
-      strays_.emplace_back(va, bytes);
+      strays_.push_back(Stray{va, bytes, booked});
     } catch (...) {  // no memory to remember it: the range stays mapped until the device goes
     }
   }
 }
 
+void PageMapper::unmapped_stray(const Stray& s) noexcept {
+  if (s.booked >= 0 && unbooked_) unbooked_(s.booked == 1, s.va, s.bytes);
+}
+
+std::size_t PageMapper::booked_strays(bool small) const noexcept {
+  std::size_t n = 0;
+  for (const Stray& s : strays_)
+    if (s.booked == (small ? 1 : 0)) n += s.bytes;
+  return n;
+}
+
 void PageMapper::unmap_strays_in(char* va, std::size_t bytes) {
   for (auto it = strays_.begin(); it != strays_.end();) {
-    const auto [at, size] = *it;
-    const bool overlaps = at < va + bytes && va < at + size;
+    const Stray st = *it;
+    const bool overlaps = st.va < va + bytes && va < st.va + st.bytes;
     try {
-      backend_.unmap(device_, at, size);
+      backend_.unmap(device_, st.va, st.bytes);
     } catch (...) {
       if (overlaps) throw;  // still stray, retried next time
       ++it;
       continue;
     }
     it = strays_.erase(it);
+    unmapped_stray(st);
   }
 }
 
 void PageMapper::retry() noexcept {
   for (auto it = strays_.begin(); it != strays_.end();) {
     try {
-      backend_.unmap(device_, it->first, it->second);
+      backend_.unmap(device_, it->va, it->bytes);
+      const Stray st = *it;
       it = strays_.erase(it);
+      unmapped_stray(st);
     } catch (...) {
       ++it;
     }

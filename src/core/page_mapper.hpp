@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <exception>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -87,8 +88,16 @@ class PageMapper {
   std::exception_ptr release(Segment& segment, std::size_t first, std::size_t last) noexcept;
   /// Releases `handle`, or keeps it as an orphan when that fails.
   void release_or_orphan(phys_handle_t handle) noexcept;
-  /// Unmaps `bytes` at `va` while undoing; if that fails too, files the range as stray.
-  void unmap_or_stray(char* va, std::size_t bytes) noexcept;
+  /// Unmaps `bytes` at `va` while undoing; if that fails too, files the range as stray. A range
+  /// the device's reserved memory counts (`booked`: its pool, 1 small, 0 large; -1 none) stays
+  /// counted until the stray is unmapped, and the unbooked hook books it then.
+  void unmap_or_stray(char* va, std::size_t bytes, int booked = -1) noexcept;
+  /// Called when a booked stray range is finally unmapped: (small, va, bytes).
+  void on_unbooked(std::function<void(bool small, const char* va, std::size_t bytes)> hook) {
+    unbooked_ = std::move(hook);
+  }
+  /// Bytes of booked stray ranges of the small (`small`) or large pool: still reserved.
+  [[nodiscard]] std::size_t booked_strays(bool small) const noexcept;
   /// Before mapping at [va, va + bytes): unmaps the stray ranges that overlap it, and throws
   /// (keeping them) if one fails again; the other strays get one more try, and stay stray if it
   /// fails (a stray that cannot be unmapped blocks only the addresses it covers).
@@ -138,7 +147,15 @@ class PageMapper {
   Backend& backend_;
   const int device_;
   std::vector<phys_handle_t> orphans_;
-  std::vector<std::pair<char*, std::size_t>> strays_;
+  struct Stray {
+    char* va;
+    std::size_t bytes;
+    int booked;  ///< the pool whose reserved memory still counts it (1 small, 0 large), or -1
+  };
+  /// A stray range was unmapped at last: its booking ends.
+  void unmapped_stray(const Stray& s) noexcept;
+  std::vector<Stray> strays_;
+  std::function<void(bool, const char*, std::size_t)> unbooked_;
   std::vector<std::pair<char*, std::size_t>> lost_reservations_;  ///< scratch ranges to release
 };
 

@@ -126,14 +126,15 @@ std::string Sleeper::give_back(std::vector<Slept>& plan) noexcept {
       const std::size_t bytes = m.count * seg.page;
       try {
         pages_.unmap(at, bytes);
+        ledger_.unmapped(seg, at, bytes);
       } catch (const std::exception& e) {
-        // The bookkeeping calls it unmapped from here on: the page mapper retries the unmap
-        // before the next map there and before memory goes back to the device.
-        pages_.unmap_or_stray(at, bytes);
+        // The range is asleep from here on; its pages stay mapped until the page mapper's retry
+        // (before the next map there and before memory goes back to the device), and reserved
+        // memory counts them until then (booked: the ledger hears of the unmap when it happens).
+        pages_.unmap_or_stray(at, bytes, seg.small ? 1 : 0);
         note_failure(failure, e.what());
         ++kept;
       }
-      ledger_.unmapped(seg, at, bytes);
       if (std::exception_ptr e = pages_.release(seg, m.first, m.first + m.count); e && failure.empty()) {
         try {
           std::rethrow_exception(e);
