@@ -324,7 +324,7 @@ std::string PageMapper::map_over(Segment& s, const std::vector<SlotRun>& keep,
       error += std::string("; taking back a mapped run failed too: ") + e.what();
     }
   }
-  return error.empty() ? std::string("an unknown error") : error;
+  return error;
 }
 
 bool PageMapper::remap_through_host(const Mapping& m, const std::vector<SlotRun>& keep,
@@ -353,7 +353,7 @@ bool PageMapper::remap_through_host(const Mapping& m, const std::vector<SlotRun>
   if (old != 0) release_or_orphan(old);
   std::string error;
   bool out_of_memory = false;
-  for (std::size_t i = 0; i < kept && error.empty(); ++i) {
+  for (std::size_t i = 0; i < kept; ++i) {
     phys_handle_t h = 0;
     try {
       h = create(page);
