@@ -339,6 +339,24 @@ else
   cost_status sleep-cost --sleep-cost-status
 fi
 
+# ---- 7a. spill: kernels on spilled blocks, spill/unspill bandwidth against pinned copies, a matmul
+# over spilled weights (tests/cuda/cuda_spill_test.cu; the RESULT line goes into the report) --------
+SPILL_TESTS="$BUILD/tests/cuda/stitch_cuda_tests"
+if [ $have_gpu = yes ] && [ -x "$SPILL_TESTS" ] && [ "$(remaining)" -gt 60 ]; then
+  t0=$SECONDS
+  timeout --kill-after=10 "$(limit 120 40)" "$SPILL_TESTS" --gtest_filter='CudaSpill.*' >"$OUT/spill.log" 2>&1
+  rc=$?
+  spill_result=$(grep -m1 '^RESULT spill ' "$OUT/spill.log" | sed 's/^RESULT spill //')
+  skipped=$(grep -m1 -o 'Skipped.*' "$OUT/spill.log" | head -c 200)
+  if [ $rc -eq 0 ] && [ -z "$spill_result" ] && [ -n "$skipped" ]; then
+    record spill skipped $((SECONDS - t0)) "$skipped"
+  else
+    record spill "$(status_of_rc $rc)" $((SECONDS - t0)) "${spill_result:-no RESULT line (rc=$rc); see spill.log}"
+  fi
+else
+  record spill skipped 0 "needs a GPU and stitch_cuda_tests"
+fi
+
 # ---- 7b. PyTorch end to end: the example trains with each allocator; a deliberate OOM ---------------
 # Same seeds and --deterministic: the losses must match the native allocator's. Each run is a fresh
 # process (an allocator can only be installed before CUDA initialises).

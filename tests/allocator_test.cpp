@@ -477,7 +477,7 @@ std::vector<std::string> all_pytorch_keys() {
     for (const char* pool : {"all", "small_pool", "large_pool"})
       for (const char* part : {"current", "peak", "allocated", "freed"})
         keys.push_back(std::string(name) + "." + pool + "." + part);
-  for (const char* name : {"oversize_allocations", "oversize_segments", "sleeping_bytes"})
+  for (const char* name : {"oversize_allocations", "oversize_segments", "sleeping_bytes", "spilled_bytes"})
     for (const char* part : {"current", "peak", "allocated", "freed"})
       keys.push_back(std::string(name) + "." + part);
   for (const char* name : {"num_alloc_retries", "num_ooms", "num_sync_all_streams",
@@ -485,7 +485,7 @@ std::vector<std::string> all_pytorch_keys() {
                            "num_stitches", "stitched_bytes", "num_page_reuses", "num_page_borrows",
                            "num_cache_hits", "num_compactions", "num_staged_compactions",
                            "num_compactions_refused", "compacted_bytes", "num_device_syncs", "num_sleeps",
-                           "num_wakes", "max_split_size"})
+                           "num_wakes", "num_spills", "num_unspills", "max_split_size"})
     keys.emplace_back(name);
   return keys;
 }

@@ -105,17 +105,22 @@ class STITCH_EXPORT Allocator {
   /// this allocator, on every device, carry `tag`. Regions nest (the innermost wins); other
   /// threads' allocations are not tagged. Tagged memory lies in expandable ranges of its own,
   /// whatever the configuration says for untagged memory, and its pages never serve another tag.
-  /// `backup`: its live blocks are copied to host memory at every sleep and back at the wake.
-  /// Throws invalid_argument for an empty tag, or one with a comma.
-  void begin_region(std::string_view tag, bool backup = false);
+  /// `flags` (a bit set, as stitch_region_begin's): kRegionBackup: the live blocks allocated in
+  /// it are copied to host memory at every sleep and back at the wake (per allocation);
+  /// kRegionSpill: the tag's memory may move to host pages (stitch_spill, spill:tags): once a
+  /// region opens a tag with it, the whole tag may spill, whichever region allocated its blocks.
+  /// Throws invalid_argument for an empty tag, one with a comma, or unknown flags.
+  void begin_region(std::string_view tag, unsigned flags = 0);
+  static constexpr unsigned kRegionBackup = 1;  ///< STITCH_REGION_BACKUP
+  static constexpr unsigned kRegionSpill = 2;   ///< STITCH_REGION_SPILL
   /// Closes the calling thread's innermost region of this allocator. Throws invalid_argument
   /// when none is open.
   void end_region();
   /// A region for the life of a scope.
   class Region {
    public:
-    Region(Allocator& allocator, std::string_view tag, bool backup = false) : allocator_(allocator) {
-      allocator.begin_region(tag, backup);
+    Region(Allocator& allocator, std::string_view tag, unsigned flags = 0) : allocator_(allocator) {
+      allocator.begin_region(tag, flags);
     }
     ~Region() {
       try {
@@ -142,8 +147,21 @@ class STITCH_EXPORT Allocator {
   /// pages at the same addresses, the backups copied back. Throws out_of_memory with the report
   /// when the device cannot give the pages: nothing changed on that device, the tags stay asleep.
   void wake(int device = -1, std::optional<std::string_view> tags = std::nullopt);
+  /// Moves the live memory of the tags in `tags` (comma-separated; nullopt: every tag opened with
+  /// kRegionSpill) on `device` (-1: every device) to host pages under the same addresses: all of
+  /// it (`bytes` 0) or at least `bytes` per device, coldest tag first; the free device pages of
+  /// their ranges go back to the device. All or nothing per device: out_of_memory when the host
+  /// (or spill_limit_mb) cannot take it; invalid_argument for a tag never used or not spillable;
+  /// stitch::error while a graph is captured or where the back end has no host pages. Returns
+  /// the bytes moved (docs/spill.md).
+  std::size_t spill(int device = -1, std::optional<std::string_view> tags = std::nullopt,
+                    std::size_t bytes = 0);
+  /// Brings the spilled memory of `tags` (nullopt: everything spilled, untagged too) on `device`
+  /// (-1: every device) back to device pages, range by range, releasing cached free memory first
+  /// when the device has no room. Throws out_of_memory naming what stays on the host.
+  void unspill(int device = -1, std::optional<std::string_view> tags = std::nullopt);
   /// What is resident on `device` (-1: every device) as JSON: untagged live and cached memory,
-  /// private pools, each tag awake or asleep, the host backups.
+  /// private pools, each tag awake, spilled or asleep, the host pages and backups.
   [[nodiscard]] std::string residency(int device = -1) const;
   /// The tag of the calling thread's innermost region of this allocator ("" when none).
   [[nodiscard]] std::string current_region() const;

@@ -65,6 +65,17 @@ struct STITCH_EXPORT Config {
   /// an allocation runs, no other host thread launches work that touches stitch memory on that
   /// device (docs/stitching.md, "Compaction").
   bool stitch_compact = false;
+  /// spill:off|tags|all (off; needs expandable_segments:True and a back end with host pages):
+  /// the last rung of the out-of-memory ladder, after compaction. `tags` moves the live memory of
+  /// region tags opened with STITCH_REGION_SPILL to host pages under the same addresses, coldest
+  /// tag first; `all` may then move untagged live memory too, oldest pages first, never pinned or
+  /// exported blocks. Moving untagged memory relies on the compaction rule: while an allocation
+  /// runs, no other host thread launches work that touches that device's stitch memory
+  /// (docs/spill.md).
+  enum class Spill : std::uint8_t { off, tags, all };
+  Spill spill = Spill::off;
+  /// spill_limit_mb:N (0: no cap): the host memory spilled pages may take on each device.
+  std::size_t spill_limit = 0;
   /// peer_access:True|False (backend:cuda; False): with True, the memory of expandable
   /// segments and stitching is mapped readable and writable for every device that can access
   /// the owning one peer to peer (cuDeviceCanAccessPeer), so other GPUs' kernels and copies may

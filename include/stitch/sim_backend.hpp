@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <memory>
 #include <string>
 
@@ -168,6 +169,9 @@ class STITCH_EXPORT SimBackend : public Backend {
   [[nodiscard]] std::uint64_t call_count(SimCall call) const;
   /// Bytes those calls asked for (allocate, create_physical, map, unmap; 0 for the others).
   [[nodiscard]] std::uint64_t call_bytes(SimCall call) const;
+  /// Of the copy() calls, those with a side on host pages mapped in the device's ranges (spill
+  /// and unspill: they cross the bus), and their bytes.
+  [[nodiscard]] std::pair<std::uint64_t, std::uint64_t> bus_copies() const;
   /// Faults that fired so far.
   [[nodiscard]] std::uint64_t faults_fired() const;
   /// Usage figures of a device.

@@ -41,6 +41,9 @@ struct SegmentSnapshot {
   /// to the snapshot only for tagged segments ("tag", "sleeping").
   std::string tag;
   bool sleeping = false;
+  /// stitch only: bytes of it on host pages (spilled, stitch_spill; written as "spilled_bytes"
+  /// when not 0). The memory stays at its addresses; reserved memory does not count it.
+  std::size_t spilled_bytes = 0;
   std::vector<BlockSnapshot> blocks;
 };
 

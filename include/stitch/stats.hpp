@@ -53,6 +53,9 @@ struct STITCH_EXPORT DeviceStats {
   /// Bytes of live blocks asleep (stitch_sleep): counted in allocated_bytes, not in
   /// reserved_bytes, whose pages went back to the device.
   Stat sleeping_bytes;
+  /// Bytes of host pages mapped in the device's ranges (spilled, stitch_spill): the live blocks
+  /// on them count in allocated_bytes; the pages count here, not in reserved_bytes.
+  Stat spilled_bytes;
 
   std::int64_t num_alloc_retries = 0;     ///< allocations that succeeded only after a cache flush
   std::int64_t num_ooms = 0;              ///< out-of-memory failures
@@ -83,6 +86,9 @@ struct STITCH_EXPORT DeviceStats {
                                           ///< sleep)
   std::int64_t num_sleeps = 0;            ///< stitch_sleep calls that put a range to sleep here
   std::int64_t num_wakes = 0;             ///< stitch_wake calls that woke a range here
+  std::int64_t num_spills = 0;            ///< spills that moved memory to host pages here
+                                          ///< (stitch_spill calls and the OOM ladder's rung)
+  std::int64_t num_unspills = 0;          ///< unspills that brought host pages back here
   std::int64_t max_split_size = -1;       ///< the configured max_split_size (-1: unlimited)
 
   /// Looks a value up by its flat key, e.g. "reserved_bytes.all.peak" or "num_ooms".

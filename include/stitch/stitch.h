@@ -49,13 +49,19 @@ STITCH_API int stitch_empty_cache(int device);
 STITCH_API int stitch_trim(int device, size_t keep_bytes);
 
 /* ---- region tags, sleep and wake (docs/sleep.md) ------------------------------------------- */
+/** stitch_region_begin's flags (a bit set). */
+#define STITCH_REGION_BACKUP 1 /* live blocks allocated in the region are kept over a sleep */
+#define STITCH_REGION_SPILL 2  /* the tag's memory may move to host pages (docs/spill.md) */
 /** Opens a region on the calling thread: until its stitch_region_end(), the thread's
  *  allocations, on every device, carry `tag` (regions nest; the innermost wins; other threads are
  *  not affected). Tagged memory lies in expandable ranges of its own, whatever the configuration
- *  says, and its pages never serve another tag. `backup` nonzero: the region's live blocks are
- *  copied to host memory at every sleep and back at the wake. 0 on success; an empty tag, or one
- *  with a comma, fails. */
-STITCH_API int stitch_region_begin(const char* tag, int backup);
+ *  says, and its pages never serve another tag. `flags`: STITCH_REGION_BACKUP: the live blocks
+ *  allocated in this region are copied to host memory at every sleep and back at the wake (per
+ *  allocation, as before: 0 and 1 mean what they always did); STITCH_REGION_SPILL: the tag's
+ *  memory may move to host pages (stitch_spill, spill:tags) — once any region opened the tag with
+ *  it, the whole tag may spill, whichever region allocated its blocks. 0 on success; an empty
+ *  tag, one with a comma, or other flag bits fail. */
+STITCH_API int stitch_region_begin(const char* tag, int flags);
 /** Closes the calling thread's innermost region; fails when none is open. */
 STITCH_API int stitch_region_end(void);
 /** Puts the tags in `tags` (comma-separated; NULL: every tag) to sleep on `device` (-1: every
@@ -72,8 +78,23 @@ STITCH_API int stitch_sleep(int device, const char* tags, const char* backup_tag
  *  When the device cannot give the memory, fails with the out-of-memory report and nothing
  *  changes on that device: the tags stay asleep, and the wake may be retried. 0 on success. */
 STITCH_API int stitch_wake(int device, const char* tags);
+/* ---- spill to host pages (docs/spill.md) ---------------------------------------------------- */
+/** Moves the live memory of `tags` (comma-separated; NULL: every tag opened with
+ *  STITCH_REGION_SPILL) on `device` (-1: every device) to host pages mapped under the same
+ *  addresses (kernels keep using them, over the bus), at least `bytes` of it per device (0: all),
+ *  coldest tag first; the free device pages of their ranges go back to the device. Pinned and
+ *  exported blocks stay. All or nothing per device: when the host (or spill_limit_mb) cannot take
+ *  it, it fails and nothing changes there. Fails for a tag never used or not opened with
+ *  STITCH_REGION_SPILL (the error names it), while a graph is captured, and where the back end
+ *  has no host pages. Synchronizes the device and its peers first. 0 on success. */
+STITCH_API int stitch_spill(int device, const char* tags, size_t bytes);
+/** Brings the spilled memory of `tags` (NULL: everything spilled, untagged memory too) on
+ *  `device` (-1: every device) back to device pages, range by range; like a wake, it releases
+ *  cached free memory before it gives up. 0 when everything is back; otherwise an out-of-memory
+ *  error naming what stays on the host (still usable at its address). */
+STITCH_API int stitch_unspill(int device, const char* tags);
 /** Writes, as JSON, what is resident on `device` (-1: every device): untagged live and cached
- *  memory, private pools, each tag awake or asleep, host backups; snprintf-style like
+ *  memory, private pools, each tag awake, spilled or asleep, spilled bytes, host backups; snprintf-style like
  *  stitch_memory_summary. Returns the full length; 0 on error. */
 STITCH_API size_t stitch_residency(int device, char* buf, size_t cap);
 

@@ -62,6 +62,8 @@ __all__ = [
     "wake",
     "trim",
     "residency",
+    "spill",
+    "unspill",
     "library_path",
 ]
 
@@ -360,12 +362,16 @@ def reset_peak_memory_stats(device: Device = None) -> None:
 
 # ---- region tags, sleep and wake (docs/sleep.md) -------------------------------------------------
 
-# The regions this thread opened through region(), innermost last: (tag, backup). Only
+# stitch_region_begin's flags (include/stitch/stitch.h).
+_REGION_BACKUP = 1
+_REGION_SPILL = 2
+
+# The regions this thread opened through region(), innermost last: (tag, flags). Only
 # _suspended_regions() reads it (the library keeps the authoritative stack, per thread too).
 _region_state = _threading.local()
 
 
-def _open_regions() -> "list[tuple[str, bool]]":
+def _open_regions() -> "list[tuple[str, int]]":
     stack = getattr(_region_state, "stack", None)
     if stack is None:
         stack = _region_state.stack = []
@@ -392,17 +398,18 @@ class _Region(_contextlib.ContextDecorator):
     """What :func:`region` returns: opens the region at ``__enter__`` and closes it at
     ``__exit__``, on the calling thread. Reusable, and usable as a decorator."""
 
-    def __init__(self, tag: str, backup: bool) -> None:
+    def __init__(self, tag: str, backup: bool, spill: bool = False) -> None:
         if not isinstance(tag, str):
             raise TypeError(f"stitch.region: tag must be a str, got {tag!r}")
         self.tag = tag
         self.backup = bool(backup)
+        self.spill = bool(spill)
 
     def __repr__(self) -> str:
-        return f"stitch.region({self.tag!r}, backup={self.backup})"
+        return f"stitch.region({self.tag!r}, backup={self.backup}, spill={self.spill})"
 
     def __enter__(self) -> "_Region":
-        _region_begin(self.tag, self.backup)
+        _region_begin(self.tag, (_REGION_BACKUP if self.backup else 0) | (_REGION_SPILL if self.spill else 0))
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -416,13 +423,13 @@ class _Region(_contextlib.ContextDecorator):
         return False
 
 
-def _region_begin(tag: str, backup: bool) -> None:
-    rc = _lib.require("stitch_region_begin")(tag.encode(), 1 if backup else 0)
+def _region_begin(tag: str, flags: int) -> None:
+    rc = _lib.require("stitch_region_begin")(tag.encode(), flags)
     _lib.check(rc != 0, "region_begin")
-    _open_regions().append((tag, backup))
+    _open_regions().append((tag, flags))
 
 
-def region(tag: str, backup: bool = False) -> _Region:
+def region(tag: str, backup: bool = False, spill: bool = False) -> _Region:
     """A context manager: allocations the calling thread makes inside ``with stitch.region(tag):``
     (on every device) carry ``tag``, so that :func:`sleep` can give their memory back.
 
@@ -430,10 +437,12 @@ def region(tag: str, backup: bool = False) -> _Region:
     nest (the innermost tag wins); the ``with`` block must end on the thread it began on. With
     ``backup=True`` the region's blocks are copied to host memory at every sleep and back at the
     wake; otherwise their contents are lost by a sleep (a KV cache, scratch space). Freed blocks
-    of a tag stay cached for that tag only. An empty tag, or one with a comma, raises StitchError.
-    Usable as a decorator too.
+    of a tag stay cached for that tag only. With ``spill=True`` the tag's memory may move to host
+    pages under the same addresses (:func:`spill`, ``spill:tags``): once any region opened the tag
+    with it, all of the tag may spill, whichever region allocated it. An empty tag, or one with a
+    comma, raises StitchError. Usable as a decorator too.
     """
-    return _Region(tag, backup)
+    return _Region(tag, backup, spill)
 
 
 @_contextlib.contextmanager
@@ -450,8 +459,8 @@ def _suspended_regions() -> Iterator[None]:
     try:
         yield
     finally:
-        for tag, backup in saved:
-            _region_begin(tag, backup)
+        for tag, flags in saved:
+            _region_begin(tag, flags)
 
 
 def sleep(tags: Tags = None, backup: Tags = None, device: Device = -1) -> "dict[str, Any]":
@@ -501,11 +510,38 @@ def trim(keep_bytes: int, device: Device = -1) -> None:
     _lib.check(rc != 0, "trim")
 
 
+def spill(tags: Tags = None, bytes: int = 0, device: Device = -1) -> "dict[str, Any]":
+    """Moves the live memory of spillable tags (``tags`` as for :func:`sleep`; None: every tag
+    opened with ``spill=True``) on ``device`` (-1 / None: every device) to host pages mapped at the
+    same addresses: at least ``bytes`` of it per device (0: all), coldest tag first. Tensors keep
+    their pointers and kernels keep working, over the bus (docs/spill.md). Pinned and exported
+    blocks stay. All or nothing per device: raises OutOfMemoryError when the host (or
+    ``spill_limit_mb``) cannot take it, and StitchError for a tag never used or not spillable (the
+    message names it), during a CUDA graph capture, or where the back end has no host pages.
+    Returns :func:`residency` of ``device`` afterwards."""
+    if isinstance(bytes, bool) or not isinstance(bytes, int) or bytes < 0:
+        raise TypeError("stitch.spill: bytes must be an int >= 0")
+    dev = _device_index(device, default_all=True)
+    rc = _lib.require("stitch_spill")(dev, _tag_list(tags, "spill"), bytes)
+    _lib.check(rc != 0, "spill")
+    return residency(dev)
+
+
+def unspill(tags: Tags = None, device: Device = -1) -> None:
+    """Brings spilled memory back to device pages (``tags`` as for :func:`sleep`; None: all of
+    it, untagged memory too) on ``device`` (-1 / None: every device), releasing cached free
+    memory first when the device has no room. Raises OutOfMemoryError naming what stays on the
+    host (still usable at its address; retry once memory is free). Spilled memory also comes back
+    by itself at :func:`empty_cache`, and a free of spilled memory gives its host pages back."""
+    rc = _lib.require("stitch_unspill")(_device_index(device, default_all=True), _tag_list(tags, "unspill"))
+    _lib.check(rc != 0, "unspill")
+
+
 def residency(device: Device = -1) -> "dict[str, Any]":
     """What is resident on ``device``, as a dict (the JSON of stitch_residency): reserved,
     allocated, sleeping and host-backup bytes, the device's free and total memory, the untagged
-    memory, the private pools, and each tag (``state`` "awake" or "asleep", live, cached,
-    reserved and sleeping bytes, segments, host backup). ``device`` -1 / None: every device, as
+    memory, the private pools, and each tag (``state`` "awake", "spilled" or "asleep", ``spill``,
+    live, cached, reserved, spilled and sleeping bytes, segments, host backup). ``device`` -1 / None: every device, as
     ``{"devices": [...]}``."""
     return _json.loads(_read_text("stitch_residency", _device_index(device, default_all=True)))
 

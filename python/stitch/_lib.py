@@ -94,6 +94,9 @@ _OPTIONAL = {
     "stitch_sleep": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p]),
     "stitch_wake": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p]),
     "stitch_residency": (ctypes.c_size_t, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
+    # Spill to host pages (docs/spill.md).
+    "stitch_spill": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
+    "stitch_unspill": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p]),
 }
 # PyTorch hooks (include/stitch/torch_hooks.h). They THROW C++ exceptions, so they are never
 # called from Python (an exception through ctypes aborts the process): only their addresses are

@@ -50,16 +50,21 @@ std::string Allocator::tag_name(std::uint16_t id) const {
   return id >= 1 && id <= tag_names_.size() ? tag_names_[id - 1] : std::string();
 }
 
-void Allocator::begin_region(std::string_view tag, bool backup) {
+void Allocator::begin_region(std::string_view tag, unsigned flags) {
   if (trimmed(tag).empty()) throw invalid_argument("a region needs a tag: it is empty");
+  if ((flags & ~(kRegionBackup | kRegionSpill)) != 0)
+    throw invalid_argument(fmt::format("region '{}': unknown flags {:#x} (STITCH_REGION_BACKUP 1, "
+                                       "STITCH_REGION_SPILL 2)", tag, flags));
   if (tag.find(',') != std::string_view::npos)
     throw invalid_argument(fmt::format("region tag '{}' has a comma (tags are listed with commas)", tag));
   const std::uint16_t id = tag_id(trimmed(tag), true);
   const std::string name = tag_name(id);
   // Each device learns the name (the device lock routes the thread's allocations while a region
   // is open: the cache hit leaves them to it, core/region_stack.hpp).
-  for (int d = 0; d < device_count_; ++d) devices_[static_cast<std::size_t>(d)]->residency().name_tag(id, name);
-  detail::t_regions.frames.push_back(detail::RegionFrame{this, id, backup});
+  const bool spill = (flags & kRegionSpill) != 0;
+  for (int d = 0; d < device_count_; ++d)
+    devices_[static_cast<std::size_t>(d)]->residency().name_tag(id, name, spill);
+  detail::t_regions.frames.push_back(detail::RegionFrame{this, id, (flags & kRegionBackup) != 0});
   detail::t_open_regions = static_cast<int>(detail::t_regions.frames.size());
 }
 
@@ -151,6 +156,64 @@ void Allocator::wake(int device, std::optional<std::string_view> tags) {
     }
     if (!report.empty())
       throw out_of_memory(fmt::format("{} (devices woken before this one: {})", report,
+                                      done.empty() ? "none" : done));
+    done += fmt::format("{}{}", done.empty() ? "" : ", ", d);
+  }
+}
+
+std::size_t Allocator::spill(int device, std::optional<std::string_view> tags, std::size_t bytes) {
+  if (device != -1) (void)checked_device(device);
+  std::vector<std::uint16_t> ids = tag_list(tags, "stitch_spill");
+  if (!tags) {  // every tag that may spill (on some device)
+    std::erase_if(ids, [&](std::uint16_t id) {
+      for (int d = 0; d < device_count_; ++d)
+        if (devices_[static_cast<std::size_t>(d)]->residency().spillable(id)) return false;
+      return true;
+    });
+  }
+  std::string names;
+  for (std::uint16_t id : ids) names += fmt::format("{}'{}'", names.empty() ? "" : ", ", tag_name(id));
+  std::size_t moved = 0;
+  std::string done;
+  for (int d = device == -1 ? 0 : device; d < (device == -1 ? device_count_ : device + 1); ++d) {
+    try {
+      moved += devices_[static_cast<std::size_t>(d)]->residency().spill(ids, bytes, names);
+    } catch (const invalid_argument&) {
+      throw;
+    } catch (const out_of_memory& e) {
+      throw out_of_memory(fmt::format("{} (devices spilled before this one: {})", e.what(),
+                                      done.empty() ? "none" : done));
+    } catch (const backend_error& e) {
+      throw backend_error(fmt::format("{} (devices spilled before this one: {})", e.what(),
+                                      done.empty() ? "none" : done));
+    } catch (const error& e) {
+      throw error(fmt::format("{} (devices spilled before this one: {})", e.what(),
+                              done.empty() ? "none" : done));
+    }
+    done += fmt::format("{}{}", done.empty() ? "" : ", ", d);
+  }
+  return moved;
+}
+
+void Allocator::unspill(int device, std::optional<std::string_view> tags) {
+  if (device != -1) (void)checked_device(device);
+  const std::vector<std::uint16_t> ids = tags ? tag_list(tags, "stitch_unspill") : std::vector<std::uint16_t>{};
+  std::string done;
+  for (int d = device == -1 ? 0 : device; d < (device == -1 ? device_count_ : device + 1); ++d) {
+    std::string report;
+    try {
+      report = devices_[static_cast<std::size_t>(d)]->residency().unspill(ids, !tags);
+    } catch (const backend_error& e) {
+      throw backend_error(fmt::format("{} (devices unspilled before this one: {})", e.what(),
+                                      done.empty() ? "none" : done));
+    } catch (const invalid_argument&) {
+      throw;
+    } catch (const error& e) {
+      throw error(fmt::format("{} (devices unspilled before this one: {})", e.what(),
+                              done.empty() ? "none" : done));
+    }
+    if (!report.empty())
+      throw out_of_memory(fmt::format("{} (devices unspilled before this one: {})", report,
                                       done.empty() ? "none" : done));
     done += fmt::format("{}{}", done.empty() ? "" : ", ", d);
   }

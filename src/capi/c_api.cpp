@@ -246,10 +246,27 @@ int stitch_trim(int device, size_t keep_bytes) {
   }, 1);
 }
 
-int stitch_region_begin(const char* tag, int backup) {
+int stitch_region_begin(const char* tag, int flags) {
   return guarded([&] {
     if (tag == nullptr) throw stitch::invalid_argument("stitch_region_begin: tag is NULL");
-    allocator().begin_region(tag, backup != 0);
+    if (flags < 0)
+      throw stitch::invalid_argument(fmt::format("stitch_region_begin: flags {} are negative", flags));
+    allocator().begin_region(tag, static_cast<unsigned>(flags));
+    return 0;
+  }, 1);
+}
+
+int stitch_spill(int device, const char* tags, size_t bytes) {
+  return guarded([&] {
+    (void)allocator().spill(device, tags == nullptr ? std::nullopt : std::optional<std::string_view>(tags),
+                            bytes);
+    return 0;
+  }, 1);
+}
+
+int stitch_unspill(int device, const char* tags) {
+  return guarded([&] {
+    allocator().unspill(device, tags == nullptr ? std::nullopt : std::optional<std::string_view>(tags));
     return 0;
   }, 1);
 }

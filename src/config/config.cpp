@@ -229,6 +229,21 @@ constexpr KeySpec kKeys[] = {
     {"stitch_compact", false, "True or False",
      [](ConfigParser& p, Config& c, const KeySpec& k) { c.stitch_compact = parse_bool(p, k); },
      [](const Config& c) { return c.stitch_compact ? std::string(py_bool(true)) : std::string(); }},
+    {"spill", false, "off, tags or all",
+     [](ConfigParser& p, Config& c, const KeySpec& k) {
+       const std::string v = p.value(k);
+       if (v == "off") c.spill = Config::Spill::off;
+       else if (v == "tags") c.spill = Config::Spill::tags;
+       else if (v == "all") c.spill = Config::Spill::all;
+       else bad_value(k.name, v, k.accepted);
+     },
+     [](const Config& c) {
+       return c.spill == Config::Spill::off ? std::string()
+                                            : std::string(c.spill == Config::Spill::tags ? "tags" : "all");
+     }},
+    {"spill_limit_mb", false, "an integer number of MiB (0: no cap)",
+     [](ConfigParser& p, Config& c, const KeySpec& k) { c.spill_limit = uint_in(p, k, 0, kMaxMiB) << 20; },
+     [](const Config& c) { return c.spill_limit != 0 ? std::to_string(c.spill_limit >> 20) : std::string(); }},
     {"per_process_memory_fraction", false, "a number in [0, 1]",
      [](ConfigParser& p, Config& c, const KeySpec& k) {
        const std::string v = p.value(k);
@@ -378,6 +393,11 @@ Config Config::parse(std::string_view conf, const Config& base, std::vector<std:
     throw config_error(
         "stitch config: stitch_compact:True requires stitching:True (compaction frees coarse "
         "pages for a stitch, in ranges of one-granule slots)");
+  if (c.spill != Config::Spill::off && !c.expandable_segments)
+    throw config_error(
+        "stitch config: spill:tags and spill:all require expandable_segments:True (spill moves "
+        "live memory to host pages under the same addresses, which only ranges of the "
+        "virtual-memory API allow)");
   c.source = detail::merged_source(base.source, conf);
   return c;
 }

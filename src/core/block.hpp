@@ -183,6 +183,9 @@ struct Segment {
   /// Asleep (core/sleeper.hpp): its pages are unmapped and given back, its blocks keep their
   /// addresses and states. Nothing but a wake maps, moves, unmaps or releases anything in it.
   bool asleep = false;
+  /// Slots mapping host pages (spilled, core/spiller.hpp): frees in it take the device lock,
+  /// which gives back the host pages they leave wholly free.
+  std::uint32_t spilled = 0;
   /// Expandable: bytes per page slot. A physical handle covers one slot or, for the coarse pages
   /// of a stitching range, several consecutive slots (always mapped and unmapped whole).
   std::size_t page = 0;

@@ -364,6 +364,7 @@ void BlockStore::snapshot(int device, std::vector<SegmentSnapshot>& out, bool ol
   for (const Segment* s = first; s != nullptr; s = oldest_first ? s->prev : s->next) {
     // A plain segment is one snapshot segment; an expandable one gives one per mapped run.
     SegmentSnapshot* cur = nullptr;
+    const std::size_t runs_before = out.size();
     for (const Block* b = s->head; b != nullptr; b = b->next) {
       if (!b->is_mapped() || b->state == BlockState::lent) {
         cur = nullptr;
@@ -399,6 +400,14 @@ void BlockStore::snapshot(int device, std::vector<SegmentSnapshot>& out, bool ol
         cur->requested_size += b->requested;
       }
       cur->blocks.push_back(std::move(block));
+    }
+    // Host pages (spilled) in each run.
+    if (s->spilled != 0) {
+      for (std::size_t k = runs_before; k < out.size(); ++k) {
+        const auto begin = static_cast<std::size_t>(reinterpret_cast<const char*>(out[k].address) - s->base);
+        for (std::size_t i = begin / s->page; i * s->page < begin + out[k].total_size; ++i)
+          if (s->pages.host(i)) out[k].spilled_bytes += s->page;
+      }
     }
   }
 }
@@ -454,6 +463,7 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
     }
     if (s->expandable) {
       const PageTable& t = s->pages;
+      std::uint32_t host_slots = 0;
       if (s->page == 0 || s->size % s->page != 0 || t.slots() != s->size / s->page ||
           t.stored() > t.slots())
         broken(device, "expandable segment page table is wrong");
@@ -469,10 +479,18 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
         for (std::size_t k = i + 1; k < i + slots; ++k)
           if (t.handle(k) != t.handle(i) || t.extent(k) != 0)
             broken(device, "a handle's slots disagree");
-        count(c.reserved, s->small, static_cast<std::int64_t>(slots * s->page));
+        if (t.host(i)) {
+          // A spilled slot: a one-slot host page, counted apart from the device's memory.
+          if (slots != 1 || s->borrowed_at(i)) broken(device, "a host page covers more than its slot");
+          ++host_slots;
+          c.spilled += static_cast<std::int64_t>(s->page);
+        } else {
+          count(c.reserved, s->small, static_cast<std::int64_t>(slots * s->page));
+        }
         if (!s->borrowed_at(i)) c.handles.push_back(t.handle(i));
         i += slots;
       }
+      if (host_slots != s->spilled) broken(device, "a range's count of host pages is wrong");
     } else {
       count(c.segment, s->small, 1);
       count(c.reserved, s->small, static_cast<std::int64_t>(s->size));
@@ -509,6 +527,10 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
             broken(device, "a mapped block lies on an unmapped page");
           if (!b->is_mapped() && s->pages.handle(i) != 0)
             broken(device, "an unmapped block lies on a mapped page");
+          // A host page wholly under a free block goes back at that block's free.
+          if (b->is_free() && s->pages.host(i) && b->ptr <= s->base + i * s->page &&
+              s->base + (i + 1) * s->page <= b->ptr + b->size)
+            broken(device, "a host page lies wholly under a free block");
         }
       } else if (b->state == BlockState::unmapped || b->state == BlockState::lent) {
         broken(device, fmt::format("a {} block in a plain segment", to_string(b->state)));

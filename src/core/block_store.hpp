@@ -65,6 +65,7 @@ struct StoreCount {
   std::size_t tag_free = 0;      ///< free blocks of tagged segments (not a private pool's)
   std::size_t tag_unmapped = 0;  ///< unmapped blocks of tagged segments (not a private pool's)
   std::vector<phys_handle_t> handles;  ///< every mapped page's handle (not borrowed), sorted
+  std::int64_t spilled = 0;      ///< bytes of host pages mapped (spilled slots)
 };
 
 class BlockStore {

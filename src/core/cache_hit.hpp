@@ -16,7 +16,7 @@
 //   stream has no shard yet, the rounded size is oversize (max_split_size), best fit finds no
 //   block, or the live table is crowded;
 // - freeing: the pointer is not found without the lock, or the block is oversize, was used on
-//   another stream, is freed on another stream, is asleep, or belongs to a tag's or a private pool.
+//   another stream, is freed on another stream, is asleep or in a range with spilled pages, or belongs to a tag's or a private pool.
 // The process must also be the one the allocator was created in (core/fork_guard.hpp); the
 // device lock then refuses with an error.
 //
@@ -115,7 +115,7 @@ class CacheHit {
     BlockPool& pool = shard->pool(block->small);
     if (closed_.load(std::memory_order_relaxed) != 0 || block->oversize ||
         !block->stream_uses.empty() || (stream != nullptr && *stream != block->stream) ||
-        block->segment->pool != &pool || block->segment->asleep)
+        block->segment->pool != &pool || block->segment->asleep || block->segment->spilled != 0)
       return Freed::elsewhere;
     // The stream's last free is filed first (may throw: nothing changed).
     if (pool.held.block != nullptr) store_.settle(pool);

@@ -43,6 +43,11 @@ void DeviceAllocator::set_config(const Config& config, bool apply_fraction) {
         "support on device {}", backend_.name(), device_));
   if (config.stitching && !config.expandable_segments)
     throw config_error("stitching:True requires expandable_segments:True");
+  if (config.spill != Config::Spill::off && pages_.host_granularity() == 0)
+    throw config_error(fmt::format(
+        "spill:{} needs host pages the device maps, which backend:{} does not support on device {} "
+        "(backend:cuda needs CUDA 12.2+ and a driver that creates CU_MEM_LOCATION_TYPE_HOST_NUMA "
+        "memory)", config.spill == Config::Spill::tags ? "tags" : "all", backend_.name(), device_));
   bool fraction_changed = false;
   {
     std::lock_guard lock(mutex_);  // no cache hit runs: the new tunables decide from here on
@@ -156,7 +161,9 @@ void DeviceAllocator::complete_pending(Block* block) {
   hot_.pending_done(block->small, static_cast<std::int64_t>(block->size));  // (before filing:
   // file_freed cannot throw after its reserve, and the counters are the device's)
   recorder_.trace(TraceAction::free_completed, block->ptr, block->requested, block->stream);
+  detail::Segment* segment = block->segment;
   store_.file_freed(block);
+  if (segment->spilled != 0) residency_.release_freed(*segment);  // host pages it left go back
 }
 
 // ---- freeing ------------------------------------------------------------------------------------
@@ -206,7 +213,10 @@ FreeStatus DeviceAllocator::free_locked(void* ptr, const std::size_t* expected_s
     hot_.pending_block(block->small, static_cast<std::int64_t>(block->size));
   } else {
     recorder_.trace(TraceAction::free_completed, block->ptr, block->requested, block->stream);
+    detail::Segment* segment = block->segment;
     store_.file_freed(block);
+    // A spilled range's host pages the free left wholly free go back to the host now.
+    if (segment->spilled != 0) residency_.release_freed(*segment);
   }
   return FreeStatus::freed;
 }
@@ -235,6 +245,7 @@ void DeviceAllocator::empty_cache() {
   std::lock_guard lock(mutex_);
   if (!pools_.may_touch_device({})) return;  // a stream may capture: nothing waited for or freed
   release_cached_blocks();
+  residency_.unspill_with_room();  // spilled memory comes back while the device has room
 }
 
 // ---- queries ------------------------------------------------------------------------------------

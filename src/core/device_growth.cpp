@@ -1,6 +1,6 @@
 // core/device_growth.cpp — the per-device slow path: the ladder a request climbs when no cached
 // block fits (garbage collection, new memory, releasing oversize segments, stitching, releasing
-// everything cached and retrying, compaction), and the release of everything cached.
+// everything cached and retrying, compaction, spill), and the release of everything cached.
 #include "core/device_allocator.hpp"
 
 #include <cstdint>
@@ -60,6 +60,14 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(BlockPool& pool, stream_t
         block = grow();
         if (block == nullptr) block = stitcher_.stitch(pool, stream, rounded, false);
       }
+      // spill:tags|all: cold live memory moves to host pages at the same addresses, a mapping
+      // at a time, until the request fits.
+      if (block == nullptr && config_.spill != Config::Spill::off && ranged)
+        block = residency_.spill_for_request([&]() -> Block* {
+          Block* b = grow();
+          if (b == nullptr && config_.stitching) b = stitcher_.stitch(pool, stream, rounded, false);
+          return b;
+        });
     }
   }
   if (block == nullptr) capture_oom(requested, rounded, alloc_size, pool.small, stream);

@@ -116,6 +116,19 @@ void DeviceAllocator::capture_oom(std::size_t requested, std::size_t rounded,
     f.largest_live.push_back({address, live[i]->size, live[i]->requested,
                               recorder_.alloc_frames(address)});
   }
+  // What spill could move now (the OOM report's spill line).
+  f.spill = static_cast<int>(config_.spill);
+  f.spilled = static_cast<std::size_t>(stats_.spilled_bytes.current);
+  try {
+    // (Ranges of the virtual-memory API only: a device without it has nothing that could move.)
+    bool ranged = false;
+    for (const detail::Segment* s = store_.segments(); s != nullptr && !ranged; s = s->next) ranged = s->expandable;
+    if (ranged) {
+      f.spillable_tags = residency_.spillable_bytes(Config::Spill::tags);
+      f.spillable_all = residency_.spillable_bytes(Config::Spill::all);
+    }
+  } catch (...) {  // no spill line
+  }
   // The what-if check replays the workload later, outside this lock (Allocator::allocate).
   oom->what_if_enabled = config_.oom_what_if;
   if (detail::what_if_wanted(f, config_.oom_what_if)) {

@@ -62,9 +62,11 @@ void DeviceAllocator::validate() const {
   check_stat(device_, "requested_bytes", stats.requested_bytes, c.requested);
   residency_.sleeper().validate();
   // Allocated memory counts sleeping blocks, reserved memory does not.
-  if (stats.reserved_bytes[kAll].current + stats.sleeping_bytes.current <
+  if (stats.reserved_bytes[kAll].current + stats.sleeping_bytes.current + stats.spilled_bytes.current <
       stats.allocated_bytes[kAll].current)
-    broken(device_, "reserved + sleeping bytes are less than allocated bytes");
+    broken(device_, "reserved + sleeping + spilled bytes are less than allocated bytes");
+  if (c.spilled != stats.spilled_bytes.current)
+    broken(device_, fmt::format("spilled_bytes is {}, its recount {}", stats.spilled_bytes.current, c.spilled));
   std::int64_t sleeping = 0;
   for (const detail::Segment* s = store_.segments(); s != nullptr; s = s->next)
     if (s->asleep)

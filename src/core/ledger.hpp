@@ -1,7 +1,8 @@
 // core/ledger.hpp — what a device holds from its backend, booked in one place: the segments and
 // mapped pages it obtains and gives back (the segment, reserved_bytes, oversize_segments and
 // device-call statistics, and their segment_* entries in the history), memory lent between the
-// pools, and the memory-fraction cap they must stay under. Every change of what the device holds
+// pools, host pages mapped in its ranges (spilled), and the memory-fraction cap they must stay
+// under. Every change of what the device holds
 // is counted and traced by the same call, so neither can be forgotten.
 #pragma once
 
@@ -77,6 +78,17 @@ class Ledger {
     history_.trace(TraceAction::segment_unmap, at, bytes, nullptr);
     ++stats_.num_device_free;
     sub(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
+  }
+  /// `bytes` of host pages were mapped at `at` (a spill): they count in spilled_bytes, and the
+  /// device memory they replace left with unmapped(). No device call.
+  void host_mapped(const char* at, std::size_t bytes) noexcept {
+    (void)at;
+    stats_.spilled_bytes.increase(static_cast<std::int64_t>(bytes));
+  }
+  /// `bytes` of host pages at `at` were unmapped (an unspill, a free, a sleep).
+  void host_unmapped(const char* at, std::size_t bytes) noexcept {
+    (void)at;
+    stats_.spilled_bytes.decrease(static_cast<std::int64_t>(bytes));
   }
   /// A free block's memory is lent to a stitched range of the pool `to_small` (mapped there a
   /// second time): it counts there from now on, and where it lies it looks unmapped. No call.

@@ -59,6 +59,12 @@ phys_handle_t PageMapper::create(std::size_t bytes) {
   return backend_.create_physical(device_, bytes);
 }
 
+std::size_t PageMapper::host_granularity() { return backend_.host_granularity(device_); }
+
+phys_handle_t PageMapper::create_host(std::size_t bytes) {
+  return backend_.create_host_physical(device_, bytes);
+}
+
 void PageMapper::unmap(char* at, std::size_t bytes) { backend_.unmap(device_, at, bytes); }
 
 bool PageMapper::map(Segment& segment, std::size_t first, std::size_t count, std::size_t per) {
@@ -222,7 +228,8 @@ void PageMapper::release_or_keep_reservation(char* va, std::size_t bytes) noexce
   }
 }
 
-bool PageMapper::remap(const Mapping& m, const std::vector<SlotRun>& keep, bool stage) {
+bool PageMapper::remap(const Mapping& m, const std::vector<SlotRun>& keep, bool stage,
+                       const phys_handle_t* given) {
   Segment& s = *m.segment;
   const std::size_t page = s.page;
   STITCH_ASSERT(m.count > 0 && s.pages.extent(m.first) == m.count,
@@ -235,20 +242,22 @@ bool PageMapper::remap(const Mapping& m, const std::vector<SlotRun>& keep, bool 
   }
   // Borrowed memory (mapped here a second time) is its lender's: its handle stays.
   const phys_handle_t old = s.borrowed_at(m.first) ? 0 : s.pages.handle(m.first);
+  STITCH_ASSERT(!stage || given == nullptr, "PageMapper::remap: given pages are not staged");
   if (stage) return remap_through_host(m, keep, kept, old);
   // 1-3: fresh pages, mapped at a scratch range, with the kept data copied there. Every step is
   // undone on a failure (the undos run in reverse order of their declaration).
   std::vector<MapPiece> fresh;
   fresh.reserve(kept);
   Undo release_fresh([&] {
-    for (const MapPiece& p : fresh) release_or_orphan(p.handle);
+    if (given == nullptr)  // (given pages stay the caller's until the remap succeeds)
+      for (const MapPiece& p : fresh) release_or_orphan(p.handle);
   });
   for (std::size_t i = 0; i < kept; ++i) {
-    const phys_handle_t h = create(page);
+    const phys_handle_t h = given != nullptr ? given[i] : create(page);
     if (h == 0) return false;
     fresh.push_back(MapPiece{h, page});
   }
-  char* scratch = kept == 0 ? nullptr : reserve(kept * page, page);
+  char* scratch = kept == 0 ? nullptr : reserve(kept * page, granularity());
   if (kept != 0 && scratch == nullptr) return false;  // no address space left
   Undo release_scratch([&] {
     if (scratch == nullptr) return;
@@ -298,14 +307,27 @@ std::string PageMapper::map_over(Segment& s, const std::vector<SlotRun>& keep,
   const std::size_t page = s.page;
   std::size_t next = 0, done = 0;
   std::string error;
+  // The message without allocating when host memory is out (a short text fits the string).
+  auto note = [&error](const char* what) noexcept {
+    try {
+      if (error.empty()) {
+        error = what;
+      } else {
+        error += "; taking back a mapped run failed too: ";
+        error += what;
+      }
+    } catch (...) {
+      if (error.empty()) error = "map failed";
+    }
+  };
   for (const SlotRun& r : keep) {
     char* at = s.base + r.first * page;
     try {
-      if (!backend_.map_run(device_, at, fresh.data() + next, r.count)) error = "out of device memory";
+      if (!backend_.map_run(device_, at, fresh.data() + next, r.count)) note("out of memory");
     } catch (const std::exception& e) {
-      error = e.what();
+      note(e.what());
     } catch (...) {
-      error = "an unknown error";
+      note("an unknown error");
     }
     if (!error.empty()) break;
     for (std::size_t k = 0; k < r.count; ++k) s.pages.set(r.first + k, 1, fresh[next + k].handle);
@@ -321,7 +343,9 @@ std::string PageMapper::map_over(Segment& s, const std::vector<SlotRun>& keep,
       backend_.unmap(device_, s.base + r.first * page, r.count * page);
       s.pages.set(r.first, r.count, 0);
     } catch (const std::exception& e) {
-      error += std::string("; taking back a mapped run failed too: ") + e.what();
+      note(e.what());
+    } catch (...) {
+      note("an unknown error");
     }
   }
   return error;

@@ -75,6 +75,10 @@ class PageMapper {
   bool map(Segment& segment, std::size_t first, std::size_t count, std::size_t per = 1);
   /// A fresh handle of `bytes`; 0 when the device is out of memory. Throws backend_error.
   [[nodiscard]] phys_handle_t create(std::size_t bytes);
+  /// The page size of host memory the device maps (0: none), and a host page of `bytes` (a
+  /// multiple of it); 0 when the host cannot give it. Throws backend_error.
+  [[nodiscard]] std::size_t host_granularity();
+  [[nodiscard]] phys_handle_t create_host(std::size_t bytes);
   /// Maps `pieces` side by side from `at` (stray ranges there are unmapped first), all or
   /// nothing: false when the device ran out of memory (nothing mapped); throws backend_error.
   [[nodiscard]] bool map_pieces(char* at, const std::vector<MapPiece>& pieces);
@@ -132,7 +136,10 @@ class PageMapper {
   /// fresh pages fail, the mapping is rebuilt whole from one page of the old size with the data
   /// (false or backend_error, the layout unchanged); the process aborts only when the device
   /// refuses that too, or the copy back fails twice: the host copy is then the data's only one.
-  bool remap(const Mapping& m, const std::vector<SlotRun>& keep, bool stage = false);
+  /// With `given` (not staged), the fresh pages are those `kept` handles, one a slot (host pages
+  /// for a spill): the caller's until the remap succeeds, then the page table's.
+  bool remap(const Mapping& m, const std::vector<SlotRun>& keep, bool stage = false,
+             const phys_handle_t* given = nullptr);
 
  private:
   /// Maps `fresh` (one-slot handles, in order) over the kept runs of `s`. On a failure takes

@@ -2,7 +2,8 @@
 // each slot (0: unmapped) and at which slot of that handle (its piece), and at each mapping's
 // first slot how many slots that one map call covers. A mapping covers one slot or, for the
 // coarse pages of a stitching range, several consecutive ones (a whole handle). Borrowed memory
-// (stitcher.cpp) maps part of another range's coarse page, from its piece on.
+// (stitcher.cpp) maps part of another range's coarse page, from its piece on. A slot may map host
+// memory (spilled, core/spiller.hpp): then its handle is a one-slot host page.
 //
 // Cost: a range reserves 1 1/8 of the device, but storage grows only with the highest slot ever
 // mapped (doubling, capped at the range): creating a range touches no memory, and a slot beyond
@@ -26,6 +27,7 @@ class PageTable {
     handles_ = {};
     extents_ = {};
     pieces_ = {};
+    host_ = {};
     slots_ = slots;
   }
   [[nodiscard]] std::size_t slots() const noexcept { return slots_; }
@@ -44,6 +46,14 @@ class PageTable {
     return i < pieces_.size() ? pieces_[i] : 0;
   }
 
+  /// Whether slot `i` maps a host page (spilled).
+  [[nodiscard]] bool host(std::size_t i) const noexcept { return i < host_.size() && host_[i] != 0; }
+  /// Marks slots [first, first + count) (mapped, with storage) as host pages or device pages.
+  void set_host(std::size_t first, std::size_t count, bool host) noexcept {
+    STITCH_ASSERT(first + count <= host_.size(), "PageTable::set_host: slots with storage");
+    for (std::size_t i = first; i < first + count; ++i) host_[i] = host ? 1 : 0;
+  }
+
   /// Storage for the slots below `end` (at most slots()), so that set() there cannot fail.
   /// Throws std::bad_alloc, changing nothing.
   void make_room(std::size_t end) {
@@ -53,14 +63,16 @@ class PageTable {
     handles_.reserve(n);
     extents_.reserve(n);
     pieces_.reserve(n);
+    host_.reserve(n);
     handles_.resize(n, 0);
     extents_.resize(n, 0);
     pieces_.resize(n, 0);
+    host_.resize(n, 0);
   }
 
   /// Slots [first, first + count) mapped by one call to `handle` from its slot `piece` on, or
-  /// unmapped when `handle` is 0. Mapping needs make_room(first + count) first; unmapping slots
-  /// without storage is a no-op.
+  /// unmapped when `handle` is 0 (a device page: set_host marks host ones). Mapping needs
+  /// make_room(first + count) first; unmapping slots without storage is a no-op.
   void set(std::size_t first, std::size_t count, phys_handle_t handle,
            std::size_t piece = 0) noexcept {
     STITCH_ASSERT(handle == 0 || first + count <= handles_.size(),
@@ -71,6 +83,7 @@ class PageTable {
       handles_[i] = handle;
       extents_[i] = 0;
       pieces_[i] = handle != 0 ? static_cast<std::uint16_t>(piece + (i - first)) : 0;
+      host_[i] = 0;
     }
     if (handle != 0) extents_[first] = static_cast<std::uint16_t>(count);
   }
@@ -99,6 +112,7 @@ class PageTable {
   std::vector<phys_handle_t> handles_;
   std::vector<std::uint16_t> extents_;
   std::vector<std::uint16_t> pieces_;
+  std::vector<std::uint8_t> host_;
   std::size_t slots_ = 0;
 };
 

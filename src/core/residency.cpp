@@ -15,12 +15,21 @@
 namespace stitch::detail {
 
 Residency::Residency(DeviceAllocator& device)
-    : d_(device), sleeper_{device.backend_, device.device_, device.store_, device.pages_, device.ledger_, device.stats_} {}
+    : d_(device),
+      sleeper_{device.backend_, device.device_, device.store_, device.pages_, device.ledger_, device.stats_},
+      spiller_{device.config_, device.device_, device.store_, device.pages_, device.ledger_, device.stats_,
+               device.ranges_} {}
 
-void Residency::name_tag(std::uint16_t tag, const std::string& name) {
+void Residency::name_tag(std::uint16_t tag, const std::string& name, bool spill) {
   std::lock_guard lock(d_.mutex_);
   if (tag_names_.size() <= tag) tag_names_.resize(std::size_t{tag} + 1);
   tag_names_[tag] = name;
+  if (spill) sleeper_.note_spillable(tag);
+}
+
+bool Residency::spillable(std::uint16_t tag) const {
+  std::lock_guard lock(d_.mutex_);
+  return sleeper_.spillable(tag);
 }
 
 std::string Residency::tag_name(std::uint16_t tag) const {
@@ -74,12 +83,7 @@ bool Residency::sleep(const std::vector<std::uint16_t>& tags,
   }
   // Kernels on any stream, of this process or a peer device's, may still use the pages: stitch
   // knows only the streams it was told about, so the whole device and its peers are waited for.
-  ++d_.stats_.num_device_syncs;
-  d_.pages_.synchronize_device(/*peers=*/true);
-  // The blocks freed on other streams are free now: their events have completed.
-  d_.record_deferred_events();
-  d_.events_.poll([this](Block* b) { d_.complete_pending(b); });
-  d_.note_hit_rules();
+  settle_device(/*peers=*/true);
   sleeper_.sleep(todo, [&](const Block* b) {
     return b->backup ||
            std::find(backup_tags.begin(), backup_tags.end(), b->segment->tag) != backup_tags.end();
@@ -112,6 +116,180 @@ std::string Residency::wake(const std::vector<std::uint16_t>& tags, const std::s
       d_.stats_locked().allocated_bytes[kAll].current);
 }
 
+void Residency::settle_device(bool peers) {
+  ++d_.stats_.num_device_syncs;
+  d_.pages_.synchronize_device(peers);
+  // The blocks freed on other streams are free now: their events have completed.
+  d_.record_deferred_events();
+  d_.events_.poll([this](Block* b) { d_.complete_pending(b); });
+  d_.note_hit_rules();
+}
+
+std::vector<Segment*> Residency::spill_order(Config::Spill mode, const std::vector<std::uint16_t>* tags) {
+  std::vector<Segment*> tagged, untagged;
+  for (Segment* s = d_.store_.segments(); s != nullptr; s = s->next) {
+    if (!s->expandable || s->asleep || s->private_pool != nullptr) continue;
+    if (s->tag == 0) {
+      if (mode == Config::Spill::all && tags == nullptr) untagged.push_back(s);
+    } else if (tags != nullptr ? std::find(tags->begin(), tags->end(), s->tag) != tags->end()
+                               : sleeper_.spillable(s->tag)) {
+      tagged.push_back(s);
+    }
+  }
+  // Coldest tag first; a tag's ranges (and the untagged ones) in the store's order, their pages
+  // in address order: the order an expandable range grew in.
+  std::stable_sort(tagged.begin(), tagged.end(), [this](const Segment* a, const Segment* b) {
+    return sleeper_.last_use(a->tag) < sleeper_.last_use(b->tag);
+  });
+  tagged.insert(tagged.end(), untagged.begin(), untagged.end());
+  return tagged;
+}
+
+std::size_t Residency::spill(const std::vector<std::uint16_t>& tags, std::size_t bytes,
+                             const std::string& names) {
+  std::lock_guard lock(d_.mutex_);
+  if (!d_.pages_.supported() || spiller_.host_granularity() == 0)
+    throw error(fmt::format("stitch_spill: device {}: backend:{} has no host pages to spill to",
+                            d_.device_, d_.backend_.name()));
+  for (std::uint16_t t : tags)
+    if (!sleeper_.spillable(t))
+      throw invalid_argument(fmt::format(
+          "stitch_spill: tag '{}' may not spill: no region opened it with STITCH_REGION_SPILL",
+          tag_name(t)));
+  std::vector<Segment*> order = spill_order(Config::Spill::tags, &tags);
+  if (order.empty()) return 0;
+  refuse_while_capturing("stitch_spill");
+  settle_device(/*peers=*/true);
+  std::vector<Spiller::Move> plan;
+  std::size_t planned = 0;
+  for (Segment* s : order) {
+    for (Spiller::Move& m : spiller_.moves(*s)) {
+      if (bytes != 0 && planned >= bytes) break;
+      planned += m.kept * s->page;
+      plan.push_back(std::move(m));
+    }
+  }
+  if (planned < bytes)
+    throw out_of_memory(fmt::format(
+        "stitch_spill: device {}: tag(s) {} have {} bytes of live memory that may move (pinned "
+        "and exported blocks stay), fewer than the {} bytes asked; nothing moved",
+        d_.device_, names, planned, bytes));
+  if (plan.empty()) return 0;
+  spiller_.spill(plan);
+  ++d_.stats_.num_spills;
+  return planned;
+}
+
+std::string Residency::unspill(const std::vector<std::uint16_t>& tags, bool all) {
+  std::lock_guard lock(d_.mutex_);
+  auto selected = [&](const Segment* s) {
+    return s->spilled != 0 && (all || std::find(tags.begin(), tags.end(), s->tag) != tags.end());
+  };
+  auto left = [&] {
+    std::size_t n = 0;
+    for (Segment* s = d_.store_.segments(); s != nullptr; s = s->next)
+      if (selected(s)) n += Spiller::spilled_bytes(*s);
+    return n;
+  };
+  if (left() == 0) return {};
+  refuse_while_capturing("stitch_unspill");
+  settle_device(/*peers=*/true);
+  const std::size_t before = left();
+  auto run = [&] {
+    bool back = true;
+    for (Segment* s = d_.store_.segments(); s != nullptr; s = s->next)
+      if (selected(s)) back = spiller_.unspill(*s) && back;
+    return back;
+  };
+  bool back = run();
+  if (!back) {
+    // Like a wake: the cached memory goes first, then one more try.
+    d_.release_cached_blocks();
+    back = run();
+  }
+  if (left() < before) ++d_.stats_.num_unspills;
+  if (back) return {};
+  std::string stays;
+  std::map<std::uint16_t, std::size_t> by_tag;
+  for (Segment* s = d_.store_.segments(); s != nullptr; s = s->next)
+    if (selected(s)) by_tag[s->tag] += Spiller::spilled_bytes(*s);
+  for (const auto& [tag, n] : by_tag)
+    stays += fmt::format("{}{}: {} bytes", stays.empty() ? "" : ", ",
+                         tag == 0 ? std::string("untagged memory") : "tag '" + tag_name(tag) + "'", n);
+  std::string cap;
+  if (d_.ledger_.cap()) cap = fmt::format("; the memory fraction caps it at {} bytes", *d_.ledger_.cap());
+  return fmt::format(
+      "CUDA out of memory. stitch_unspill could not bring everything back to device {}: {} stay on "
+      "host pages (at the same addresses, still usable). The device has {} bytes free of {}; this "
+      "process reserves {} bytes{}. The cache was released and the unspill tried again; it may be "
+      "retried once memory is free.",
+      d_.device_, stays, d_.pages_.device_free(), d_.pages_.device_total(), d_.ledger_.reserved(), cap);
+}
+
+Block* Residency::spill_for_request(const std::function<Block*()>& retry) {
+  const Config::Spill mode = d_.config_.spill;
+  if (mode == Config::Spill::off || spiller_.host_granularity() == 0) return nullptr;
+  std::vector<Segment*> order = spill_order(mode, nullptr);
+  if (order.empty()) return nullptr;
+  bool settled = false, moved = false;
+  Block* block = nullptr;
+  for (Segment* s : order) {
+    std::vector<Spiller::Move> moves = spiller_.moves(*s);
+    for (Spiller::Move& m : moves) {
+      if (!settled) {
+        // Kernels of any stream (of any device with peer access) may still use these pages.
+        settle_device(d_.config_.peer_access);
+        settled = true;
+      }
+      try {
+        spiller_.spill({std::move(m)});
+      } catch (const std::exception&) {
+        // The host (or spill_limit_mb) refused, or the move failed whole: nothing more moves.
+        if (moved) ++d_.stats_.num_spills;
+        return nullptr;
+      }
+      moved = true;
+      block = retry();
+      if (block != nullptr) break;
+    }
+    if (block != nullptr) break;
+  }
+  if (moved) ++d_.stats_.num_spills;
+  return block;
+}
+
+void Residency::release_freed(Segment& segment) noexcept {
+  try {
+    spiller_.release_freed(segment);
+  } catch (...) {  // kept: host pages under free blocks go back at the next release
+  }
+}
+
+void Residency::unspill_with_room() noexcept {
+  if (d_.stats_.spilled_bytes.current == 0) return;
+  try {
+    if (d_.pools_.routing()) return;
+    for (const Segment* s = d_.store_.segments(); s != nullptr; s = s->next)
+      if (d_.backend_.is_capturing(d_.device_, s->stream)) return;
+    settle_device(/*peers=*/true);
+    std::size_t before = static_cast<std::size_t>(d_.stats_.spilled_bytes.current);
+    for (Segment* s = d_.store_.segments(); s != nullptr; s = s->next) {
+      if (s->spilled == 0) continue;
+      spiller_.release_freed(*s);
+      if (!spiller_.unspill(*s)) break;  // the device is full: the rest stays
+    }
+    if (static_cast<std::size_t>(d_.stats_.spilled_bytes.current) < before) ++d_.stats_.num_unspills;
+  } catch (...) {  // what could not come back stays spilled, at its address
+  }
+}
+
+std::size_t Residency::spillable_bytes(Config::Spill mode) {
+  if (mode == Config::Spill::off || spiller_.host_granularity() == 0) return 0;
+  std::size_t n = 0;
+  for (Segment* s : spill_order(mode, nullptr)) n += Spiller::host_bytes(spiller_.moves(*s));
+  return std::min(n, spiller_.room());
+}
+
 void Residency::trim(std::size_t keep) {
   std::lock_guard lock(d_.mutex_);
   if (d_.ledger_.reserved() <= keep) return;
@@ -124,7 +302,7 @@ std::string Residency::report(const std::function<std::string(std::uint16_t)>& t
   d_.poll_events(nullptr);
   // Per owner: live bytes, cached (free, mapped) bytes, reserved (mapped) bytes.
   struct Sums {
-    std::size_t live = 0, cached = 0, reserved = 0, segments = 0;
+    std::size_t live = 0, cached = 0, reserved = 0, spilled = 0, segments = 0;
   };
   Sums untagged, private_pools;
   std::map<std::uint16_t, Sums> tags;
@@ -139,10 +317,13 @@ std::string Residency::report(const std::function<std::string(std::uint16_t)>& t
       if (b->is_free()) sum.cached += b->size;
       if (b->is_mapped() && b->state != BlockState::lent) sum.reserved += b->size;
     }
+    // Host pages (spilled) lie under mapped blocks but are not the device's memory.
+    sum.reserved -= Spiller::spilled_bytes(*s);
+    sum.spilled += Spiller::spilled_bytes(*s);
   }
   auto object = [](const Sums& s) {
-    return fmt::format(R"("live_bytes": {}, "cached_bytes": {}, "reserved_bytes": {}, "segments": {})",
-                       s.live, s.cached, s.reserved, s.segments);
+    return fmt::format(R"("live_bytes": {}, "cached_bytes": {}, "reserved_bytes": {}, "spilled_bytes": {}, "segments": {})",
+                       s.live, s.cached, s.reserved, s.spilled, s.segments);
   };
   auto quoted = [](const std::string& text) {
     std::string out = "\"";
@@ -160,17 +341,18 @@ std::string Residency::report(const std::function<std::string(std::uint16_t)>& t
   for (std::uint16_t t : sleeper_.used_tags()) {
     const Sums& s = tags[t];
     if (!tag_list.empty()) tag_list += ", ";
-    tag_list += fmt::format(R"({{"tag": {}, "state": "{}", {}, "sleeping_bytes": {}, "host_backup_bytes": {}}})",
-                            quoted(tag_name(t)), sleeper_.asleep(t) ? "asleep" : "awake", object(s),
+    tag_list += fmt::format(R"({{"tag": {}, "state": "{}", "spill": {}, {}, "sleeping_bytes": {}, "host_backup_bytes": {}}})",
+                            quoted(tag_name(t)), sleeper_.asleep(t) ? "asleep" : s.spilled != 0 ? "spilled" : "awake",
+                            sleeper_.spillable(t) ? "true" : "false", object(s),
                             sleeper_.asleep(t) ? s.live : 0, sleeper_.host_bytes(t));
   }
   const MemoryInfo info{d_.pages_.device_free(), d_.pages_.device_total()};
   return fmt::format(
       R"({{"device": {}, "reserved_bytes": {}, "allocated_bytes": {}, "sleeping_bytes": {}, )"
-      R"("host_backup_bytes": {}, "device_free_bytes": {}, "device_total_bytes": {}, )"
+      R"("spilled_bytes": {}, "host_backup_bytes": {}, "device_free_bytes": {}, "device_total_bytes": {}, )"
       R"("untagged": {{{}}}, "private_pools": {{{}}}, "tags": [{}]}})",
       d_.device_, d_.ledger_.reserved(), d_.stats_locked().allocated_bytes[kAll].current,
-      d_.stats_.sleeping_bytes.current, sleeper_.host_bytes(), info.free, info.total,
+      d_.stats_.sleeping_bytes.current, d_.stats_.spilled_bytes.current, sleeper_.host_bytes(), info.free, info.total,
       object(untagged), object(private_pools), tag_list);
 }
 

@@ -21,6 +21,12 @@ bool Sleeper::listed(const std::vector<std::uint16_t>& tags, std::uint16_t tag) 
 void Sleeper::note_used(std::uint16_t tag) {
   if (tag >= tags_.size()) tags_.resize(std::size_t{tag} + 1);
   tags_[tag].used = true;
+  tags_[tag].last = ++tick_;
+}
+
+void Sleeper::note_spillable(std::uint16_t tag) {
+  if (tag >= tags_.size()) tags_.resize(std::size_t{tag} + 1);
+  tags_[tag].spill = true;
 }
 
 std::vector<std::uint16_t> Sleeper::used_tags() const {
@@ -124,14 +130,20 @@ std::string Sleeper::give_back(std::vector<Slept>& plan) noexcept {
     for (const SlotRun& m : s.mappings) {
       char* at = seg.base + m.first * seg.page;
       const std::size_t bytes = m.count * seg.page;
+      // A spilled slot's host page leaves spilled_bytes (a stray host page is not reserved).
+      const bool host = seg.pages.host(m.first);
+      if (host) {
+        ledger_.host_unmapped(at, bytes);
+        --seg.spilled;
+      }
       try {
         pages_.unmap(at, bytes);
-        ledger_.unmapped(seg, at, bytes);
+        if (!host) ledger_.unmapped(seg, at, bytes);
       } catch (const std::exception& e) {
         // The range is asleep from here on; its pages stay mapped until the page mapper's retry
         // (before the next map there and before memory goes back to the device), and reserved
         // memory counts them until then (booked: the ledger hears of the unmap when it happens).
-        pages_.unmap_or_stray(at, bytes, seg.small ? 1 : 0);
+        pages_.unmap_or_stray(at, bytes, host ? -1 : (seg.small ? 1 : 0));
         note_failure(failure, e.what());
         ++kept;
       }
@@ -255,8 +267,11 @@ bool Sleeper::wake(const std::vector<std::uint16_t>& tags) {
   }
   for (auto it = picked.rbegin(); it != picked.rend(); ++it)
     slept_.erase(slept_.begin() + static_cast<std::ptrdiff_t>(*it));
-  for (std::uint16_t tag : tags)
-    if (tag < tags_.size()) tags_[tag].asleep = false;
+  for (std::uint16_t tag : tags) {
+    if (tag >= tags_.size()) continue;
+    tags_[tag].asleep = false;
+    tags_[tag].last = ++tick_;
+  }
   ++stats_.num_wakes;
   return true;
 }

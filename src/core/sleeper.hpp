@@ -49,8 +49,17 @@ class Sleeper {
   [[nodiscard]] bool used(std::uint16_t tag) const noexcept {
     return tag < tags_.size() && tags_[tag].used;
   }
-  /// Memory of `tag` is allocated on this device.
+  /// Memory of `tag` is allocated on this device (it becomes the tag used last).
   void note_used(std::uint16_t tag);
+  /// `tag` was opened with STITCH_REGION_SPILL: its memory may move to host pages from now on.
+  void note_spillable(std::uint16_t tag);
+  [[nodiscard]] bool spillable(std::uint16_t tag) const noexcept {
+    return tag < tags_.size() && tags_[tag].spill;
+  }
+  /// When `tag` was last allocated or woken here (a device-wide count; higher: more recently).
+  [[nodiscard]] std::uint64_t last_use(std::uint16_t tag) const noexcept {
+    return tag < tags_.size() ? tags_[tag].last : 0;
+  }
   /// Keeps the first failure's text in `failure` (without throwing).
   static void note_failure(std::string& failure, const char* what) noexcept;
   /// The tags ever used here (ascending).
@@ -86,6 +95,8 @@ class Sleeper {
   struct TagState {
     bool used = false;
     bool asleep = false;
+    bool spill = false;       ///< opened with STITCH_REGION_SPILL
+    std::uint64_t last = 0;   ///< tick_ at its last allocation or wake
   };
   /// A live block's bytes in its range's host backup, from `offset`.
   struct Saved {
@@ -126,6 +137,7 @@ class Sleeper {
   DeviceStats& stats_;
   std::vector<TagState> tags_;  ///< [tag]; tag 0 (untagged) never sleeps
   std::vector<Slept> slept_;    ///< the sleeping ranges
+  std::uint64_t tick_ = 0;      ///< counts allocations and wakes of tags (TagState::last)
 };
 
 }  // namespace stitch::detail

@@ -37,12 +37,13 @@ struct SingleKey {
   Stat DeviceStats::*field;
   Origin origin;
 };
-constexpr std::array<SingleKey, 3> kSingles{{
+constexpr std::array<SingleKey, 4> kSingles{{
     {"oversize_allocations", &DeviceStats::oversize_allocations, Origin::torch},
     {"oversize_segments", &DeviceStats::oversize_segments, Origin::torch},
     {"sleeping_bytes", &DeviceStats::sleeping_bytes, Origin::stitch},
+    {"spilled_bytes", &DeviceStats::spilled_bytes, Origin::stitch},
 }};
-constexpr std::array<ScalarKey, 19> kScalars{{
+constexpr std::array<ScalarKey, 21> kScalars{{
     {"num_alloc_retries", &DeviceStats::num_alloc_retries, Origin::torch},
     {"num_ooms", &DeviceStats::num_ooms, Origin::torch},
     {"num_sync_all_streams", &DeviceStats::num_sync_all_streams, Origin::torch},
@@ -61,6 +62,8 @@ constexpr std::array<ScalarKey, 19> kScalars{{
     {"num_device_syncs", &DeviceStats::num_device_syncs, Origin::stitch},
     {"num_sleeps", &DeviceStats::num_sleeps, Origin::stitch},
     {"num_wakes", &DeviceStats::num_wakes, Origin::stitch},
+    {"num_spills", &DeviceStats::num_spills, Origin::stitch},
+    {"num_unspills", &DeviceStats::num_unspills, Origin::stitch},
     {"max_split_size", &DeviceStats::max_split_size, Origin::torch},
 }};
 constexpr std::array<const char*, 3> kPools{"all", "small_pool", "large_pool"};

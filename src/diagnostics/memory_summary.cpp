@@ -159,6 +159,13 @@ std::string memory_summary(const DeviceStats& stats, int device, const SummaryEx
     line(label, fmt::format("{}, {} (largest {})", blocks_text(f.blocks), format_size(f.bytes),
                             format_size(f.largest)));
   }
+  if (stats.spilled_bytes.current > 0 || stats.num_spills > 0) {
+    line("Spilled (host pages)",
+         fmt::format("{} now, peak {}; {} spill{}, {} unspill{}",
+                     format_size(static_cast<std::size_t>(stats.spilled_bytes.current)),
+                     format_size(static_cast<std::size_t>(stats.spilled_bytes.peak)), stats.num_spills,
+                     stats.num_spills == 1 ? "" : "s", stats.num_unspills, stats.num_unspills == 1 ? "" : "s"));
+  }
   if (extras.sleeping_segments > 0 || stats.sleeping_bytes.current > 0) {
     std::string tags;
     for (const std::string& t : extras.sleeping_tags) tags += (tags.empty() ? "" : ", ") + t;

@@ -97,14 +97,22 @@ std::string format_oom(const OomFacts& f, const std::string& what_if) {
   const OomVerdict verdict = classify_oom(f);
   std::size_t others = 0;
   const std::size_t limit = f.device_info_known ? usable_bytes(f, &others) : 0;
+  // Whether moving live memory to host pages would have made room (spill:tags, spill:all).
+  const std::size_t room = f.device_info_known ? headroom(f) : 0;
+  const char* spill_fix = f.spill == 0 && room + f.spillable_tags >= f.alloc_size ? "spill:tags"
+                          : f.spill < 2 && room + f.spillable_all >= f.alloc_size ? "spill:all"
+                                                                                   : nullptr;
   out += fmt::format("\nVerdict: {}. ", to_string(verdict));
   switch (verdict) {
     case OomVerdict::too_much_live_data:
       out += fmt::format(
-          "Live allocations ({}) plus this request ({}) exceed the {} this allocator can use: no "
-          "allocator setting can fit it; reduce what is live (batch size, activation "
-          "checkpointing, offloading).",
-          format_size(f.allocated), format_size(f.rounded), format_size(limit));
+          "Live allocations ({}) plus this request ({}) exceed the {} this allocator can use: {}",
+          format_size(f.allocated), format_size(f.rounded), format_size(limit),
+          spill_fix != nullptr ? "the device alone cannot fit it; reduce what is live (batch size, "
+                                 "activation checkpointing, offloading), or let cold memory move to "
+                                 "host pages (below)."
+                               : "no allocator setting can fit it; reduce what is live (batch size, "
+                                 "activation checkpointing, offloading).");
       break;
     case OomVerdict::fragmentation: {
       out += fmt::format(
@@ -138,6 +146,19 @@ std::string format_oom(const OomFacts& f, const std::string& what_if) {
     case OomVerdict::device_full:
       out += "The device has no room left for this request.";
       break;
+  }
+  if (spill_fix != nullptr) {
+    out += fmt::format(
+        "\nSpill: {} would have served it: {} of live memory could move to host pages under the "
+        "same addresses (kernels keep using it, over the bus; docs/spill.md){}.",
+        spill_fix, format_size(spill_fix[6] == 't' ? f.spillable_tags : f.spillable_all),
+        f.expandable ? "" : "; spill needs expandable_segments:True");
+  } else if (f.spill != 0) {
+    out += fmt::format("\nSpill: spill:{} is on and {} is on host pages; what more could move ({}) "
+                       "did not make room (the host budget, spill_limit_mb, or pinned memory "
+                       "stopped it).",
+                       f.spill == 1 ? "tags" : "all", format_size(f.spilled),
+                       format_size(f.spill == 1 ? f.spillable_tags : f.spillable_all));
   }
   if (!what_if.empty()) out += "\n" + what_if;
   if (!f.largest_live.empty()) {

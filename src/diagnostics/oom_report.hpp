@@ -44,6 +44,11 @@ struct OomFacts {
   /// >= 100 MiB; each (count, bytes).
   std::array<std::pair<std::size_t, std::size_t>, 4> scatter{};
   std::vector<LiveBlockFact> largest_live;  ///< the biggest live blocks, largest first
+  // Spill (docs/spill.md): the setting, and what could move to host pages now.
+  int spill = 0;                    ///< 0 off, 1 tags, 2 all
+  std::size_t spilled = 0;          ///< host pages mapped now
+  std::size_t spillable_tags = 0;   ///< live memory of spillable tags that could move
+  std::size_t spillable_all = 0;    ///< that and untagged live memory that could move
 };
 
 /// Why a request failed.

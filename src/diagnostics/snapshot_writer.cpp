@@ -238,6 +238,10 @@ void emit(Sink& w, const Snapshot& snap, const SnapshotMeta& meta) {
       w.key("sleeping");
       w.boolean(s.sleeping);
     }
+    if (s.spilled_bytes != 0) {
+      w.key("spilled_bytes");
+      w.uinteger(s.spilled_bytes);
+    }
     w.key("frames");
     emit_frames(w, lookup(segment_frames, s.device, s.address), cache);
     w.key("blocks");

@@ -526,3 +526,51 @@ def test_memory_saver_settings():
         tms.memory_margin_bytes = 1 << 30
     with pytest.raises(NotImplementedError):
         tms.get_cpu_backup(None)
+
+
+# ---- spill to host pages (docs/spill.md) ----------------------------------------------------------
+
+
+def test_spill_moves_a_spillable_tag_to_host_pages_and_unspill_brings_it_back():
+    size = 6 * MiB
+    with stitch.region("py-spill-w", spill=True):
+        p = stitch.malloc(size)
+    with stitch.region("py-spill-kv"):
+        q = stitch.malloc(MiB)
+    data = _fill(p, size, 5)
+    before = stitch.stat("reserved_bytes.all.current")
+    res = stitch.spill("py-spill-w", device=0)
+    entry = _tag(res, "py-spill-w")
+    assert entry["state"] == "spilled" and entry["spill"] is True
+    assert entry["spilled_bytes"] >= size
+    assert stitch.stat("spilled_bytes.current") >= size
+    assert stitch.stat("reserved_bytes.all.current") < before, "the device pages went back"
+    assert ctypes.string_at(p, size) == data, "same address, same bytes, on host pages"
+    data = _fill(p, size, 9)  # still writable there
+    with pytest.raises(stitch.StitchError, match="py-spill-kv"):
+        stitch.spill("py-spill-kv")
+    stitch.unspill()
+    assert stitch.stat("spilled_bytes.current") == 0
+    assert _state("py-spill-w") == "awake"
+    assert ctypes.string_at(p, size) == data
+    stitch.free(p, size)
+    stitch.free(q, MiB)
+
+
+def test_spill_and_unspill_under_stitch_torch():
+    with st.region("py-spill-t", spill=True):
+        p = stitch.malloc(2 * MiB)
+    data = _fill(p, 2 * MiB, 3)
+    st.spill("py-spill-t", bytes=MiB)
+    assert stitch.stat("spilled_bytes.current") >= MiB
+    st.unspill("py-spill-t")
+    assert ctypes.string_at(p, 2 * MiB) == data
+    stitch.free(p, 2 * MiB)
+    assert stitch.stat("num_spills") >= 1 and stitch.stat("num_unspills") >= 1
+
+
+def test_spill_refuses_bad_arguments():
+    with pytest.raises(TypeError):
+        stitch.spill("x", bytes=-1)
+    with pytest.raises(stitch.StitchError, match="never used"):
+        stitch.spill("py-spill-never")

@@ -264,6 +264,18 @@ def test_launcher_honours_stitch_alloc_conf(launch):
     assert "the configuration says backend:sim" in r.stderr
 
 
+def test_launcher_spill_option(launch):
+    r = launch("--spill", "all", "SCRIPT", env={"DEV": "1"})
+    assert r.returncode == 0, r.stderr
+    r = launch("--spill=tags", "--conf", "stitching:True", "SCRIPT")
+    assert r.returncode == 0, r.stderr
+    r = launch("--spill", "some", "SCRIPT")
+    assert r.returncode != 0 and "--spill takes tags or all" in r.stderr
+    # Without host pages (a driver without HOST_NUMA) spill is refused at configure, clearly.
+    r = launch("--spill", "all", "SCRIPT", env={"STITCH_FAKE_CUDA_HOST_NUMA": "0"})
+    assert r.returncode != 0 and "spill:all needs host pages" in r.stderr, r.stderr
+
+
 def test_launcher_conf_option(launch):
     r = launch("--conf", "stitching:True,expandable_segments:True", "SCRIPT", env={"DEV": "1"})
     assert r.returncode == 0, r.stderr

@@ -46,6 +46,8 @@ __all__ = [
     "raise_torch_oom",
     "is_stitch_oom",
     "region",
+    "spill",
+    "unspill",
     "sleep",
     "wake",
     "trim",
@@ -417,7 +419,7 @@ def _synchronize(device: Any) -> None:
         cuda.synchronize(device)
 
 
-def region(tag: str, backup: bool = False):
+def region(tag: str, backup: bool = False, spill: bool = False):
     """``stitch.region`` for tensors: tensors the calling thread creates inside
     ``with stitch.torch.region("weights"):`` carry the tag (under :func:`enable`, where stitch
     serves every CUDA allocation). ``backup=True``: their contents survive :func:`sleep`
@@ -428,7 +430,7 @@ def region(tag: str, backup: bool = False):
     """
     import stitch
 
-    return stitch.region(tag, backup)
+    return stitch.region(tag, backup, spill)
 
 
 def sleep(tags: Any = None, backup: Any = None, device: Any = -1) -> "dict[str, Any]":
@@ -462,6 +464,25 @@ def trim(keep_bytes: int, device: Any = -1) -> None:
 
     _synchronize(device)
     stitch.trim(keep_bytes, device=device)
+
+
+def spill(tags: Any = None, bytes: int = 0, device: Any = -1) -> "dict[str, Any]":
+    """``stitch.spill`` for PyTorch: ``torch.cuda.synchronize()`` first (as :func:`sleep`), then
+    the live memory of spillable tags moves to host pages at the same addresses (tensors keep
+    their ``data_ptr()`` and stay usable, over the bus). Returns the residency dict."""
+    import stitch
+
+    _synchronize(device)
+    return stitch.spill(tags, bytes=bytes, device=device)
+
+
+def unspill(tags: Any = None, device: Any = -1) -> None:
+    """``stitch.unspill`` for PyTorch: spilled memory back on the device (None: all of it).
+    Raises stitch.OutOfMemoryError naming what stays on the host when the device has no room."""
+    import stitch
+
+    _synchronize(device)
+    stitch.unspill(tags, device=device)
 
 
 def residency(device: Any = -1) -> "dict[str, Any]":

@@ -6,6 +6,9 @@ then the script as __main__ (sys.argv and sys.path[0] set as `python SCRIPT ARGS
 Options (before SCRIPT):
   --conf CONF             stitch configuration applied on top of STITCH_ALLOC_CONF
                           (e.g. expandable_segments:True,max_split_size_mb:256)
+  --spill tags|all        when a request would run out of memory, move cold live memory to
+                          host pages under the same addresses instead (adds spill:tags|all
+                          and expandable_segments:True to the configuration; docs/spill.md)
   --no-oom-translation    leave stitch's out-of-memory errors as PyTorch raised them
                           (RuntimeError/MemoryError) instead of torch.OutOfMemoryError
                           (the pluggable hooks only: the native backend raises it itself)
@@ -35,6 +38,7 @@ _USAGE = __doc__ or ""
 
 def _parse(argv: List[str]):
     conf: Optional[str] = None
+    spill: Optional[str] = None
     translate = True
     module: Optional[str] = None
     i = 0
@@ -53,6 +57,17 @@ def _parse(argv: List[str]):
             else:
                 conf, i = a.split("=", 1)[1], i + 1
             continue
+        if a == "--spill" or a.startswith("--spill="):
+            if a == "--spill":
+                if i + 1 >= len(argv):
+                    raise SystemExit("stitch.torch: --spill needs a value (tags or all)")
+                mode, i = argv[i + 1], i + 2
+            else:
+                mode, i = a.split("=", 1)[1], i + 1
+            if mode not in ("tags", "all"):
+                raise SystemExit(f"stitch.torch: --spill takes tags or all, not {mode!r}")
+            spill = mode
+            continue
         if a == "--no-oom-translation":
             translate, i = False, i + 1
             continue
@@ -60,13 +75,21 @@ def _parse(argv: List[str]):
             if i + 1 >= len(argv):
                 raise SystemExit("stitch.torch: -m needs a module name")
             module = argv[i + 1]
-            return conf, translate, module, None, argv[i + 2:]
+            return _with_spill(conf, spill), translate, module, None, argv[i + 2:]
         if a.startswith("-") and a != "-":
             raise SystemExit(f"stitch.torch: unknown option {a} (see --help)")
         break
     if i >= len(argv):
         raise SystemExit("stitch.torch: no script given (see --help)")
-    return conf, translate, None, argv[i], argv[i + 1:]
+    return _with_spill(conf, spill), translate, None, argv[i], argv[i + 1:]
+
+
+def _with_spill(conf: Optional[str], spill: Optional[str]) -> Optional[str]:
+    """--conf with what --spill adds (after it: spill needs expandable segments)."""
+    if spill is None:
+        return conf
+    extra = f"expandable_segments:True,spill:{spill}"
+    return extra if conf is None else f"{conf},{extra}"
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -724,7 +724,8 @@ class CudaBackend final : public Backend {
                            " (in a container, host NUMA memory needs CAP_SYS_NICE)";
         return;
       }
-      (void)d_.mem_release(probe);
+      // The probe's page goes back (a failed release is tried once more: it is host memory).
+      if (d_.mem_release(probe) != CUDA_SUCCESS) (void)d_.mem_release(probe);
       s.host_numa = numa;
       s.host_granularity = g;
     });

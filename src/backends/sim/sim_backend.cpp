@@ -231,6 +231,18 @@ struct Device {
     return false;
   }
 
+  /// Whether any of [a, a + bytes) lies on host pages (create_host_physical) mapped here.
+  [[nodiscard]] bool on_host(std::uintptr_t a, std::size_t bytes) const {
+    auto it = mappings.upper_bound(a);
+    if (it != mappings.begin()) --it;
+    for (; it != mappings.end() && it->first < a + bytes; ++it) {
+      if (it->first + it->second.bytes <= a) continue;
+      const auto p = physical.find(it->second.handle);
+      if (p != physical.end() && p->second.host) return true;
+    }
+    return false;
+  }
+
   /// Whether any mapping intersects [a, a + bytes).
   [[nodiscard]] bool mapped_in(std::uintptr_t a, std::size_t bytes) const {
     auto it = mappings.lower_bound(a);
@@ -284,6 +296,7 @@ struct SimBackend::Impl {
   std::unordered_map<stream_t, Stream> streams;
   std::array<std::uint64_t, kCallKinds> calls{};
   std::array<std::uint64_t, kCallKinds> call_bytes{};  ///< bytes the calls of each kind asked for
+  std::uint64_t bus_copies = 0, bus_copy_bytes = 0;  ///< copies with a side on host pages (spill)
   std::vector<Fault> faults;
   std::uint64_t fired = 0;
   std::uint64_t forced = 0;
@@ -832,6 +845,10 @@ void SimBackend::copy(int device, void* dst, const void* src, std::size_t bytes,
   const std::uintptr_t s = addr(src), t = addr(dst);
   if (s < t + bytes && t < s + bytes)
     throw backend_error(prefix("copy", device) + "the source and destination overlap");
+  if (d.on_host(s, bytes) || d.on_host(t, bytes)) {
+    ++impl_->bus_copies;
+    impl_->bus_copy_bytes += bytes;
+  }
   Stream& st = impl_->streams[stream];
   if (st.capture_device >= 0)
     impl_->capture_violation(st, "copy", device, "a copy (not modelled in a capture)");
@@ -996,6 +1013,11 @@ void SimBackend::clear_faults() {
 std::uint64_t SimBackend::call_count(SimCall call) const {
   std::lock_guard lock(impl_->mutex);
   return impl_->calls[index_of(call)];
+}
+
+std::pair<std::uint64_t, std::uint64_t> SimBackend::bus_copies() const {
+  std::lock_guard lock(impl_->mutex);
+  return {impl_->bus_copies, impl_->bus_copy_bytes};
 }
 
 std::uint64_t SimBackend::call_bytes(SimCall call) const {

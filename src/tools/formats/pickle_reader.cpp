@@ -880,6 +880,7 @@ class Converter {
     if (const PyValue* e = s.get("is_expandable")) out.is_expandable = boolean(*e, path / "is_expandable");
     if (const PyValue* t = s.get("tag"); t != nullptr && t->is_string()) out.tag = str(*t, path / "tag");
     if (const PyValue* z = s.get("sleeping")) out.sleeping = boolean(*z, path / "sleeping");
+    out.spilled_bytes = size_field(s, "spilled_bytes", path, false);
     const Path bpath = path / "blocks";
     const auto& blocks = list(required(s, "blocks", path), bpath);
     std::uintptr_t next = out.address;

@@ -117,6 +117,7 @@ const char* cost_name(CostCall call) noexcept {
     case CostCall::device_copy: return "cuMemcpyDtoDAsync";
     case CostCall::host_copy: return "cuMemcpyDtoH/HtoD";
     case CostCall::device_synchronize: return "cuCtxSynchronize";
+    case CostCall::bus_copy: return "cuMemcpyAsync(spill)";
     case CostCall::count_: break;
   }
   return "?";
@@ -143,6 +144,12 @@ CallCounts CallCounts::of(const SimBackend& sim) {
   c.calls[static_cast<std::size_t>(CostCall::host_copy)] += sim.call_count(SimCall::copy_from_host);
   c.bytes[static_cast<std::size_t>(CostCall::host_copy)] += sim.call_bytes(SimCall::copy_from_host);
   put(CostCall::device_synchronize, SimCall::synchronize_device);
+  // Spill's copies cross the bus: charged as such, not as device copies.
+  const auto [bus, bus_bytes] = sim.bus_copies();
+  c.calls[static_cast<std::size_t>(CostCall::bus_copy)] = bus;
+  c.bytes[static_cast<std::size_t>(CostCall::bus_copy)] = bus_bytes;
+  c.calls[static_cast<std::size_t>(CostCall::device_copy)] -= bus;
+  c.bytes[static_cast<std::size_t>(CostCall::device_copy)] -= bus_bytes;
   return c;
 }
 
@@ -164,6 +171,9 @@ CostModel CostModel::published() {
   // memory about 12.5 GB/s; a device sync with nothing queued as a stream's.
   m.costs[static_cast<std::size_t>(CostCall::device_copy)] = CallCost{5.0, 1000.0 / 2048.0};
   m.costs[static_cast<std::size_t>(CostCall::host_copy)] = CallCost{10.0, 80.0};
+  // Spill copies between device and host pages: PCIe Gen5 x16, about 50 GB/s (20 µs per MiB);
+  // NVLink-C2C (Grace Hopper) is several times faster: give a cost file for it.
+  m.costs[static_cast<std::size_t>(CostCall::bus_copy)] = CallCost{10.0, 20.0};
   set(CostCall::device_synchronize, 10.0);
   return m;
 }

@@ -31,6 +31,7 @@ enum class CostCall : int {
   device_copy,         ///< compaction's copies on the device (cuMemcpyDtoDAsync)
   host_copy,           ///< compaction's staging through the host (cuMemcpyDtoH and HtoD)
   device_synchronize,  ///< before compaction (cuCtxSynchronize)
+  bus_copy,            ///< spill's copies to and from host pages, over the bus (cuMemcpyAsync)
   count_
 };
 inline constexpr std::size_t kCostCalls = static_cast<std::size_t>(CostCall::count_);
