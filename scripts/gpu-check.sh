@@ -344,7 +344,7 @@ fi
 SPILL_TESTS="$BUILD/tests/cuda/stitch_cuda_tests"
 if [ $have_gpu = yes ] && [ -x "$SPILL_TESTS" ] && [ "$(remaining)" -gt 60 ]; then
   t0=$SECONDS
-  timeout --kill-after=10 "$(limit 120 40)" "$SPILL_TESTS" --gtest_filter='CudaSpill.*' >"$OUT/spill.log" 2>&1
+  timeout --kill-after=10 "$(limit 120 40)" "$SPILL_TESTS" --gtest_filter='CudaSpill.*:CudaKv.*' >"$OUT/spill.log" 2>&1
   rc=$?
   spill_result=$(grep -m1 '^RESULT spill ' "$OUT/spill.log" | sed 's/^RESULT spill //')
   skipped=$(grep -m1 -o 'Skipped.*' "$OUT/spill.log" | head -c 200)
@@ -353,8 +353,13 @@ if [ $have_gpu = yes ] && [ -x "$SPILL_TESTS" ] && [ "$(remaining)" -gt 60 ]; th
   else
     record spill "$(status_of_rc $rc)" $((SECONDS - t0)) "${spill_result:-no RESULT line (rc=$rc); see spill.log}"
   fi
+  # The KV pools' kernels and alloc/free latency ran in the same binary (tests/cuda/cuda_kv_test.cu).
+  kv_result=$(grep -m1 '^RESULT kv ' "$OUT/spill.log" | sed 's/^RESULT kv //')
+  kv_failed=$(grep -c '^\[  FAILED  \] CudaKv\.' "$OUT/spill.log")
+  record kv "$([ "$kv_failed" -eq 0 ] && [ -n "$kv_result" ] && echo ok || echo failed)" 0 "${kv_result:-no RESULT line; see spill.log}"
 else
   record spill skipped 0 "needs a GPU and stitch_cuda_tests"
+  record kv skipped 0 "needs a GPU and stitch_cuda_tests"
 fi
 
 # ---- 7b. PyTorch end to end: the example trains with each allocator; a deliberate OOM ---------------

@@ -251,6 +251,7 @@ class STITCH_EXPORT Allocator {
   [[nodiscard]] DeviceAllocator& device(int device) const;
 
  private:
+  friend class KvPool;  // registers its tag
   DeviceAllocator& checked_device(int device) const {
     if (device < 0 || device >= device_count_) throw_bad_device(device);
     return *devices_[static_cast<std::size_t>(device)];

@@ -76,6 +76,11 @@ struct STITCH_EXPORT Config {
   Spill spill = Spill::off;
   /// spill_limit_mb:N (0: no cap): the host memory spilled pages may take on each device.
   std::size_t spill_limit = 0;
+  /// kv_page_mb:N (2): the page of a KV pool (stitch_kv_create), rounded up to the device's
+  /// granularity. kv_reserve_mb:N (0): bytes of pages without live blocks each pool keeps mapped
+  /// at empty_cache and stitch_trim (stitch_kv_trim and the out-of-memory ladder take them too).
+  std::size_t kv_page = std::size_t{2} << 20;
+  std::size_t kv_reserve = 0;
   /// peer_access:True|False (backend:cuda; False): with True, the memory of expandable
   /// segments and stitching is mapped readable and writable for every device that can access
   /// the owning one peer to peer (cuDeviceCanAccessPeer), so other GPUs' kernels and copies may

@@ -72,8 +72,20 @@ struct TraceEntry {
 };
 
 /// The whole picture for every device.
+/// stitch only: a KV pool (docs/kv.md), written under the snapshot's "stitch" key.
+struct KvPoolSnapshot {
+  int device = 0;
+  int id = 0;
+  std::string tag;
+  int buffers = 0;
+  std::size_t block_bytes = 0, max_blocks = 0, page_bytes = 0;
+  std::size_t live_blocks = 0, mapped_bytes = 0, used_bytes = 0;
+  bool asleep = false;
+};
+
 struct Snapshot {
   std::vector<SegmentSnapshot> segments;
+  std::vector<KvPoolSnapshot> kv_pools;  ///< stitch only: the KV pools of every device
   std::vector<std::vector<TraceEntry>> device_traces;  ///< one list per device, oldest first
   /// allocator_settings was present (newer PyTorch and stitch write it): the fields below are
   /// the recording's settings, not defaults.

@@ -56,6 +56,9 @@ struct STITCH_EXPORT DeviceStats {
   /// Bytes of host pages mapped in the device's ranges (spilled, stitch_spill): the live blocks
   /// on them count in allocated_bytes; the pages count here, not in reserved_bytes.
   Stat spilled_bytes;
+  /// Bytes of pages the KV pools (stitch_kv_create) map: device memory stitch holds, part of the
+  /// large pool's reserved_bytes; their blocks are not allocations (not in allocated_bytes).
+  Stat kv_bytes;
 
   std::int64_t num_alloc_retries = 0;     ///< allocations that succeeded only after a cache flush
   std::int64_t num_ooms = 0;              ///< out-of-memory failures

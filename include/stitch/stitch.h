@@ -93,6 +93,36 @@ STITCH_API int stitch_spill(int device, const char* tags, size_t bytes);
  *  cached free memory before it gives up. 0 when everything is back; otherwise an out-of-memory
  *  error naming what stays on the host (still usable at its address). */
 STITCH_API int stitch_unspill(int device, const char* tags);
+/* ---- an elastic paged KV cache (docs/kv.md) ---------------------------------------------------- */
+typedef struct stitch_kv_pool stitch_kv_pool;
+/** `buffers` virtual ranges (K and V of every layer), each max_blocks * block_bytes long, all
+ *  tagged `tag` (NULL: "kv"). Block i lives at base(b) + i * block_bytes in every buffer b; its
+ *  pages are mapped in every buffer at once. `flags`: STITCH_REGION_BACKUP (live blocks survive
+ *  the tag's sleep), STITCH_REGION_SPILL. Pages are kv_page_mb (2 MiB) rounded to the device's
+ *  granularity. Needs the virtual-memory API. NULL on error (stitch_last_error). */
+STITCH_API stitch_kv_pool* stitch_kv_create(int device, int buffers, size_t block_bytes, size_t max_blocks,
+                                            const char* tag, unsigned flags);
+/** Base address of buffer `buffer`; NULL and an error for a bad pool or buffer. */
+STITCH_API void* stitch_kv_buffer(stitch_kv_pool* pool, int buffer);
+/** `n` block ids into `ids`, lowest free first; maps the pages they need (never synchronizes
+ *  while the device has room; short of memory it climbs stitch's out-of-memory ladder, which
+ *  takes the cache and every pool's unused pages). 0, or an error with nothing allocated (the
+ *  limit, the device out of memory, or the pool's tag asleep). */
+STITCH_API int stitch_kv_alloc(stitch_kv_pool* pool, size_t n, int64_t* ids);
+/** Frees `n` ids: never waits, never unmaps (the pages stay mapped until a trim). An id out of
+ *  range, not allocated, or listed twice: an error, nothing freed. */
+STITCH_API int stitch_kv_free(stitch_kv_pool* pool, const int64_t* ids, size_t n);
+/** Bytes of pages under live blocks the pool may hold (0: no limit); below what it holds now,
+ *  allocations fail until frees bring it under, and a trim releases down to it. */
+STITCH_API int stitch_kv_set_limit(stitch_kv_pool* pool, size_t bytes);
+/** Blocks allocatable now, within the limit and the device's room (0 on error). */
+STITCH_API size_t stitch_kv_available(stitch_kv_pool* pool);
+/** Unmaps every page with no live block, after one device synchronization. 0 on success. */
+STITCH_API int stitch_kv_trim(stitch_kv_pool* pool);
+/** Unmaps everything, releases the ranges and frees `pool`; fails (the pool stays valid) while
+ *  blocks are live. */
+STITCH_API int stitch_kv_destroy(stitch_kv_pool* pool);
+
 /** Writes, as JSON, what is resident on `device` (-1: every device): untagged live and cached
  *  memory, private pools, each tag awake, spilled or asleep, spilled bytes, host backups; snprintf-style like
  *  stitch_memory_summary. Returns the full length; 0 on error. */

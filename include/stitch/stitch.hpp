@@ -5,5 +5,6 @@
 #include "stitch/backend.hpp"
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
+#include "stitch/kv_pool.hpp"
 #include "stitch/sim_backend.hpp"
 #include "stitch/stats.hpp"

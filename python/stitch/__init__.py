@@ -548,4 +548,7 @@ def residency(device: Device = -1) -> "dict[str, Any]":
 
 def __dir__() -> "list[str]":
     """The public names only (not the modules and typing names this module uses)."""
-    return sorted(__all__ + ["__version__", "torch"])
+    return sorted(__all__ + ["__version__", "torch", "kv"])
+
+
+from . import kv  # noqa: E402  (stitch.kv.Pool: the elastic paged KV cache, docs/kv.md)

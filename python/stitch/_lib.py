@@ -94,6 +94,16 @@ _OPTIONAL = {
     "stitch_sleep": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p]),
     "stitch_wake": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p]),
     "stitch_residency": (ctypes.c_size_t, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
+    # KV pools (docs/kv.md).
+    "stitch_kv_create": (ctypes.c_void_p, [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t,
+                                           ctypes.c_char_p, ctypes.c_uint]),
+    "stitch_kv_buffer": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int]),
+    "stitch_kv_alloc": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int64)]),
+    "stitch_kv_free": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t]),
+    "stitch_kv_set_limit": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]),
+    "stitch_kv_available": (ctypes.c_size_t, [ctypes.c_void_p]),
+    "stitch_kv_trim": (ctypes.c_int, [ctypes.c_void_p]),
+    "stitch_kv_destroy": (ctypes.c_int, [ctypes.c_void_p]),
     # Spill to host pages (docs/spill.md).
     "stitch_spill": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
     "stitch_unspill": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p]),

@@ -233,8 +233,15 @@ void Allocator::reset_accumulated_stats(int device) {
 
 Snapshot Allocator::snapshot() const {
   Snapshot snap;
-  for (int d = 0; d < device_count_; ++d)
-    snap.device_traces.push_back(devices_[static_cast<std::size_t>(d)]->reports().snapshot(snap.segments));
+  for (int d = 0; d < device_count_; ++d) {
+    DeviceAllocator& dev = *devices_[static_cast<std::size_t>(d)];
+    snap.device_traces.push_back(dev.reports().snapshot(snap.segments));
+    for (const int id : dev.kv().ids()) {
+      const detail::KvPoolInfo k = dev.kv().info(id);
+      snap.kv_pools.push_back(KvPoolSnapshot{d, k.id, k.tag, k.buffers, k.block_bytes, k.max_blocks, k.page,
+                                             k.live_blocks, k.mapped_bytes, k.used_bytes, k.asleep});
+    }
+  }
   const Config c = config();
   snap.settings = c.source;
   snap.max_split_size = c.max_split_size;

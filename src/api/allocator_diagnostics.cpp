@@ -35,7 +35,13 @@ std::string Allocator::memory_summary(int device) const {
   std::vector<SegmentSnapshot> segments;
   (void)d.reports().snapshot(segments);
   const DeviceStats stats = d.reports().stats();
-  return detail::memory_summary(stats, device, detail::summary_extras(segments, device));
+  detail::SummaryExtras extras = detail::summary_extras(segments, device);
+  for (const int id : d.kv().ids()) {
+    const detail::KvPoolInfo k = d.kv().info(id);
+    extras.kv_pools.push_back(KvPoolSnapshot{device, k.id, k.tag, k.buffers, k.block_bytes, k.max_blocks, k.page,
+                                             k.live_blocks, k.mapped_bytes, k.used_bytes, k.asleep});
+  }
+  return detail::memory_summary(stats, device, extras);
 }
 
 void Allocator::record_history(bool enabled, std::size_t max_entries) {

@@ -10,6 +10,7 @@
 // the error text lives in a thread_local whose destructor marks it gone, after which errors go
 // to a buffer without a destructor (see ErrorText).
 #include "stitch/stitch.h"
+#include "stitch/kv_pool.hpp"
 
 #include <fmt/format.h>
 
@@ -425,3 +426,68 @@ const char* stitch_last_error(void) { return last_error(); }
 void stitch_clear_error(void) { clear_error(); }
 
 }  // extern "C"
+
+// ---- KV pools (docs/kv.md) ---------------------------------------------------------------------
+
+struct stitch_kv_pool {
+  stitch::KvPool pool;
+};
+
+namespace {
+stitch::KvPool& kv_of(stitch_kv_pool* pool) {
+  if (pool == nullptr) throw stitch::invalid_argument("KV pool is NULL");
+  return pool->pool;
+}
+}  // namespace
+
+stitch_kv_pool* stitch_kv_create(int device, int buffers, size_t block_bytes, size_t max_blocks,
+                                 const char* tag, unsigned flags) {
+  return guarded([&]() -> stitch_kv_pool* {
+    return new stitch_kv_pool{stitch::KvPool(allocator(), device, buffers, block_bytes, max_blocks,
+                                             tag == nullptr ? "kv" : tag, flags)};
+  }, static_cast<stitch_kv_pool*>(nullptr));
+}
+
+void* stitch_kv_buffer(stitch_kv_pool* pool, int buffer) {
+  return guarded([&]() -> void* { return kv_of(pool).buffer(buffer); }, static_cast<void*>(nullptr));
+}
+
+int stitch_kv_alloc(stitch_kv_pool* pool, size_t n, int64_t* ids) {
+  return guarded([&] {
+    kv_of(pool).alloc(n, ids);
+    return 0;
+  }, 1);
+}
+
+int stitch_kv_free(stitch_kv_pool* pool, const int64_t* ids, size_t n) {
+  return guarded([&] {
+    kv_of(pool).free(ids, n);
+    return 0;
+  }, 1);
+}
+
+int stitch_kv_set_limit(stitch_kv_pool* pool, size_t bytes) {
+  return guarded([&] {
+    kv_of(pool).set_limit(bytes);
+    return 0;
+  }, 1);
+}
+
+size_t stitch_kv_available(stitch_kv_pool* pool) {
+  return guarded([&]() -> size_t { return kv_of(pool).available(); }, size_t{0});
+}
+
+int stitch_kv_trim(stitch_kv_pool* pool) {
+  return guarded([&] {
+    kv_of(pool).trim();
+    return 0;
+  }, 1);
+}
+
+int stitch_kv_destroy(stitch_kv_pool* pool) {
+  return guarded([&] {
+    kv_of(pool).destroy();
+    delete pool;
+    return 0;
+  }, 1);
+}

@@ -244,6 +244,12 @@ constexpr KeySpec kKeys[] = {
     {"spill_limit_mb", false, "an integer number of MiB (0: no cap)",
      [](ConfigParser& p, Config& c, const KeySpec& k) { c.spill_limit = uint_in(p, k, 0, kMaxMiB) << 20; },
      [](const Config& c) { return c.spill_limit != 0 ? std::to_string(c.spill_limit >> 20) : std::string(); }},
+    {"kv_page_mb", false, "an integer number of MiB >= 1",
+     [](ConfigParser& p, Config& c, const KeySpec& k) { c.kv_page = uint_in(p, k, 1, 1024) << 20; },
+     [](const Config& c) { return std::to_string(c.kv_page >> 20); }},
+    {"kv_reserve_mb", false, "an integer number of MiB (0: none)",
+     [](ConfigParser& p, Config& c, const KeySpec& k) { c.kv_reserve = uint_in(p, k, 0, kMaxMiB) << 20; },
+     [](const Config& c) { return c.kv_reserve != 0 ? std::to_string(c.kv_reserve >> 20) : std::string(); }},
     {"per_process_memory_fraction", false, "a number in [0, 1]",
      [](ConfigParser& p, Config& c, const KeySpec& k) {
        const std::string v = p.value(k);

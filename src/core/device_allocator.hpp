@@ -18,7 +18,8 @@
 // - residency.hpp (and sleeper.hpp under it): where region-tagged memory lives: sleep, wake, trim;
 // - placement.hpp: blocks where a recording had them (replays' start states, exact addresses);
 // - reports.hpp: what the device says about itself (statistics, snapshots, the trace observer);
-// - pool_routes.hpp: the entry points of private pools (routes, no-split, releases).
+// - pool_routes.hpp: the entry points of private pools (routes, no-split, releases);
+// - kv_pools.hpp: the elastic paged KV caches (stitch_kv_*), drawing pages from the same budget.
 // Member functions by file: device_allocator.cpp (entry points, fast path), device_growth.cpp
 // (the out-of-memory ladder), device_oom.cpp (a failed request), device_validate.cpp (the
 // cross-checks of validate()), device_tagged.cpp (tagged allocations).
@@ -40,6 +41,7 @@
 #include "core/device_lock.hpp"
 #include "core/expandable_ranges.hpp"
 #include "core/hot_stats.hpp"
+#include "core/kv_pools.hpp"
 #include "core/ledger.hpp"
 #include "core/oom_capture.hpp"
 #include "core/page_mapper.hpp"
@@ -127,6 +129,8 @@ class DeviceAllocator {
   /// every request. Results are identical either way; tests and benchmarks compare the two.
   void set_cache_hit(bool on);
 
+  /// The elastic paged KV caches of this device (stitch_kv_*, core/kv_pools.hpp).
+  [[nodiscard]] detail::KvPools& kv() noexcept { return kv_; }
   /// Statistics and their resets, snapshots, the trace observer, the largest request.
   [[nodiscard]] detail::Reports& reports() noexcept { return reports_; }
   [[nodiscard]] std::optional<BlockInfo> find(const void* ptr) const;
@@ -151,6 +155,7 @@ class DeviceAllocator {
   friend class detail::Placement;  // places blocks under the lock, as live ones
   friend class detail::Reports;    // reads the statistics and the store under the lock
   friend class detail::PoolRoutes; // routes allocations, with the cache hit closed meanwhile
+  friend class detail::KvPools;    // maps pools' pages under the lock, climbs the ladder
   using Block = detail::Block;
   using BlockPool = detail::BlockPool;
 
@@ -234,6 +239,7 @@ class DeviceAllocator {
   detail::Placement placement_{*this};  ///< recorded start states, exact addresses (a friend)
   detail::Reports reports_{*this};      ///< statistics, snapshots, the observer (a friend)
   detail::PoolRoutes pool_routes_{*this};  ///< private pools' routes (a friend)
+  detail::KvPools kv_{*this};             ///< the KV pools (a friend)
   const void* owner_ = nullptr;          ///< the Allocator whose regions tag (set_owner)
   std::atomic<bool> python_frames_{false};  ///< the history takes Python frames
   /// The failure of the request in progress, until malloc hands it to its caller.

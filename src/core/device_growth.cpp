@@ -47,6 +47,7 @@ DeviceAllocator::Block* DeviceAllocator::allocate_slow(BlockPool& pool, stream_t
     if (block == nullptr) {
       // Last resort: wait for every outstanding event, return every free segment and page, retry.
       release_cached_blocks();
+      kv_.release_unused(/*all=*/true);  // every KV pool's unused pages, its reserve too
       ++stats_.num_alloc_retries;
       block = store_.best_fit(pool, stream, rounded);  // a pending block may have become free
       if (block == nullptr) block = grow();
@@ -84,6 +85,8 @@ void DeviceAllocator::release_cached_blocks(std::size_t keep) {
   plain_.release_free(true, keep);
   plain_.release_free(false, keep);
   ranges_.release_free_pages(keep);
+  if (keep != 0 && ledger_.reserved() <= keep) return;
+  kv_.release_unused(/*all=*/false);  // the KV pools' unused pages beyond their reserves
   if (keep != 0 && ledger_.reserved() <= keep) return;
   release_unused_pools();
 }

@@ -51,6 +51,13 @@ void DeviceAllocator::validate() const {
     counted.reserved[0] += stray;
     counted.reserved[small ? 1 : 2] += stray;
   }
+  // The KV pools' pages are the large pool's reserved memory.
+  const auto kv = static_cast<std::int64_t>(kv_.mapped_bytes());
+  counted.reserved[0] += kv;
+  counted.reserved[2] += kv;
+  if (kv != stats.kv_bytes.current)
+    broken(device_, fmt::format("kv_bytes is {}, the pools map {}", stats.kv_bytes.current, kv));
+  kv_.validate();
   check_stat(device_, "allocation", stats.allocation, c.allocation);
   check_stat(device_, "segment", stats.segment, c.segment);
   check_stat(device_, "active", stats.active, c.active);
@@ -65,8 +72,9 @@ void DeviceAllocator::validate() const {
   if (stats.reserved_bytes[kAll].current + stats.sleeping_bytes.current + stats.spilled_bytes.current <
       stats.allocated_bytes[kAll].current)
     broken(device_, "reserved + sleeping + spilled bytes are less than allocated bytes");
-  if (c.spilled != stats.spilled_bytes.current)
-    broken(device_, fmt::format("spilled_bytes is {}, its recount {}", stats.spilled_bytes.current, c.spilled));
+  const std::int64_t spilled = c.spilled + static_cast<std::int64_t>(kv_.spilled_bytes());
+  if (spilled != stats.spilled_bytes.current)
+    broken(device_, fmt::format("spilled_bytes is {}, its recount {}", stats.spilled_bytes.current, spilled));
   std::int64_t sleeping = 0;
   for (const detail::Segment* s = store_.segments(); s != nullptr; s = s->next)
     if (s->asleep)

@@ -90,6 +90,20 @@ class Ledger {
     (void)at;
     stats_.spilled_bytes.decrease(static_cast<std::int64_t>(bytes));
   }
+  /// `bytes` of a KV pool's pages (core/kv_pools.hpp) were mapped at `at` (over its buffers):
+  /// device memory stitch holds, counted in the large pool's reserved_bytes and in kv_bytes.
+  void kv_mapped(const char* at, std::size_t bytes) noexcept {
+    (void)at;
+    ++stats_.num_device_alloc;
+    add(stats_.reserved_bytes, false, static_cast<std::int64_t>(bytes));
+    stats_.kv_bytes.increase(static_cast<std::int64_t>(bytes));
+  }
+  void kv_unmapped(const char* at, std::size_t bytes) noexcept {
+    (void)at;
+    ++stats_.num_device_free;
+    sub(stats_.reserved_bytes, false, static_cast<std::int64_t>(bytes));
+    stats_.kv_bytes.decrease(static_cast<std::int64_t>(bytes));
+  }
   /// A free block's memory is lent to a stitched range of the pool `to_small` (mapped there a
   /// second time): it counts there from now on, and where it lies it looks unmapped. No call.
   void lent(const Block& b, bool to_small) noexcept {

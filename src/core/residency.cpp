@@ -84,10 +84,23 @@ bool Residency::sleep(const std::vector<std::uint16_t>& tags,
   // Kernels on any stream, of this process or a peer device's, may still use the pages: stitch
   // knows only the streams it was told about, so the whole device and its peers are waited for.
   settle_device(/*peers=*/true);
-  sleeper_.sleep(todo, [&](const Block* b) {
-    return b->backup ||
-           std::find(backup_tags.begin(), backup_tags.end(), b->segment->tag) != backup_tags.end();
-  });
+  // The KV pools of the tags first (their backups all or nothing), then the tags' ranges; a
+  // failure before the ranges sleep wakes the pools again.
+  d_.kv_.sleep(todo, backup_tags);
+  try {
+    sleeper_.sleep(todo, [&](const Block* b) {
+      return b->backup ||
+             std::find(backup_tags.begin(), backup_tags.end(), b->segment->tag) != backup_tags.end();
+    });
+  } catch (...) {
+    if (!sleeper_.asleep(todo.front())) {
+      try {
+        (void)d_.kv_.wake(todo);
+      } catch (...) {  // the pools stay asleep; a wake maps them
+      }
+    }
+    throw;
+  }
   return true;
 }
 
@@ -98,10 +111,18 @@ std::string Residency::wake(const std::vector<std::uint16_t>& tags, const std::s
     if (sleeper_.asleep(t)) todo.push_back(t);
   if (todo.empty()) return {};
   refuse_while_capturing("stitch_wake");
-  if (sleeper_.wake(todo)) return {};
+  // The KV pools of the tags, then the tags' ranges; all or nothing.
+  auto wake_all = [&] {
+    if (!d_.kv_.wake(todo)) return false;
+    if (sleeper_.wake(todo)) return true;
+    d_.kv_.sleep(todo, {});  // (the pools with backup keep it again)
+    return false;
+  };
+  if (wake_all()) return {};
   // The cached memory of the awake pools goes first, as the out-of-memory ladder's last resort.
   d_.release_cached_blocks();
-  if (sleeper_.wake(todo)) return {};
+  d_.kv_.release_unused(/*all=*/true);
+  if (wake_all()) return {};
   const std::size_t need = sleeper_.wake_bytes(todo);
   std::string cap;
   if (d_.ledger_.cap())
@@ -157,7 +178,9 @@ std::size_t Residency::spill(const std::vector<std::uint16_t>& tags, std::size_t
           "stitch_spill: tag '{}' may not spill: no region opened it with STITCH_REGION_SPILL",
           tag_name(t)));
   std::vector<Segment*> order = spill_order(Config::Spill::tags, &tags);
-  if (order.empty()) return 0;
+  bool pools = false;
+  for (std::uint16_t t : tags) pools = pools || d_.kv_.has_tag(t);
+  if (order.empty() && !pools) return 0;
   refuse_while_capturing("stitch_spill");
   settle_device(/*peers=*/true);
   std::vector<Spiller::Move> plan;
@@ -169,15 +192,32 @@ std::size_t Residency::spill(const std::vector<std::uint16_t>& tags, std::size_t
       plan.push_back(std::move(m));
     }
   }
+  // The KV pools of the tags move whole, first (all or nothing on their own); then the ranges.
+  std::size_t pool_bytes = 0;
+  if (planned < bytes) planned += d_.kv_.spillable_bytes(tags);  // (the pools move whole)
   if (planned < bytes)
     throw out_of_memory(fmt::format(
         "stitch_spill: device {}: tag(s) {} have {} bytes of live memory that may move (pinned "
         "and exported blocks stay), fewer than the {} bytes asked; nothing moved",
         d_.device_, names, planned, bytes));
-  if (plan.empty()) return 0;
-  spiller_.spill(plan);
+  if (pools) pool_bytes = d_.kv_.spill(tags, spiller_.room());
+  if (plan.empty()) {
+    if (pool_bytes != 0) ++d_.stats_.num_spills;
+    return pool_bytes;
+  }
+  try {
+    spiller_.spill(plan);
+  } catch (...) {
+    if (pool_bytes != 0) {
+      try {
+        (void)d_.kv_.unspill(tags, false);
+      } catch (...) {  // (what stays is on the host, usable)
+      }
+    }
+    throw;
+  }
   ++d_.stats_.num_spills;
-  return planned;
+  return Spiller::host_bytes(plan) + pool_bytes;
 }
 
 std::string Residency::unspill(const std::vector<std::uint16_t>& tags, bool all) {
@@ -189,6 +229,11 @@ std::string Residency::unspill(const std::vector<std::uint16_t>& tags, bool all)
     std::size_t n = 0;
     for (Segment* s = d_.store_.segments(); s != nullptr; s = s->next)
       if (selected(s)) n += Spiller::spilled_bytes(*s);
+    if (all) {
+      n += d_.kv_.spilled_bytes();
+    } else {
+      for (std::uint16_t t : tags) n += d_.kv_.spilled_bytes(t);
+    }
     return n;
   };
   if (left() == 0) return {};
@@ -196,7 +241,7 @@ std::string Residency::unspill(const std::vector<std::uint16_t>& tags, bool all)
   settle_device(/*peers=*/true);
   const std::size_t before = left();
   auto run = [&] {
-    bool back = true;
+    bool back = d_.kv_.unspill(tags, all);
     for (Segment* s = d_.store_.segments(); s != nullptr; s = s->next)
       if (selected(s)) back = spiller_.unspill(*s) && back;
     return back;
@@ -213,6 +258,9 @@ std::string Residency::unspill(const std::vector<std::uint16_t>& tags, bool all)
   std::map<std::uint16_t, std::size_t> by_tag;
   for (Segment* s = d_.store_.segments(); s != nullptr; s = s->next)
     if (selected(s)) by_tag[s->tag] += Spiller::spilled_bytes(*s);
+  for (const std::uint16_t t : sleeper_.used_tags())
+    if (all || std::find(tags.begin(), tags.end(), t) != tags.end())
+      if (const std::size_t n = d_.kv_.spilled_bytes(t); n != 0) by_tag[t] += n;
   for (const auto& [tag, n] : by_tag)
     stays += fmt::format("{}{}: {} bytes", stays.empty() ? "" : ", ",
                          tag == 0 ? std::string("untagged memory") : "tag '" + tag_name(tag) + "'", n);
@@ -273,6 +321,7 @@ void Residency::unspill_with_room() noexcept {
       if (d_.backend_.is_capturing(d_.device_, s->stream)) return;
     settle_device(/*peers=*/true);
     std::size_t before = static_cast<std::size_t>(d_.stats_.spilled_bytes.current);
+    (void)d_.kv_.unspill({}, /*all=*/true);
     for (Segment* s = d_.store_.segments(); s != nullptr; s = s->next) {
       if (s->spilled == 0) continue;
       spiller_.release_freed(*s);
@@ -346,14 +395,25 @@ std::string Residency::report(const std::function<std::string(std::uint16_t)>& t
                             sleeper_.spillable(t) ? "true" : "false", object(s),
                             sleeper_.asleep(t) ? s.live : 0, sleeper_.host_bytes(t));
   }
+  std::string kv_list;
+  for (const KvPoolInfo& k : d_.kv_.infos([this](std::uint16_t t) { return this->tag_name(t); })) {
+    if (!kv_list.empty()) kv_list += ", ";
+    kv_list += fmt::format(
+        R"({{"pool": {}, "tag": {}, "state": "{}", "buffers": {}, "block_bytes": {}, "max_blocks": {}, )"
+        R"("page_bytes": {}, "live_blocks": {}, "mapped_bytes": {}, "used_bytes": {}, "reserve_bytes": {}, )"
+        R"("limit_bytes": {}, "peak_bytes": {}, "spilled_bytes": {}, "page_maps": {}, "page_unmaps": {}}})",
+        k.id, quoted(k.tag), k.asleep ? "asleep" : k.spilled_bytes != 0 ? "spilled" : "awake", k.buffers,
+        k.block_bytes, k.max_blocks, k.page, k.live_blocks, k.mapped_bytes, k.used_bytes, k.reserve, k.limit,
+        k.peak_bytes, k.spilled_bytes, k.maps, k.unmaps);
+  }
   const MemoryInfo info{d_.pages_.device_free(), d_.pages_.device_total()};
   return fmt::format(
       R"({{"device": {}, "reserved_bytes": {}, "allocated_bytes": {}, "sleeping_bytes": {}, )"
-      R"("spilled_bytes": {}, "host_backup_bytes": {}, "device_free_bytes": {}, "device_total_bytes": {}, )"
-      R"("untagged": {{{}}}, "private_pools": {{{}}}, "tags": [{}]}})",
+      R"("spilled_bytes": {}, "kv_bytes": {}, "host_backup_bytes": {}, "device_free_bytes": {}, "device_total_bytes": {}, )"
+      R"("untagged": {{{}}}, "private_pools": {{{}}}, "tags": [{}], "kv_pools": [{}]}})",
       d_.device_, d_.ledger_.reserved(), d_.stats_locked().allocated_bytes[kAll].current,
-      d_.stats_.sleeping_bytes.current, d_.stats_.spilled_bytes.current, sleeper_.host_bytes(), info.free, info.total,
-      object(untagged), object(private_pools), tag_list);
+      d_.stats_.sleeping_bytes.current, d_.stats_.spilled_bytes.current, d_.stats_.kv_bytes.current,
+      sleeper_.host_bytes(), info.free, info.total, object(untagged), object(private_pools), tag_list, kv_list);
 }
 
 }  // namespace stitch::detail

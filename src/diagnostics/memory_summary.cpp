@@ -138,7 +138,8 @@ std::string memory_summary(const DeviceStats& stats, int device, const SummaryEx
     lines.push_back(fmt::format(" {:<25} | {:<45} ", label, value));
   };
   const std::int64_t reserved = stats.reserved_bytes[kAll].current;
-  const std::int64_t unallocated = reserved - stats.allocated_bytes[kAll].current;
+  // (a KV pool's pages are reserved but not the cache: docs/kv.md)
+  const std::int64_t unallocated = reserved - stats.allocated_bytes[kAll].current - stats.kv_bytes.current;
   lines.push_back(fmt::format(" {:<73} ", "stitch: free cached memory and fragmentation"));
   lines.push_back(rule('-'));
   line("Reserved but unallocated",
@@ -158,6 +159,18 @@ std::string memory_summary(const DeviceStats& stats, int device, const SummaryEx
                                             : fmt::format("Free on stream {:#x}", f.stream);
     line(label, fmt::format("{}, {} (largest {})", blocks_text(f.blocks), format_size(f.bytes),
                             format_size(f.largest)));
+  }
+  if (stats.kv_bytes.current > 0 || stats.kv_bytes.peak > 0) {
+    line("KV pools (pages mapped)",
+         fmt::format("{} now, peak {} (in reserved memory)",
+                     format_size(static_cast<std::size_t>(stats.kv_bytes.current)),
+                     format_size(static_cast<std::size_t>(stats.kv_bytes.peak))));
+  }
+  for (const KvPoolSnapshot& k : extras.kv_pools) {
+    std::string value = fmt::format("{} of {} blocks live, {} mapped{}", k.live_blocks, k.max_blocks,
+                                    format_size(k.mapped_bytes), k.asleep ? ", asleep" : "");
+    if (value.size() > 45) value = value.substr(0, 42) + "...";
+    line(fmt::format("KV pool {} ('{}')", k.id, k.tag.size() > 12 ? k.tag.substr(0, 9) + "..." : k.tag), value);
   }
   if (stats.spilled_bytes.current > 0 || stats.num_spills > 0) {
     line("Spilled (host pages)",

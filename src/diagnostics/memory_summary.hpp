@@ -31,6 +31,7 @@ struct SummaryExtras {
   std::vector<StreamFree> per_stream;   ///< streams with free blocks, by stream handle
   std::size_t sleeping_segments = 0;    ///< snapshot segments of sleeping ranges (not counted above)
   std::vector<std::string> sleeping_tags;  ///< their tags, in order of appearance
+  std::vector<KvPoolSnapshot> kv_pools;    ///< the device's KV pools (docs/kv.md)
 };
 
 /// Computes the extras of `device` from snapshot segments (Allocator::snapshot()).

@@ -335,6 +335,37 @@ void emit(Sink& w, const Snapshot& snap, const SnapshotMeta& meta) {
   w.integer(meta.device_count);
   w.key("format");
   w.integer(1);
+  if (!snap.kv_pools.empty()) {
+    w.key("kv_pools");  // docs/kv.md: the pools' pages are reserved memory outside "segments"
+    w.begin_list();
+    for (const KvPoolSnapshot& k : snap.kv_pools) {
+      w.begin_dict();
+      w.key("device");
+      w.integer(k.device);
+      w.key("pool");
+      w.integer(k.id);
+      w.key("tag");
+      w.string(k.tag);
+      w.key("buffers");
+      w.integer(k.buffers);
+      w.key("block_bytes");
+      w.uinteger(k.block_bytes);
+      w.key("max_blocks");
+      w.uinteger(k.max_blocks);
+      w.key("page_bytes");
+      w.uinteger(k.page_bytes);
+      w.key("live_blocks");
+      w.uinteger(k.live_blocks);
+      w.key("mapped_bytes");
+      w.uinteger(k.mapped_bytes);
+      w.key("used_bytes");
+      w.uinteger(k.used_bytes);
+      w.key("asleep");
+      w.boolean(k.asleep);
+      w.end_dict();
+    }
+    w.end_list();
+  }
   w.end_dict();
 
   w.end_dict();

@@ -574,3 +574,40 @@ def test_spill_refuses_bad_arguments():
         stitch.spill("x", bytes=-1)
     with pytest.raises(stitch.StitchError, match="never used"):
         stitch.spill("py-spill-never")
+
+
+# ---- KV pools (docs/kv.md) ------------------------------------------------------------------------
+
+
+def test_kv_pool_blocks_arrays_limits_and_sleep():
+    before = stitch.stat("kv_bytes.current")
+    with stitch.kv.Pool(0, buffers=2, block_bytes=96 * 1024, max_blocks=64, tag="py-kv", backup=True) as pool:
+        ids = pool.alloc(5)
+        assert ids == [0, 1, 2, 3, 4]
+        k = memoryview(pool.buffer(0))  # a NumPy array, or a memoryview without NumPy
+        assert k.nbytes == 96 * 1024 * 64
+        k[0:96 * 1024 * 5] = b"\x07" * (96 * 1024 * 5)
+        memoryview(pool.buffer(1))[: 96 * 1024] = b"\x09" * (96 * 1024)
+        assert stitch.stat("kv_bytes.current") > before
+        with pytest.raises(stitch.StitchError, match="twice"):
+            pool.free([1, 1])
+        with pytest.raises(stitch.StitchError, match="not allocated"):
+            pool.free([40])
+        stitch.sleep("py-kv", device=0)
+        with pytest.raises(stitch.StitchError, match="py-kv"):
+            pool.alloc(1)
+        stitch.wake("py-kv", device=0)
+        assert memoryview(pool.buffer(0))[96 * 1024 * 5 - 1] == 7 and memoryview(pool.buffer(1))[0] == 9
+        pool.set_limit(1)
+        with pytest.raises(stitch.OutOfMemoryError, match="limit"):
+            pool.alloc(10)
+        pool.set_limit(0)
+        assert pool.available() == 59
+        pool.free(ids)
+        with pytest.raises(stitch.StitchError):
+            pool.free([0])
+        pool.trim()
+        assert stitch.stat("kv_bytes.current") == before
+        entry = [p for p in stitch.residency(0)["kv_pools"] if p["tag"] == "py-kv"][0]
+        assert entry["live_blocks"] == 0 and entry["page_maps"] >= 1
+    assert not [p for p in stitch.residency(0)["kv_pools"] if p["tag"] == "py-kv"]

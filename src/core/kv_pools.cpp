@@ -1,0 +1,698 @@
+// core/kv_pools.cpp — KvPools: the pools' ranges, their pages mapped under live blocks, the ids,
+// the limit, the releases, sleep and wake (core/kv_pools.hpp).
+#include "core/kv_pools.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "core/device_allocator.hpp"
+#include "core/constants.hpp"
+#include "stitch/errors.hpp"
+
+namespace stitch::detail {
+
+KvPools::~KvPools() {
+  // The allocator goes away: every pool's pages and ranges go back (errors dropped).
+  for (auto& [id, k] : pools_) {
+    for (std::size_t p = 0; p < k->pages; ++p)
+      if (k->handle[p * static_cast<std::size_t>(k->buffers)] != 0) unmap_page(*k, p);
+    for (char* b : k->base) d_.pages_.release_or_keep_reservation(b, k->span);
+    drop_backup(*k);
+  }
+}
+
+KvPool& KvPools::get(int pool) {
+  const auto it = pools_.find(pool);
+  if (it == pools_.end())
+    throw invalid_argument(fmt::format("KV pool {} does not exist on device {} (destroyed?)", pool, d_.device_));
+  return *it->second;
+}
+
+int KvPools::create(int buffers, std::size_t block_bytes, std::size_t max_blocks, std::uint16_t tag,
+                    const std::string& tag_name, bool backup, bool spill) {
+  if (buffers <= 0 || block_bytes == 0 || max_blocks == 0)
+    throw invalid_argument(fmt::format("stitch_kv_create: buffers ({}), block_bytes ({}) and max_blocks ({}) "
+                                       "must be positive", buffers, block_bytes, max_blocks));
+  if (max_blocks > (std::size_t{1} << 40) / block_bytes || buffers > 65536)
+    throw invalid_argument(fmt::format("stitch_kv_create: {} buffers of {} blocks of {} bytes is more address "
+                                       "space than a device has", buffers, max_blocks, block_bytes));
+  std::lock_guard lock(d_.mutex_);
+  if (!d_.pages_.supported())
+    throw backend_error(fmt::format(
+        "stitch_kv_create: device {}: backend:{} has no virtual-memory API here; a KV pool maps "
+        "pages under reserved ranges", d_.device_, d_.backend_.name()));
+  auto k = std::make_unique<KvPool>();
+  k->id = next_id_;
+  k->tag = tag;
+  k->backup = backup;
+  k->spill = spill;
+  k->buffers = buffers;
+  k->block_bytes = block_bytes;
+  k->max_blocks = max_blocks;
+  const std::size_t g = d_.pages_.granularity();
+  k->page = round_up(std::max<std::size_t>(d_.config_.kv_page, 1), g);
+  k->pages = (block_bytes * max_blocks + k->page - 1) / k->page;
+  k->span = k->pages * k->page;
+  k->reserve = d_.config_.kv_reserve;
+  k->handle.assign(k->pages * static_cast<std::size_t>(buffers), 0);
+  k->refs.assign(k->pages, 0);
+  k->on_host.assign(k->pages, 0);
+  k->live.assign((max_blocks + 63) / 64, 0);
+  try {
+    for (int b = 0; b < buffers; ++b) {
+      char* va = d_.pages_.reserve(k->span, g);
+      if (va == nullptr)
+        throw out_of_memory(fmt::format("stitch_kv_create: device {}: no address space left for {} "
+                                        "buffers of {} bytes", d_.device_, buffers, k->span));
+      k->base.push_back(va);
+    }
+  } catch (...) {
+    for (char* va : k->base) d_.pages_.release_or_keep_reservation(va, k->span);
+    throw;
+  }
+  // The tag is used here from now on: stitch_sleep and stitch_wake name it (its name was given
+  // to each device as a region's is).
+  (void)tag_name;
+  d_.residency_.sleeper().note_used(tag);
+  const int id = next_id_++;
+  pools_.emplace(id, std::move(k));
+  return id;
+}
+
+void KvPools::destroy(int pool) {
+  std::lock_guard lock(d_.mutex_);
+  KvPool& k = get(pool);
+  if (k.live_blocks != 0)
+    throw invalid_argument(fmt::format("stitch_kv_destroy: KV pool {} still has {} live block(s); free them first",
+                                       pool, k.live_blocks));
+  if (k.mapped_pages + k.host_pages != 0) {
+    ++d_.stats_.num_device_syncs;
+    d_.pages_.synchronize_device(false);  // kernels may still read the freed blocks
+  }
+  for (std::size_t p = 0; p < k.pages; ++p)
+    if (k.handle[p * static_cast<std::size_t>(k.buffers)] != 0) unmap_page(k, p);
+  for (char* b : k.base) d_.pages_.release_or_keep_reservation(b, k.span);
+  drop_backup(k);
+  pools_.erase(pool);
+}
+
+char* KvPools::buffer(int pool, int buffer) {
+  std::lock_guard lock(d_.mutex_);
+  KvPool& k = get(pool);
+  if (buffer < 0 || buffer >= k.buffers)
+    throw invalid_argument(fmt::format("stitch_kv_buffer: buffer {} of a pool with {} buffers", buffer, k.buffers));
+  return k.base[static_cast<std::size_t>(buffer)];
+}
+
+bool KvPools::map_page(KvPool& k, std::size_t p) {
+  const std::size_t nb = static_cast<std::size_t>(k.buffers);
+  if (!d_.ledger_.fits(k.page_set_bytes())) return false;
+  std::size_t done = 0;
+  try {
+    for (; done < nb; ++done) {
+      const phys_handle_t h = d_.pages_.create(k.page);
+      if (h == 0) break;
+      char* at = k.base[done] + p * k.page;
+      d_.pages_.unmap_strays_in(at, k.page);
+      bool mapped = false;
+      try {
+        mapped = d_.pages_.map_pieces(at, {MapPiece{h, k.page}});
+      } catch (...) {
+        d_.pages_.release_or_orphan(h);
+        throw;
+      }
+      if (!mapped) {
+        d_.pages_.release_or_orphan(h);
+        break;
+      }
+      k.handle[p * nb + done] = h;
+    }
+  } catch (...) {
+    for (std::size_t b = 0; b < done; ++b) {
+      d_.pages_.unmap_or_stray(k.base[b] + p * k.page, k.page);
+      d_.pages_.release_or_orphan(k.handle[p * nb + b]);
+      k.handle[p * nb + b] = 0;
+    }
+    throw;
+  }
+  if (done < nb) {
+    for (std::size_t b = 0; b < done; ++b) {
+      d_.pages_.unmap_or_stray(k.base[b] + p * k.page, k.page);
+      d_.pages_.release_or_orphan(k.handle[p * nb + b]);
+      k.handle[p * nb + b] = 0;
+    }
+    return false;
+  }
+  ++k.mapped_pages;
+  ++k.maps;
+  k.peak_mapped_pages = std::max(k.peak_mapped_pages, k.mapped_pages);
+  d_.ledger_.kv_mapped(k.base[0] + p * k.page, k.page_set_bytes());
+  return true;
+}
+
+void KvPools::unmap_page(KvPool& k, std::size_t p) noexcept {
+  const std::size_t nb = static_cast<std::size_t>(k.buffers);
+  for (std::size_t b = 0; b < nb; ++b) {
+    phys_handle_t& h = k.handle[p * nb + b];
+    if (h == 0) continue;
+    d_.pages_.unmap_or_stray(k.base[b] + p * k.page, k.page);
+    d_.pages_.release_or_orphan(h);
+    h = 0;
+  }
+  ++k.unmaps;
+  if (k.on_host[p] != 0) {  // a spilled page: host memory, not the device's
+    k.on_host[p] = 0;
+    --k.host_pages;
+    d_.ledger_.host_unmapped(k.base[0] + p * k.page, k.page_set_bytes());
+    return;
+  }
+  --k.mapped_pages;
+  d_.ledger_.kv_unmapped(k.base[0] + p * k.page, k.page_set_bytes());
+}
+
+std::size_t KvPools::next_free(const KvPool& k, std::size_t from) noexcept {
+  for (std::size_t w = from / 64; w < k.live.size(); ++w) {
+    std::uint64_t bits = ~k.live[w];
+    if (w == from / 64) bits &= ~std::uint64_t{0} << (from % 64);
+    if (bits == 0) continue;
+    const std::size_t i = w * 64 + static_cast<std::size_t>(__builtin_ctzll(bits));
+    return std::min(i, k.max_blocks);
+  }
+  return k.max_blocks;
+}
+
+void KvPools::alloc(int pool, std::size_t n, std::int64_t* ids) {
+  std::lock_guard lock(d_.mutex_);
+  KvPool& k = get(pool);
+  if (n == 0) return;
+  if (ids == nullptr) throw invalid_argument("stitch_kv_alloc: ids is NULL");
+  if (k.asleep)
+    throw error(fmt::format("stitch_kv_alloc: KV pool {}'s tag '{}' is asleep on device {} (stitch_wake it first)",
+                            pool, d_.residency_.tag_name(k.tag), d_.device_));
+  if (n > k.max_blocks - k.live_blocks)
+    throw out_of_memory(fmt::format("CUDA out of memory. stitch_kv_alloc: KV pool {} has {} free block(s) of {}, "
+                                    "fewer than the {} asked; nothing allocated",
+                                    pool, k.max_blocks - k.live_blocks, k.max_blocks, n));
+  // The ids, lowest free first, and the pages they need.
+  std::vector<std::size_t> chosen;
+  chosen.reserve(n);
+  std::vector<std::size_t> fresh;  // pages to map
+  std::size_t used_after = k.used_pages;
+  std::vector<std::uint32_t> extra;  // refs added per page, for the limit (pages newly used)
+  for (std::size_t i = next_free(k, 0); chosen.size() < n; i = next_free(k, i + 1)) {
+    chosen.push_back(i);
+    for (std::size_t p = k.first_page(i); p <= k.last_page(i); ++p) {
+      const bool counted = std::find(fresh.begin(), fresh.end(), p) != fresh.end() ||
+                           std::find(extra.begin(), extra.end(), static_cast<std::uint32_t>(p)) != extra.end();
+      if (k.refs[p] != 0 || counted) continue;
+      ++used_after;
+      if (k.handle[p * static_cast<std::size_t>(k.buffers)] == 0) {
+        fresh.push_back(p);
+      } else {
+        extra.push_back(static_cast<std::uint32_t>(p));
+      }
+    }
+  }
+  if (k.limit != 0 && used_after * k.page_set_bytes() > k.limit)
+    throw out_of_memory(fmt::format(
+        "CUDA out of memory. stitch_kv_alloc: KV pool {} would hold {} bytes of pages under live blocks, "
+        "over its limit of {} bytes (stitch_kv_set_limit); nothing allocated", pool,
+        used_after * k.page_set_bytes(), k.limit));
+  // Map what is missing: all or nothing. Short of memory, the out-of-memory ladder's releases
+  // (cached blocks, every pool's unused pages) once, then every missing page again.
+  std::size_t mapped = 0;
+  auto undo = [&]() noexcept {
+    for (std::size_t j = 0; j < mapped; ++j) unmap_page(k, fresh[j]);
+    mapped = 0;
+  };
+  try {
+    bool released = false;
+    while (mapped < fresh.size()) {
+      if (map_page(k, fresh[mapped])) {
+        ++mapped;
+        continue;
+      }
+      undo();
+      if (released || !d_.pools_.may_touch_device({})) {
+        throw out_of_memory(fmt::format(
+            "CUDA out of memory. stitch_kv_alloc: device {} cannot give the {} page(s) of {} bytes KV pool {} "
+            "needs ({} bytes free of {}; this process reserves {} bytes, {} of them in KV pools); the cache "
+            "and every pool's unused pages were released first; nothing allocated",
+            d_.device_, fresh.size(), k.page_set_bytes(), pool, d_.pages_.device_free(),
+            d_.pages_.device_total(), d_.ledger_.reserved(), mapped_bytes()));
+      }
+      released = true;
+      d_.release_cached_blocks();
+      (void)release_unused(/*all=*/true);
+      // Every page of the chosen blocks that is unmapped now (this pool's unused ones may have
+      // gone too).
+      fresh.clear();
+      for (std::size_t i : chosen)
+        for (std::size_t p = k.first_page(i); p <= k.last_page(i); ++p)
+          if (k.handle[p * static_cast<std::size_t>(k.buffers)] == 0 &&
+              std::find(fresh.begin(), fresh.end(), p) == fresh.end())
+            fresh.push_back(p);
+    }
+  } catch (const out_of_memory&) {
+    throw;
+  } catch (...) {
+    undo();
+    throw;
+  }
+  // Booked.
+  for (std::size_t i : chosen) {
+    k.live[i / 64] |= std::uint64_t{1} << (i % 64);
+    for (std::size_t p = k.first_page(i); p <= k.last_page(i); ++p)
+      if (k.refs[p]++ == 0) ++k.used_pages;
+  }
+  k.live_blocks += n;
+  for (std::size_t j = 0; j < n; ++j) ids[j] = static_cast<std::int64_t>(chosen[j]);
+}
+
+void KvPools::free(int pool, const std::int64_t* ids, std::size_t n) {
+  std::lock_guard lock(d_.mutex_);
+  KvPool& k = get(pool);
+  if (n == 0) return;
+  if (ids == nullptr) throw invalid_argument("stitch_kv_free: ids is NULL");
+  // Every id checked before anything is freed.
+  std::vector<std::int64_t> sorted(ids, ids + n);
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t j = 0; j < n; ++j) {
+    const std::int64_t id = sorted[j];
+    if (id < 0 || static_cast<std::size_t>(id) >= k.max_blocks)
+      throw invalid_argument(fmt::format("stitch_kv_free: block id {} is out of range (KV pool {} has {} blocks); "
+                                         "nothing freed", id, pool, k.max_blocks));
+    if (j > 0 && sorted[j - 1] == id)
+      throw invalid_argument(fmt::format("stitch_kv_free: block id {} is listed twice; nothing freed", id));
+    if (!k.is_live(static_cast<std::size_t>(id)))
+      throw invalid_argument(fmt::format("stitch_kv_free: block {} of KV pool {} is not allocated (a double "
+                                         "free?); nothing freed", id, pool));
+  }
+  for (std::int64_t id : sorted) {
+    const auto i = static_cast<std::size_t>(id);
+    k.live[i / 64] &= ~(std::uint64_t{1} << (i % 64));
+    for (std::size_t p = k.first_page(i); p <= k.last_page(i); ++p)
+      if (--k.refs[p] == 0) --k.used_pages;
+  }
+  k.live_blocks -= n;
+}
+
+void KvPools::set_limit(int pool, std::size_t bytes) {
+  std::lock_guard lock(d_.mutex_);
+  get(pool).limit = bytes;
+}
+
+std::size_t KvPools::available(int pool) {
+  std::lock_guard lock(d_.mutex_);
+  KvPool& k = get(pool);
+  if (k.asleep) return 0;
+  // Blocks in id order, as alloc takes them, while the device, the fraction and the limit allow.
+  std::size_t room = std::min(d_.pages_.device_free(), d_.ledger_.room());
+  std::size_t used = k.used_pages;
+  std::vector<std::uint8_t> taken(k.pages, 0);
+  std::size_t n = 0;
+  for (std::size_t i = next_free(k, 0); i < k.max_blocks; i = next_free(k, i + 1)) {
+    std::size_t need = 0, newly = 0;
+    for (std::size_t p = k.first_page(i); p <= k.last_page(i); ++p) {
+      if (k.refs[p] != 0 || taken[p] != 0) continue;
+      ++newly;
+      if (k.handle[p * static_cast<std::size_t>(k.buffers)] == 0) need += k.page_set_bytes();
+    }
+    if (need > room) break;
+    if (k.limit != 0 && (used + newly) * k.page_set_bytes() > k.limit) break;
+    room -= need;
+    used += newly;
+    for (std::size_t p = k.first_page(i); p <= k.last_page(i); ++p) taken[p] = 1;
+    ++n;
+  }
+  return n;
+}
+
+std::size_t KvPools::unmap_unused(KvPool& k, std::size_t keep) noexcept {
+  std::size_t unused = k.unused_pages() * k.page_set_bytes();
+  std::size_t freed = 0;
+  // Highest pages first: lowest-free-first allocation reuses the low ones.
+  for (std::size_t p = k.pages; p-- > 0 && unused > keep;) {
+    if (k.refs[p] != 0 || k.handle[p * static_cast<std::size_t>(k.buffers)] == 0) continue;
+    unmap_page(k, p);
+    unused -= k.page_set_bytes();
+    freed += k.page_set_bytes();
+  }
+  return freed;
+}
+
+void KvPools::trim(int pool) {
+  std::lock_guard lock(d_.mutex_);
+  KvPool& k = get(pool);
+  if (k.unused_pages() == 0) return;
+  if (!d_.pools_.may_touch_device({}))
+    throw error("stitch_kv_trim: a CUDA graph capture is underway; pages cannot be unmapped now");
+  ++d_.stats_.num_device_syncs;
+  d_.pages_.synchronize_device(d_.config_.peer_access);  // kernels may still read freed blocks
+  (void)unmap_unused(k, 0);
+}
+
+std::size_t KvPools::release_unused(bool all) noexcept {
+  bool any = false;
+  for (auto& [id, k] : pools_) {
+    const std::size_t unused = k->unused_pages() * k->page_set_bytes();
+    if (!k->asleep && unused > (all ? 0 : k->reserve)) any = true;
+  }
+  if (!any) return 0;
+  try {
+    ++d_.stats_.num_device_syncs;
+    d_.pages_.synchronize_device(d_.config_.peer_access);
+  } catch (...) {
+    return 0;  // nothing unmapped under work that may still run
+  }
+  std::size_t freed = 0;
+  for (auto& [id, k] : pools_)
+    if (!k->asleep) freed += unmap_unused(*k, all ? 0 : k->reserve);
+  return freed;
+}
+
+bool KvPools::has_tag(std::uint16_t tag) const noexcept {
+  for (const auto& [id, k] : pools_)
+    if (k->tag == tag) return true;
+  return false;
+}
+
+void KvPools::sleep(const std::vector<std::uint16_t>& tags, const std::vector<std::uint16_t>& backup_tags) {
+  auto listed = [](const std::vector<std::uint16_t>& v, std::uint16_t t) {
+    return std::find(v.begin(), v.end(), t) != v.end();
+  };
+  std::vector<KvPool*> todo;
+  for (auto& [id, k] : pools_)
+    if (!k->asleep && listed(tags, k->tag)) todo.push_back(k.get());
+  // 1. Backups of the live pages (all or nothing), 2. every page unmapped.
+  std::vector<KvPool*> backed;
+  try {
+    for (KvPool* k : todo) {
+      if (!(k->backup || listed(backup_tags, k->tag)) || k->used_pages == 0) continue;
+      std::vector<std::size_t> saved;
+      for (std::size_t p = 0; p < k->pages; ++p)
+        if (k->refs[p] != 0) saved.push_back(p);
+      const std::size_t bytes = saved.size() * k->page_set_bytes();
+      char* host = static_cast<char*>(d_.backend_.allocate_host(d_.device_, bytes));
+      if (host == nullptr)
+        throw out_of_memory(fmt::format("stitch_sleep: device {}: the host cannot give {} bytes for KV pool {}'s "
+                                        "backup; nothing was put to sleep", d_.device_, bytes, k->id));
+      k->host = host;
+      k->host_bytes = bytes;
+      k->saved = std::move(saved);
+      backed.push_back(k);
+      std::size_t off = 0;
+      for (std::size_t p : k->saved)
+        for (int b = 0; b < k->buffers; ++b, off += k->page)
+          d_.backend_.copy_to_host_async(d_.device_, host + off, k->base[static_cast<std::size_t>(b)] + p * k->page,
+                                         k->page, nullptr);
+    }
+    if (!backed.empty()) d_.backend_.synchronize_stream(d_.device_, nullptr);
+  } catch (...) {
+    for (KvPool* k : backed) drop_backup(*k);
+    throw;
+  }
+  for (KvPool* k : todo) {
+    for (std::size_t p = 0; p < k->pages; ++p)
+      if (k->handle[p * static_cast<std::size_t>(k->buffers)] != 0) unmap_page(*k, p);
+    k->asleep = true;
+  }
+}
+
+bool KvPools::wake(const std::vector<std::uint16_t>& tags) {
+  std::vector<KvPool*> todo;
+  for (auto& [id, k] : pools_)
+    if (k->asleep && std::find(tags.begin(), tags.end(), k->tag) != tags.end()) todo.push_back(k.get());
+  // Pages under the live blocks, mapped again; all or nothing.
+  std::vector<std::pair<KvPool*, std::size_t>> mapped;
+  auto undo = [&]() noexcept {
+    for (auto& [k, p] : mapped) unmap_page(*k, p);
+  };
+  try {
+    for (KvPool* k : todo)
+      for (std::size_t p = 0; p < k->pages; ++p) {
+        if (k->refs[p] == 0) continue;
+        if (!map_page(*k, p)) {
+          undo();
+          return false;
+        }
+        mapped.emplace_back(k, p);
+      }
+    for (KvPool* k : todo) {
+      std::size_t off = 0;
+      for (std::size_t p : k->saved) {
+        for (int b = 0; b < k->buffers; ++b, off += k->page)
+          if (k->refs[p] != 0)  // (blocks freed while asleep: their pages stay unmapped)
+            d_.backend_.copy_from_host_async(d_.device_, k->base[static_cast<std::size_t>(b)] + p * k->page,
+                                             k->host + off, k->page, nullptr);
+      }
+    }
+    d_.backend_.synchronize_stream(d_.device_, nullptr);
+  } catch (...) {
+    undo();
+    throw;
+  }
+  for (KvPool* k : todo) {
+    drop_backup(*k);
+    k->asleep = false;
+  }
+  return true;
+}
+
+void KvPools::drop_backup(KvPool& k) noexcept {
+  if (k.host != nullptr) {
+    try {
+      d_.backend_.deallocate_host(d_.device_, k.host, k.host_bytes);
+    } catch (...) {  // the host memory is lost to the process, not to the device
+    }
+  }
+  k.host = nullptr;
+  k.host_bytes = 0;
+  k.saved.clear();
+}
+
+bool KvPools::move_page(KvPool& k, std::size_t p, bool to_host, const phys_handle_t* given) {
+  const std::size_t nb = static_cast<std::size_t>(k.buffers);
+  if (!to_host && !d_.ledger_.fits(k.page_set_bytes())) return false;
+  std::size_t done = 0;
+  // Each buffer's page through the page mapper's remap (the old page kept until the new one holds
+  // the data), on a one-slot view of the buffer; a failure moves the buffers done back.
+  auto remap_one = [&](std::size_t b, const phys_handle_t* fresh) {
+    Segment view;
+    view.base = k.base[b];
+    view.size = k.span;
+    view.expandable = true;
+    view.page = k.page;
+    view.pages.reset(k.pages);
+    view.pages.make_room(p + 1);
+    view.pages.set(p, 1, k.handle[p * nb + b]);
+    if (!d_.pages_.remap(Mapping{&view, p, 1}, {SlotRun{p, 1}}, false, fresh)) return false;
+    k.handle[p * nb + b] = view.pages.handle(p);
+    return true;
+  };
+  try {
+    for (; done < nb; ++done)
+      if (!remap_one(done, given != nullptr ? given + done : nullptr)) break;
+  } catch (...) {
+    for (std::size_t b = done; b-- > 0;) {
+      try {
+        (void)remap_one(b, nullptr);  // (back to the device: the pages just released)
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+  if (done < nb) {
+    for (std::size_t b = done; b-- > 0;) {
+      try {
+        (void)remap_one(b, nullptr);
+      } catch (...) {
+      }
+    }
+    return false;
+  }
+  char* at = k.base[0] + p * k.page;
+  if (to_host) {
+    k.on_host[p] = 1;
+    ++k.host_pages;
+    --k.mapped_pages;
+    d_.ledger_.kv_unmapped(at, k.page_set_bytes());
+    d_.ledger_.host_mapped(at, k.page_set_bytes());
+  } else {
+    k.on_host[p] = 0;
+    --k.host_pages;
+    ++k.mapped_pages;
+    d_.ledger_.host_unmapped(at, k.page_set_bytes());
+    d_.ledger_.kv_mapped(at, k.page_set_bytes());
+  }
+  return true;
+}
+
+std::size_t KvPools::spill(const std::vector<std::uint16_t>& tags, std::size_t room) {
+  std::vector<std::pair<KvPool*, std::size_t>> plan;
+  for (auto& [id, k] : pools_) {
+    if (!k->spill || k->asleep || std::find(tags.begin(), tags.end(), k->tag) == tags.end()) continue;
+    const std::size_t host_granularity = d_.pages_.host_granularity();
+    if (host_granularity == 0 || k->page % host_granularity != 0) continue;
+    for (std::size_t p = 0; p < k->pages; ++p)
+      if (k->refs[p] != 0 && k->on_host[p] == 0) plan.emplace_back(k.get(), p);
+  }
+  if (plan.empty()) return 0;
+  std::size_t need = 0;
+  for (const auto& [k, p] : plan) need += k->page_set_bytes();
+  if (need > room)
+    throw out_of_memory(fmt::format("spill: device {}: the KV pools' {} bytes would pass spill_limit_mb ({} more "
+                                    "allowed); nothing moved", d_.device_, need, room));
+  // 1. Every host page first.
+  std::vector<phys_handle_t> host;
+  host.reserve(need / plan.front().first->page);
+  try {
+    for (const auto& [k, p] : plan)
+      for (int b = 0; b < k->buffers; ++b) {
+        const phys_handle_t h = d_.pages_.create_host(k->page);
+        if (h == 0)
+          throw out_of_memory(fmt::format("spill: device {}: the host cannot give {} bytes of host pages for the "
+                                          "KV pools; nothing moved", d_.device_, need));
+        host.push_back(h);
+      }
+  } catch (...) {
+    for (phys_handle_t h : host) d_.pages_.release_or_orphan(h);
+    throw;
+  }
+  // 2. The moves; a failure moves back the pages moved.
+  std::size_t done = 0, used = 0;
+  try {
+    for (; done < plan.size(); ++done) {
+      KvPool& k = *plan[done].first;
+      if (!move_page(k, plan[done].second, true, host.data() + used))
+        throw out_of_memory(fmt::format("spill: device {}: no address space for a remap's scratch range; "
+                                        "nothing moved", d_.device_));
+      used += static_cast<std::size_t>(k.buffers);
+    }
+  } catch (...) {
+    for (std::size_t j = used; j < host.size(); ++j) d_.pages_.release_or_orphan(host[j]);
+    for (std::size_t j = done; j-- > 0;) {
+      try {
+        (void)move_page(*plan[j].first, plan[j].second, false, nullptr);
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+  return need;
+}
+
+bool KvPools::unspill(const std::vector<std::uint16_t>& tags, bool all) {
+  bool back = true;
+  for (auto& [id, k] : pools_) {
+    if (k->host_pages == 0 || (!all && std::find(tags.begin(), tags.end(), k->tag) == tags.end())) continue;
+    for (std::size_t p = 0; p < k->pages && k->host_pages != 0; ++p) {
+      if (k->on_host[p] == 0) continue;
+      if (!move_page(*k, p, false, nullptr)) {
+        back = false;
+        break;
+      }
+    }
+  }
+  return back;
+}
+
+std::size_t KvPools::spillable_bytes(const std::vector<std::uint16_t>& tags) const noexcept {
+  std::size_t n = 0;
+  for (const auto& [id, k] : pools_) {
+    if (!k->spill || k->asleep || std::find(tags.begin(), tags.end(), k->tag) == tags.end()) continue;
+    for (std::size_t p = 0; p < k->pages; ++p)
+      if (k->refs[p] != 0 && k->on_host[p] == 0) n += k->page_set_bytes();
+  }
+  return n;
+}
+
+std::size_t KvPools::spilled_bytes(std::uint16_t tag) const noexcept {
+  std::size_t n = 0;
+  for (const auto& [id, k] : pools_)
+    if (tag == 0 || k->tag == tag) n += k->host_pages * k->page_set_bytes();
+  return n;
+}
+
+std::size_t KvPools::mapped_bytes() const noexcept {
+  std::size_t n = 0;
+  for (const auto& [id, k] : pools_) n += k->mapped_pages * k->page_set_bytes();
+  return n;
+}
+
+std::vector<KvPoolInfo> KvPools::infos(const std::function<std::string(std::uint16_t)>& tag_name) const {
+  std::vector<KvPoolInfo> out;
+  for (const auto& [id, k] : pools_) {
+    KvPoolInfo i;
+    i.id = id;
+    i.tag = tag_name(k->tag);
+    i.buffers = k->buffers;
+    i.block_bytes = k->block_bytes;
+    i.max_blocks = k->max_blocks;
+    i.page = k->page;
+    i.live_blocks = k->live_blocks;
+    i.mapped_bytes = k->mapped_pages * k->page_set_bytes();
+    i.used_bytes = k->used_pages * k->page_set_bytes();
+    i.peak_bytes = k->peak_mapped_pages * k->page_set_bytes();
+    i.spilled_bytes = k->host_pages * k->page_set_bytes();
+    i.reserve = k->reserve;
+    i.limit = k->limit;
+    i.maps = k->maps;
+    i.unmaps = k->unmaps;
+    i.asleep = k->asleep;
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+KvPoolInfo KvPools::info(int pool) {
+  std::lock_guard lock(d_.mutex_);
+  (void)get(pool);
+  for (KvPoolInfo& i : infos([this](std::uint16_t t) { return d_.residency_.tag_name(t); }))
+    if (i.id == pool) return i;
+  return {};
+}
+
+std::vector<int> KvPools::ids() {
+  std::lock_guard lock(d_.mutex_);
+  std::vector<int> out;
+  for (const auto& [id, k] : pools_) out.push_back(id);
+  return out;
+}
+
+void KvPools::validate() const {
+  for (const auto& [id, k] : pools_) {
+    auto broken = [&](const char* what) {
+      throw error(fmt::format("stitch invariant broken on device {}: KV pool {}: {}", d_.device_, id, what));
+    };
+    std::vector<std::uint32_t> refs(k->pages, 0);
+    std::size_t live = 0;
+    for (std::size_t i = 0; i < k->max_blocks; ++i) {
+      if (!k->is_live(i)) continue;
+      ++live;
+      for (std::size_t p = k->first_page(i); p <= k->last_page(i); ++p) ++refs[p];
+    }
+    if (live != k->live_blocks) broken("live blocks miscounted");
+    if (refs != k->refs) broken("page references disagree with the live blocks");
+    std::size_t mapped = 0, used = 0;
+    for (std::size_t p = 0; p < k->pages; ++p) {
+      const bool m = k->handle[p * static_cast<std::size_t>(k->buffers)] != 0;
+      for (int b = 1; b < k->buffers; ++b)
+        if ((k->handle[p * static_cast<std::size_t>(k->buffers) + static_cast<std::size_t>(b)] != 0) != m)
+          broken("a page is mapped in some buffers only");
+      mapped += m && k->on_host[p] == 0 ? 1 : 0;
+      used += k->refs[p] != 0 ? 1 : 0;
+      if (k->on_host[p] != 0 && !m) broken("a spilled page is unmapped");
+      if (!k->asleep && k->refs[p] != 0 && !m) broken("a page under a live block is unmapped");
+    }
+    if (k->asleep && mapped != 0) broken("a sleeping pool maps pages");
+    if (mapped != k->mapped_pages || used != k->used_pages) broken("pages miscounted");
+    std::size_t host = 0;
+    for (std::uint8_t h : k->on_host) host += h;
+    if (host != k->host_pages) broken("spilled pages miscounted");
+  }
+}
+
+}  // namespace stitch::detail
