@@ -217,6 +217,31 @@ TEST_F(Kv, ASpillablePoolSpillsAndComesBackWithItsData) {
   pool.free(ids.data(), ids.size());
 }
 
+TEST_F(Kv, TheZeroPageLiesUnderUnusedSlotsThroughSleepWakeAndTrim) {
+  make("backend:sim,expandable_segments:True,kv_zero_page:True");
+  KvPool pool(*alloc, 0, 2, 2 * MiB, 16, "kv-zero", Allocator::kRegionBackup);
+  EXPECT_EQ(stat("kv_bytes.current"), static_cast<std::int64_t>(2 * MiB)) << "one zero page";
+  auto* b1 = static_cast<unsigned char*>(pool.buffer(1));
+  EXPECT_EQ(b1[10 * 2 * MiB + 5], 0) << "an unused slot reads zeros";
+  std::vector<std::int64_t> ids = pool.alloc(2);
+  b1[0] = 7;
+  b1[2 * MiB] = 8;
+  expect_books();
+  alloc->sleep(0, "kv-zero");
+  EXPECT_EQ(b1[0], 0) << "asleep, the slots read zeros";
+  expect_books();
+  alloc->wake(0, "kv-zero");
+  EXPECT_EQ(b1[0], 7);
+  EXPECT_EQ(b1[2 * MiB], 8);
+  pool.free(ids.data(), ids.size());
+  pool.trim();
+  EXPECT_EQ(b1[0], 0);
+  expect_books();
+  pool.destroy();
+  EXPECT_EQ(stat("kv_bytes.current"), 0);
+  expect_books();
+}
+
 TEST(KvNoVmm, APoolNeedsTheVirtualMemoryApi) {
   class NoVmm : public SimBackend {
    public:

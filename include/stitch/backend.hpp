@@ -89,6 +89,10 @@ class STITCH_EXPORT Backend {
   }
   /// Unmaps `bytes` at `va` (a range previously mapped by one or more map() calls).
   virtual void unmap(int device, void* va, std::size_t bytes) = 0;
+  /// Makes the mapped range [va, va + bytes) readable only (cuMemSetAccess with
+  /// CU_MEM_ACCESS_FLAGS_PROT_READ): a KV pool's shared zero page under unused slots. False when
+  /// this back end cannot (the default); throws backend_error when the call fails.
+  [[nodiscard]] virtual bool protect_read_only(int device, void* va, std::size_t bytes);
 
   // ---- events and streams -------------------------------------------------------------------
   /// Creates an event (timing disabled). The core pools events; this is not on any fast path.

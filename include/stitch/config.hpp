@@ -81,6 +81,12 @@ struct STITCH_EXPORT Config {
   /// at empty_cache and stitch_trim (stitch_kv_trim and the out-of-memory ladder take them too).
   std::size_t kv_page = std::size_t{2} << 20;
   std::size_t kv_reserve = 0;
+  /// kv_zero_page:True|False (False): a KV pool created meanwhile maps one shared read-only page
+  /// (per device, counted once) under every slot without a page of its own, so that a stray read
+  /// of an unused block reads what that page holds instead of faulting; where the back end cannot
+  /// make a mapping read-only, pools leave unused slots unmapped (docs/kv.md). One map per slot
+  /// and buffer at creation.
+  bool kv_zero_page = false;
   /// peer_access:True|False (backend:cuda; False): with True, the memory of expandable
   /// segments and stitching is mapped readable and writable for every device that can access
   /// the owning one peer to peer (cuDeviceCanAccessPeer), so other GPUs' kernels and copies may

@@ -127,6 +127,8 @@ class STITCH_EXPORT SimBackend : public Backend {
   void copy_from_host(int device, void* dst, const void* src, std::size_t bytes) override;
   [[nodiscard]] void* allocate_host(int device, std::size_t bytes) override;
   [[nodiscard]] std::size_t host_granularity(int device) override;
+  /// mprotect(PROT_READ) of a mapped range (counted as set_access): a write there faults.
+  [[nodiscard]] bool protect_read_only(int device, void* va, std::size_t bytes) override;
   [[nodiscard]] phys_handle_t create_host_physical(int device, std::size_t bytes) override;
   void deallocate_host(int device, void* ptr, std::size_t bytes) override;
   void copy_to_host_async(int device, void* dst, const void* src, std::size_t bytes,

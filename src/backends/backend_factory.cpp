@@ -37,6 +37,8 @@ void* Backend::allocate_host(int device, std::size_t) { not_implemented(*this, "
 
 std::size_t Backend::host_granularity(int) { return 0; }
 
+bool Backend::protect_read_only(int, void*, std::size_t) { return false; }
+
 phys_handle_t Backend::create_host_physical(int device, std::size_t) {
   not_implemented(*this, "create_host_physical (host pages mapped for the device)", device);
 }

@@ -250,6 +250,9 @@ constexpr KeySpec kKeys[] = {
     {"kv_reserve_mb", false, "an integer number of MiB (0: none)",
      [](ConfigParser& p, Config& c, const KeySpec& k) { c.kv_reserve = uint_in(p, k, 0, kMaxMiB) << 20; },
      [](const Config& c) { return c.kv_reserve != 0 ? std::to_string(c.kv_reserve >> 20) : std::string(); }},
+    {"kv_zero_page", false, "True or False",
+     [](ConfigParser& p, Config& c, const KeySpec& k) { c.kv_zero_page = parse_bool(p, k); },
+     [](const Config& c) { return c.kv_zero_page ? std::string(py_bool(true)) : std::string(); }},
     {"per_process_memory_fraction", false, "a number in [0, 1]",
      [](ConfigParser& p, Config& c, const KeySpec& k) {
        const std::string v = p.value(k);

@@ -18,6 +18,7 @@ KvPools::~KvPools() {
   for (auto& [id, k] : pools_) {
     for (std::size_t p = 0; p < k->pages; ++p)
       if (k->handle[p * static_cast<std::size_t>(k->buffers)] != 0) unmap_page(*k, p);
+    drop_zero(*k);
     for (char* b : k->base) d_.pages_.release_or_keep_reservation(b, k->span);
     drop_backup(*k);
   }
@@ -59,6 +60,7 @@ int KvPools::create(int buffers, std::size_t block_bytes, std::size_t max_blocks
   k->handle.assign(k->pages * static_cast<std::size_t>(buffers), 0);
   k->refs.assign(k->pages, 0);
   k->on_host.assign(k->pages, 0);
+  k->zeroed.assign(k->pages * static_cast<std::size_t>(buffers), 0);
   k->live.assign((max_blocks + 63) / 64, 0);
   try {
     for (int b = 0; b < buffers; ++b) {
@@ -71,6 +73,14 @@ int KvPools::create(int buffers, std::size_t block_bytes, std::size_t max_blocks
   } catch (...) {
     for (char* va : k->base) d_.pages_.release_or_keep_reservation(va, k->span);
     throw;
+  }
+  if (d_.config_.kv_zero_page) {
+    try {
+      (void)map_zero_everywhere(*k);  // (sets k->zero where the back end allows)
+    } catch (...) {
+      for (char* va : k->base) d_.pages_.release_or_keep_reservation(va, k->span);
+      throw;
+    }
   }
   // The tag is used here from now on: stitch_sleep and stitch_wake name it (its name was given
   // to each device as a region's is).
@@ -93,6 +103,7 @@ void KvPools::destroy(int pool) {
   }
   for (std::size_t p = 0; p < k.pages; ++p)
     if (k.handle[p * static_cast<std::size_t>(k.buffers)] != 0) unmap_page(k, p);
+  drop_zero(k);
   for (char* b : k.base) d_.pages_.release_or_keep_reservation(b, k.span);
   drop_backup(k);
   pools_.erase(pool);
@@ -109,6 +120,21 @@ char* KvPools::buffer(int pool, int buffer) {
 bool KvPools::map_page(KvPool& k, std::size_t p) {
   const std::size_t nb = static_cast<std::size_t>(k.buffers);
   if (!d_.ledger_.fits(k.page_set_bytes())) return false;
+  // The zero page leaves the slot first (mapped back on a failure).
+  auto zero_back = [&]() noexcept {
+    for (std::size_t b = 0; b < nb; ++b)
+      if (k.zero && k.handle[p * nb + b] == 0 && k.zeroed[p * nb + b] == 0) k.zeroed[p * nb + b] = map_zero(k, p, b);
+  };
+  for (std::size_t b = 0; b < nb; ++b) {
+    if (k.zeroed[p * nb + b] == 0) continue;
+    try {
+      d_.pages_.unmap(k.base[b] + p * k.page, k.page);
+    } catch (...) {
+      zero_back();
+      throw;
+    }
+    k.zeroed[p * nb + b] = 0;
+  }
   std::size_t done = 0;
   try {
     for (; done < nb; ++done) {
@@ -135,6 +161,7 @@ bool KvPools::map_page(KvPool& k, std::size_t p) {
       d_.pages_.release_or_orphan(k.handle[p * nb + b]);
       k.handle[p * nb + b] = 0;
     }
+    zero_back();
     throw;
   }
   if (done < nb) {
@@ -143,6 +170,7 @@ bool KvPools::map_page(KvPool& k, std::size_t p) {
       d_.pages_.release_or_orphan(k.handle[p * nb + b]);
       k.handle[p * nb + b] = 0;
     }
+    zero_back();
     return false;
   }
   ++k.mapped_pages;
@@ -160,6 +188,7 @@ void KvPools::unmap_page(KvPool& k, std::size_t p) noexcept {
     d_.pages_.unmap_or_stray(k.base[b] + p * k.page, k.page);
     d_.pages_.release_or_orphan(h);
     h = 0;
+    if (k.zero) k.zeroed[p * nb + b] = map_zero(k, p, b) ? 1 : 0;  // (unmapped if that fails)
   }
   ++k.unmaps;
   if (k.on_host[p] != 0) {  // a spilled page: host memory, not the device's
@@ -617,7 +646,7 @@ std::size_t KvPools::spilled_bytes(std::uint16_t tag) const noexcept {
 }
 
 std::size_t KvPools::mapped_bytes() const noexcept {
-  std::size_t n = 0;
+  std::size_t n = zero_ != 0 ? zero_bytes_ : 0;  // the shared zero page, once
   for (const auto& [id, k] : pools_) n += k->mapped_pages * k->page_set_bytes();
   return n;
 }
@@ -655,6 +684,86 @@ KvPoolInfo KvPools::info(int pool) {
   return {};
 }
 
+bool KvPools::map_zero(KvPool& k, std::size_t p, std::size_t b) noexcept {
+  char* at = k.base[b] + p * k.page;
+  try {
+    d_.pages_.unmap_strays_in(at, k.page);
+    if (!d_.pages_.map_pieces(at, {MapPiece{zero_, k.page}})) return false;
+  } catch (...) {
+    return false;
+  }
+  try {
+    if (d_.pages_.protect_read_only(at, k.page)) return true;
+  } catch (...) {
+  }
+  d_.pages_.unmap_or_stray(at, k.page);
+  return false;
+}
+
+bool KvPools::map_zero_everywhere(KvPool& k) {
+  const std::size_t nb = static_cast<std::size_t>(k.buffers);
+  if (zero_ != 0 && zero_bytes_ < k.page) return false;  // (a larger kv_page_mb than the first pool's)
+  const bool made = zero_ == 0;
+  if (made) {
+    // One page of zeros, made once per device: mapped writable at the pool's first slot, zeroed,
+    // then made read-only there; where the back end cannot, no zero page at all.
+    zero_ = d_.pages_.create(k.page);
+    if (zero_ == 0) return false;
+    zero_bytes_ = k.page;
+    char* at = k.base[0];
+    bool ok = false;
+    try {
+      if (d_.pages_.map_pieces(at, {MapPiece{zero_, k.page}})) {
+        const std::vector<char> zeros(k.page, 0);
+        d_.backend_.copy_from_host(d_.device_, at, zeros.data(), k.page);
+        ok = d_.pages_.protect_read_only(at, k.page);
+        d_.pages_.unmap(at, k.page);
+      }
+    } catch (...) {
+      d_.pages_.unmap_or_stray(at, k.page);
+      d_.pages_.release_or_orphan(zero_);
+      zero_ = 0;
+      throw;
+    }
+    if (!ok) {
+      d_.pages_.release_or_orphan(zero_);
+      zero_ = 0;
+      return false;
+    }
+    d_.ledger_.kv_mapped(at, k.page);  // counted once, as long as a pool maps it
+  }
+  ++zero_users_;
+  k.zero = true;
+  for (std::size_t p = 0; p < k.pages; ++p)
+    for (std::size_t b = 0; b < nb; ++b) {
+      if (map_zero(k, p, b)) {
+        k.zeroed[p * nb + b] = 1;
+        continue;
+      }
+      drop_zero(k);
+      throw backend_error(fmt::format("stitch_kv_create: device {}: mapping the shared zero page under slot {} of "
+                                      "buffer {} failed (kv_zero_page:True); nothing was created", d_.device_, p, b));
+    }
+  return true;
+}
+
+void KvPools::drop_zero(KvPool& k) noexcept {
+  if (!k.zero) return;
+  const std::size_t nb = static_cast<std::size_t>(k.buffers);
+  for (std::size_t i = 0; i < k.zeroed.size(); ++i) {
+    if (k.zeroed[i] == 0) continue;
+    d_.pages_.unmap_or_stray(k.base[i % nb] + (i / nb) * k.page, k.page);
+    k.zeroed[i] = 0;
+  }
+  k.zero = false;
+  if (--zero_users_ == 0 && zero_ != 0) {
+    d_.pages_.release_or_orphan(zero_);
+    zero_ = 0;
+    d_.ledger_.kv_unmapped(nullptr, zero_bytes_);
+    zero_bytes_ = 0;
+  }
+}
+
 std::vector<int> KvPools::ids() {
   std::lock_guard lock(d_.mutex_);
   std::vector<int> out;
@@ -663,7 +772,9 @@ std::vector<int> KvPools::ids() {
 }
 
 void KvPools::validate() const {
-  for (const auto& [id, k] : pools_) {
+  for (const auto& entry : pools_) {
+    const int id = entry.first;
+    const std::unique_ptr<KvPool>& k = entry.second;
     auto broken = [&](const char* what) {
       throw error(fmt::format("stitch invariant broken on device {}: KV pool {}: {}", d_.device_, id, what));
     };
@@ -685,6 +796,10 @@ void KvPools::validate() const {
       mapped += m && k->on_host[p] == 0 ? 1 : 0;
       used += k->refs[p] != 0 ? 1 : 0;
       if (k->on_host[p] != 0 && !m) broken("a spilled page is unmapped");
+      for (int b = 0; b < k->buffers; ++b) {
+        const std::size_t i = p * static_cast<std::size_t>(k->buffers) + static_cast<std::size_t>(b);
+        if (k->zeroed[i] != 0 && (k->handle[i] != 0 || zero_ == 0)) broken("the zero page lies under a page");
+      }
       if (!k->asleep && k->refs[p] != 0 && !m) broken("a page under a live block is unmapped");
     }
     if (k->asleep && mapped != 0) broken("a sleeping pool maps pages");

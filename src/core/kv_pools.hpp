@@ -46,6 +46,10 @@ struct KvPool {
   std::vector<std::uint32_t> refs;         ///< [page]: live blocks touching it
   std::vector<std::uint8_t> on_host;       ///< [page]: spilled (host pages in every buffer)
   bool spill = false;                      ///< STITCH_REGION_SPILL: its pages may move to the host
+  /// kv_zero_page: the device's shared read-only zero page is mapped under every slot without a
+  /// page of its own ([page * buffers + buffer] says where it is).
+  bool zero = false;
+  std::vector<std::uint8_t> zeroed;
   std::size_t host_pages = 0;              ///< pages spilled
   std::vector<std::uint64_t> live;         ///< bitmap of live blocks
   std::size_t live_blocks = 0, mapped_pages = 0, used_pages = 0;
@@ -166,8 +170,20 @@ class KvPools {
   /// Lowest free id at or after `from` (max_blocks when none).
   [[nodiscard]] static std::size_t next_free(const KvPool& k, std::size_t from) noexcept;
 
+  /// kv_zero_page: maps the shared zero page (made on first use) under every slot of `k`; false
+  /// (nothing mapped) where the back end cannot make a mapping read-only or the page is smaller
+  /// than the pool's. Throws backend_error (nothing mapped).
+  bool map_zero_everywhere(KvPool& k);
+  /// Maps the zero page at slot `p` of buffer `b` read-only; false when that failed.
+  bool map_zero(KvPool& k, std::size_t p, std::size_t b) noexcept;
+  /// Unmaps the zero page under every slot of `k` and gives the page back with its last user.
+  void drop_zero(KvPool& k) noexcept;
+
   DeviceAllocator& d_;
   std::map<int, std::unique_ptr<KvPool>> pools_;
+  phys_handle_t zero_ = 0;       ///< the shared zero page (kv_zero_page), counted once in kv_bytes
+  std::size_t zero_bytes_ = 0;
+  int zero_users_ = 0;           ///< pools mapping it
   int next_id_ = 1;
 };
 

@@ -79,6 +79,10 @@ class PageMapper {
   /// multiple of it); 0 when the host cannot give it. Throws backend_error.
   [[nodiscard]] std::size_t host_granularity();
   [[nodiscard]] phys_handle_t create_host(std::size_t bytes);
+  /// Makes a mapped range readable only; false where the back end cannot. Throws backend_error.
+  [[nodiscard]] bool protect_read_only(char* at, std::size_t bytes) {
+    return backend_.protect_read_only(device_, at, bytes);
+  }
   /// Maps `pieces` side by side from `at` (stray ranges there are unmapped first), all or
   /// nothing: false when the device ran out of memory (nothing mapped); throws backend_error.
   [[nodiscard]] bool map_pieces(char* at, const std::vector<MapPiece>& pieces);

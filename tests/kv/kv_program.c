@@ -178,6 +178,28 @@ int main(int argc, char** argv) {
         (long long)stat("kv_bytes.current"), (long long)stat("reserved_bytes.all.current"));
   CHECK(device_free() == free0, "the device has %lld of %lld bytes back", device_free(), free0);
 
+  /* kv_zero_page:True: unused slots read as zeros (one shared read-only page, counted once). */
+  CHECK(stitch_configure("kv_zero_page:True") == 0, "kv_zero_page: %s", stitch_last_error());
+  stitch_kv_pool* z1 = stitch_kv_create(0, 2, 1 * MiB, 64, "kv-z", 0);
+  stitch_kv_pool* z2 = stitch_kv_create(0, 3, 1 * MiB, 64, "kv-z", 0);
+  CHECK(z1 != NULL && z2 != NULL, "zero-page pools: %s", stitch_last_error());
+  if (z1 != NULL && z2 != NULL) {
+    CHECK(stat("kv_bytes.current") == (int64_t)(2 * MiB), "the zero page counts once: kv_bytes %lld",
+          (long long)stat("kv_bytes.current"));
+    const unsigned char* unused = (const unsigned char*)stitch_kv_buffer(z2, 2) + 40 * MiB;
+    CHECK(unused[0] == 0 && unused[MiB - 1] == 0, "an unused block reads as zeros");
+    int64_t zid[3];
+    CHECK(stitch_kv_alloc(z1, 3, zid) == 0, "alloc under the zero page: %s", stitch_last_error());
+    write_block(z1, 2, 1 * MiB, zid[2]);
+    CHECK(block_intact(z1, 2, 1 * MiB, zid[2]), "a block written where the zero page was");
+    CHECK(stitch_kv_free(z1, zid, 3) == 0 && stitch_kv_trim(z1) == 0, "free and trim: %s", stitch_last_error());
+    const unsigned char* again = (const unsigned char*)stitch_kv_buffer(z1, 1) + 2 * MiB;
+    CHECK(again[0] == 0, "the trimmed slot reads zeros again");
+    CHECK(stitch_kv_destroy(z1) == 0 && stitch_kv_destroy(z2) == 0, "destroy: %s", stitch_last_error());
+    CHECK(stat("kv_bytes.current") == 0, "the zero page goes with its last pool: %lld", (long long)stat("kv_bytes.current"));
+  }
+  CHECK(device_free() == free0, "the device has %lld of %lld bytes back after the zero page", device_free(), free0);
+
   if (failures != 0) {
     fprintf(stderr, "kv_program: %d check(s) failed\n", failures);
     return 1;

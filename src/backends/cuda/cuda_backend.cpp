@@ -397,6 +397,17 @@ class CudaBackend final : public Backend {
     return true;
   }
 
+  [[nodiscard]] bool protect_read_only(int device, void* va, std::size_t bytes) override {
+    auto call = [&] { return "cuMemSetAccess(" + hex(va) + ", " + bytes_text(bytes) + ", PROT_READ)"; };
+    const DeviceState& s = require_vmm(device, call);
+    ContextScope scope = enter(device, call);
+    std::vector<CUmemAccessDesc> read = s.access;
+    for (CUmemAccessDesc& a : read) a.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+    const CUresult r = d_.mem_set_access(to_cu(va), bytes, read.data(), read.size());
+    if (r != CUDA_SUCCESS) fail(call, device, r);
+    return true;
+  }
+
   void unmap(int device, void* va, std::size_t bytes) override {
     auto call = [&] { return "cuMemUnmap(" + hex(va) + ", " + bytes_text(bytes) + ")"; };
     require_vmm(device, call);

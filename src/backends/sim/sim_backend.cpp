@@ -881,6 +881,18 @@ void* SimBackend::allocate_host(int device, std::size_t bytes) {
   return p;
 }
 
+bool SimBackend::protect_read_only(int device, void* va, std::size_t bytes) {
+  std::lock_guard lock(impl_->mutex);
+  (void)impl_->enter(SimCall::set_access, bytes);
+  Device& d = impl_->device(device, "protect_read_only");
+  if (!d.accessible(addr(va), bytes))
+    throw backend_error(prefix("protect_read_only", device) + "[" + hex(addr(va)) + ", +" + std::to_string(bytes) +
+                        ") is not mapped device memory");
+  if (::mprotect(va, bytes, PROT_READ) != 0)
+    throw backend_error(prefix("protect_read_only", device) + "mprotect failed");
+  return true;
+}
+
 std::size_t SimBackend::host_granularity(int device) {
   std::lock_guard lock(impl_->mutex);
   (void)impl_->device(device, "host_granularity");
