@@ -74,6 +74,7 @@ typedef enum CUmemAllocationHandleType_enum {
 } CUmemAllocationHandleType;
 typedef enum CUmemAccess_flags_enum {
   CU_MEM_ACCESS_FLAGS_PROT_NONE = 0x0,
+  CU_MEM_ACCESS_FLAGS_PROT_READ = 0x1,
   CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3
 } CUmemAccess_flags;
 typedef enum CUmemLocationType_enum {
