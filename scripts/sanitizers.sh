@@ -34,7 +34,7 @@ san_build_asan() {
 san_run_tests() {
   local dir=$1
   san_say "test suite under AddressSanitizer + UndefinedBehaviorSanitizer"
-  ctest --test-dir "$dir" --output-on-failure -j"$san_jobs" --timeout 900 -LE fuzz-smoke -E '^python_package$'
+  ctest --test-dir "$dir" --output-on-failure -j"$san_jobs" --timeout 900 -LE fuzz-smoke -E '^(python_package|example_kv_serving)$'
 }
 
 # Runs every fuzzer from $1 for $2 seconds over its seed corpus (new inputs go to $1/corpus, not
