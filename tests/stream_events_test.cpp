@@ -3,6 +3,9 @@
 // the pending blocks.
 #include <gtest/gtest.h>
 
+#include <new>
+#include <vector>
+
 #include "core/stream_events.hpp"
 #include "support/allocator_fixture.hpp"
 
@@ -287,6 +290,34 @@ TEST(StreamEvents, DeferredEventsAreRecordedOnceTheirStreamsMayBeTouched) {
   std::vector<Block*> done;
   EXPECT_TRUE(events.wait_all([&](Block* x) { done.push_back(x); }));
   EXPECT_EQ(done.size(), 2u);
+  EXPECT_EQ(events.outstanding(), 0u);
+}
+
+TEST(StreamEvents, ADoneThatFailsLeavesTheLastEventQueuedForTheNextPoll) {
+  // `done` files the block; when the host has no memory for that, nothing may be lost: the block
+  // stays pending with its last event queued (before, the event left its queue first and the
+  // block stayed pending for good, its memory never released).
+  SimBackend sim;
+  StreamEvents events(sim, 0);
+  Block b(nullptr, 512, S(1), nullptr, nullptr, true, BlockState::allocated);
+  b.stream_uses = {S(2), S(3)};
+  events.record(&b);
+  int calls = 0;
+  auto failing = [&](Block*) {
+    ++calls;
+    throw std::bad_alloc();
+  };
+  EXPECT_THROW(events.poll(failing), std::bad_alloc);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(b.event_count, 1) << "the first event retired, the last stays";
+  EXPECT_EQ(events.outstanding(), 1u);
+  events.validate(0, 1, 0);
+  EXPECT_THROW(events.wait_all(failing), std::bad_alloc);
+  EXPECT_EQ(events.outstanding(), 1u);
+  std::vector<Block*> done;
+  events.poll([&](Block* x) { done.push_back(x); });
+  EXPECT_EQ(done, std::vector<Block*>{&b});
+  EXPECT_EQ(b.event_count, 0);
   EXPECT_EQ(events.outstanding(), 0u);
 }
 

@@ -158,6 +158,7 @@ void DeviceAllocator::record_deferred_events() {
 }
 
 void DeviceAllocator::complete_pending(Block* block) {
+  store_.pool_of(block).index.reserve();  // may throw: nothing changed (nothing below throws)
   hot_.pending_done(block->small, static_cast<std::int64_t>(block->size));  // (before filing:
   // file_freed cannot throw after its reserve, and the counters are the device's)
   recorder_.trace(TraceAction::free_completed, block->ptr, block->requested, block->stream);

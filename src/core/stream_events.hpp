@@ -99,12 +99,24 @@ class StreamEvents {
 
  private:
   using Queue = std::deque<std::pair<event_t, Block*>>;
+  /// Takes the completed front `event` off `queue`; at `block`'s last one, `done(block)` files
+  /// it. All or nothing: when the host has no memory (for the pool's entry, or for `done`, which
+  /// must change nothing when it throws), the event stays queued and the block pending, and the
+  /// next poll retires it. (Its count drops before `done`: a filed block may merge away.)
   template <typename Done>
   void retire(Queue& queue, event_t event, Block* block, Done& done) {
+    if (pool_.size() == pool_.capacity()) pool_.reserve(2 * pool_.size() + 8);  // may throw
+    if (--block->event_count == 0) {
+      try {
+        done(block);
+      } catch (...) {
+        ++block->event_count;
+        throw;
+      }
+    }
     queue.pop_front();
     pool_.push_back(event);
     --outstanding_;
-    if (--block->event_count == 0) done(block);
   }
   event_t get_event();
 
