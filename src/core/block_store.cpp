@@ -131,6 +131,24 @@ Block* BlockStore::take_pages(Block* block, std::size_t start, std::size_t end, 
   return block;
 }
 
+void BlockStore::unmapped_between(Segment& segment, std::size_t first, std::size_t count,
+                                  const std::vector<SlotRun>& keep) {
+  const std::size_t page = segment.page;
+  auto unmap_free = [&](std::size_t from, std::size_t to) {
+    if (from >= to) return;
+    Block* b = segment.block_at(segment.base + from * page);
+    STITCH_ASSERT(b != nullptr && b->is_free() && b->ptr + b->size >= segment.base + to * page,
+                  "remap: the free slots between kept runs lie in one free block");
+    take_pages(b, from * page, to * page, BlockState::unmapped);
+  };
+  std::size_t next = first;
+  for (const SlotRun& r : keep) {
+    unmap_free(next, r.first);
+    next = r.first + r.count;
+  }
+  unmap_free(next, first + count);
+}
+
 Block* BlockStore::mapped(Block* block, char* at, std::size_t bytes, bool merge) {
   STITCH_ASSERT(block->state == BlockState::unmapped && at >= block->ptr &&
                     at + bytes <= block->ptr + block->size,

@@ -196,6 +196,11 @@ class BlockStore {
   /// block of state `to` (unmapped: merged with unmapped neighbours; lent); the rest stays free
   /// on either side. Returns the block.
   Block* take_pages(Block* block, std::size_t start, std::size_t end, BlockState to);
+  /// The whole mapping at slots [first, first + count) of `segment` was unmapped and only the
+  /// `keep` runs (in order, inside it) mapped again (a remap): the free slots between them, each
+  /// gap inside one free block, become unmapped (take_pages).
+  void unmapped_between(Segment& segment, std::size_t first, std::size_t count,
+                        const std::vector<SlotRun>& keep);
   /// [at, at + bytes) of the unmapped `block` (whole pages) was mapped: the unmapped pieces
   /// before and after it stay unmapped, and it becomes free: filed coalesced (`merge`), or alone
   /// in the index (a recorded start state placed next). Returns the block.

@@ -76,19 +76,7 @@ bool Compactor::empty(const Candidate& c, bool stage) {
   ledger_.unmapped(s, s.base + c.mapping.first * page, c.mapping.count * page);
   for (const SlotRun& r : c.keep) ledger_.mapped(s, s.base + r.first * page, r.count * page);
   // The free granules between the kept runs are unmapped now: they leave their free blocks.
-  auto unmap_free = [&](std::size_t first, std::size_t last) {
-    if (first >= last) return;
-    Block* b = s.block_at(s.base + first * page);
-    STITCH_ASSERT(b != nullptr && b->is_free() && b->ptr + b->size >= s.base + last * page,
-                  "compaction: free granules lie in one free block");
-    store_.take_pages(b, first * page, last * page, BlockState::unmapped);
-  };
-  std::size_t next = c.mapping.first;
-  for (const SlotRun& r : c.keep) {
-    unmap_free(next, r.first);
-    next = r.first + r.count;
-  }
-  unmap_free(next, c.mapping.first + c.mapping.count);
+  store_.unmapped_between(s, c.mapping.first, c.mapping.count, c.keep);
   ++stats_.num_compactions;
   if (stage) ++stats_.num_staged_compactions;
   stats_.compacted_bytes += static_cast<std::int64_t>(c.live * page);

@@ -31,12 +31,6 @@ struct Mapping {
   std::size_t count;
 };
 
-/// Slots [first, first + count) of a range.
-struct SlotRun {
-  std::size_t first;
-  std::size_t count;
-};
-
 class PageMapper {
  public:
   PageMapper(Backend& backend, int device) noexcept : backend_(backend), device_(device) {}

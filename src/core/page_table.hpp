@@ -20,6 +20,12 @@
 
 namespace stitch::detail {
 
+/// Slots [first, first + count) of a range.
+struct SlotRun {
+  std::size_t first;
+  std::size_t count;
+};
+
 class PageTable {
  public:
   /// `slots` slots, all unmapped (frees the storage).

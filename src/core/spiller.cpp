@@ -89,19 +89,7 @@ void Spiller::book(const Move& m, bool to_host) noexcept {
       ledger_.host_mapped(s.base + r.first * page, r.count * page);
     }
     // The free slots between the kept runs are unmapped now: they leave their free blocks.
-    auto unmap_free = [&](std::size_t first, std::size_t last) {
-      if (first >= last) return;
-      Block* b = s.block_at(s.base + first * page);
-      STITCH_ASSERT(b != nullptr && b->is_free() && b->ptr + b->size >= s.base + last * page,
-                    "spill: free slots lie in one free block");
-      store_.take_pages(b, first * page, last * page, BlockState::unmapped);
-    };
-    std::size_t next = m.mapping.first;
-    for (const SlotRun& r : m.keep) {
-      unmap_free(next, r.first);
-      next = r.first + r.count;
-    }
-    unmap_free(next, m.mapping.first + m.mapping.count);
+    store_.unmapped_between(s, m.mapping.first, m.mapping.count, m.keep);
   } else {
     // One host slot, back on a fresh device page.
     ledger_.host_unmapped(at, page);

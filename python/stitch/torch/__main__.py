@@ -50,23 +50,12 @@ def _parse(argv: List[str]):
             i += 1
             break
         if a == "--conf" or a.startswith("--conf="):
-            if a == "--conf":
-                if i + 1 >= len(argv):
-                    raise SystemExit("stitch.torch: --conf needs a value")
-                conf, i = argv[i + 1], i + 2
-            else:
-                conf, i = a.split("=", 1)[1], i + 1
+            conf, i = _value(argv, i, "--conf", "")
             continue
         if a == "--spill" or a.startswith("--spill="):
-            if a == "--spill":
-                if i + 1 >= len(argv):
-                    raise SystemExit("stitch.torch: --spill needs a value (tags or all)")
-                mode, i = argv[i + 1], i + 2
-            else:
-                mode, i = a.split("=", 1)[1], i + 1
-            if mode not in ("tags", "all"):
-                raise SystemExit(f"stitch.torch: --spill takes tags or all, not {mode!r}")
-            spill = mode
+            spill, i = _value(argv, i, "--spill", " (tags or all)")
+            if spill not in ("tags", "all"):
+                raise SystemExit(f"stitch.torch: --spill takes tags or all, not {spill!r}")
             continue
         if a == "--no-oom-translation":
             translate, i = False, i + 1
@@ -82,6 +71,16 @@ def _parse(argv: List[str]):
     if i >= len(argv):
         raise SystemExit("stitch.torch: no script given (see --help)")
     return _with_spill(conf, spill), translate, None, argv[i], argv[i + 1:]
+
+
+def _value(argv: List[str], i: int, option: str, what: str):
+    """The value of the option at argv[i] (`--option value` or `--option=value`), and the index
+    after it."""
+    if argv[i] == option:
+        if i + 1 >= len(argv):
+            raise SystemExit(f"stitch.torch: {option} needs a value{what}")
+        return argv[i + 1], i + 2
+    return argv[i].split("=", 1)[1], i + 1
 
 
 def _with_spill(conf: Optional[str], spill: Optional[str]) -> Optional[str]:
