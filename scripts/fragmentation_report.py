@@ -173,6 +173,7 @@ COST_SOURCES = {
     "cuMemcpyDtoDAsync": "compaction's copies: about 1 ms per 2 GiB on an H200 (the device's copy bandwidth, read and write); per call an estimate; the GPU check measures it",
     "cuMemcpyDtoH/HtoD": "compaction's staging through pageable host memory: an estimate of 12.5 GB/s each way",
     "cuCtxSynchronize": "not published; an estimate for a device with no work queued, as for a stream",
+    "cuMemcpyAsync(spill)": "spill's copies between device and host pages: PCIe Gen5 x16, about 50 GB/s; per call an estimate; NVLink-C2C (Grace Hopper) is several times faster (give a cost file)",
 }
 
 
