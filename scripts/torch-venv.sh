@@ -19,6 +19,11 @@ python=/usr/bin/python3
 [ -x "$python" ] || python=$(command -v python3)
 echo "torch-venv: installing $spec into $venv (a few GB, once)"
 mkdir -p "$(dirname "$venv")"
+# A link left pointing at nothing (a venv made elsewhere and since removed) would stop venv.
+if [ -L "$venv" ] && [ ! -e "$venv" ]; then
+  echo "torch-venv: $venv links to $(readlink "$venv"), which is gone: replacing the link"
+  rm -f "$venv"
+fi
 "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q "$spec" numpy
