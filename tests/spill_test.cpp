@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "diagnostics/oom_report.hpp"
 #include "stitch/allocator.hpp"
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
@@ -445,6 +446,56 @@ TEST_P(Spill, TheOutOfMemoryReportNamesTheSpillSettingThatWouldServeIt) {
   } catch (const out_of_memory& e) {
     EXPECT_EQ(std::string(e.what()).find("would have served it"), std::string::npos) << e.what();
   }
+}
+
+// Memory on host pages is allocated but not on the device: the out-of-memory report judges the
+// device by what lives there (here fragmentation, not "live data exceeds the device", though the
+// allocations with those on the host exceed it) and the summary counts the host pages it holds.
+TEST(SpillReport, TheOutOfMemoryReportJudgesTheDeviceByWhatLivesOnIt) {
+  SimBackend::Options o;
+  o.capacity = kDevice;
+  auto sim = std::make_shared<SimBackend>(o);
+  Allocator alloc(Config::parse("backend:sim,expandable_segments:True,spill:all,spill_limit_mb:80"), sim);
+  std::vector<void*> cold, warm;
+  {
+    Allocator::Region r(alloc, "cold", Allocator::kRegionSpill);
+    for (int i = 0; i < 4; ++i) cold.push_back(alloc.allocate(20 * MiB));
+  }
+  EXPECT_EQ(alloc.spill(0, "cold"), 80 * MiB);
+  // 240 MiB of the device in 30 MiB blocks over 20 MiB pages; every other one freed: 90 MiB free
+  // in pieces that share pages with live blocks.
+  for (int i = 0; i < 8; ++i) warm.push_back(alloc.allocate(30 * MiB));
+  for (int i = 1; i < 8; i += 2) alloc.deallocate(warm[static_cast<std::size_t>(i)]);
+  std::string report;
+  try {
+    (void)alloc.allocate(100 * MiB);
+    FAIL() << "100 MiB fit with 120 MiB live on a 256 MiB device, no page free and the host full";
+  } catch (const out_of_memory& e) {
+    report = e.what();
+  }
+  auto stat = [&](const char* key) { return *alloc.stat(0, key); };
+  EXPECT_EQ(stat("spilled_bytes.current"), static_cast<std::int64_t>(80 * MiB));
+  EXPECT_NE(report.find("Verdict: fragmentation"), std::string::npos) << report;
+  EXPECT_NE(report.find("Live on the device: 120.00 MiB (80.00 MiB of the allocations is on host pages)"),
+            std::string::npos) << report;
+  const auto unallocated = static_cast<std::size_t>(stat("reserved_bytes.all.current")) - 120 * MiB;
+  EXPECT_NE(report.find(detail::format_size(unallocated) + " is reserved by stitch but unallocated"), std::string::npos)
+      << report;
+  EXPECT_NE(report.find("Spill: spill:all is on and 80.00 MiB is on host pages"), std::string::npos) << report;
+  EXPECT_NE(report.find("What-if: not run: 80.00 MiB is on host pages"), std::string::npos) << report;
+  // The summary: what stitch holds (device and host pages) less the allocations, never negative.
+  const std::int64_t held = stat("reserved_bytes.all.current") + stat("spilled_bytes.current");
+  const std::string summary = alloc.memory_summary(0);
+  EXPECT_NE(summary.find("| Reserved but unallocated  | " +
+                         detail::format_size(static_cast<std::size_t>(held - stat("allocated_bytes.all.current"))) +
+                         " ("),
+            std::string::npos)
+      << summary;
+  EXPECT_NE(summary.find("% of reserved and spilled)"), std::string::npos) << summary;
+  for (int i = 0; i < 8; i += 2) alloc.deallocate(warm[static_cast<std::size_t>(i)]);
+  for (void* p : cold) alloc.deallocate(p);
+  alloc.validate();
+  EXPECT_EQ(stat("spilled_bytes.current"), 0);
 }
 
 TEST_P(Spill, ConfigurationSaysWhatSpillNeeds) {

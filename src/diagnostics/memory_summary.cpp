@@ -137,15 +137,20 @@ std::string memory_summary(const DeviceStats& stats, int device, const SummaryEx
   auto line = [&](std::string_view label, const std::string& value) {
     lines.push_back(fmt::format(" {:<25} | {:<45} ", label, value));
   };
-  const std::int64_t reserved = stats.reserved_bytes[kAll].current;
-  // (a KV pool's pages are reserved but not the cache: docs/kv.md)
-  const std::int64_t unallocated = reserved - stats.allocated_bytes[kAll].current - stats.kv_bytes.current;
+  // What stitch holds: device pages (reserved) and host pages under spilled memory, which hold
+  // allocations too; blocks asleep hold no page; a KV pool's pages are reserved but not the
+  // cache (docs/kv.md).
+  const std::int64_t spilled = stats.spilled_bytes.current;
+  const std::int64_t held = stats.reserved_bytes[kAll].current + spilled;
+  const std::int64_t on_pages = stats.allocated_bytes[kAll].current - stats.sleeping_bytes.current;
+  const std::int64_t unallocated = std::max<std::int64_t>(held - on_pages - stats.kv_bytes.current, 0);
   lines.push_back(fmt::format(" {:<73} ", "stitch: free cached memory and fragmentation"));
   lines.push_back(rule('-'));
   line("Reserved but unallocated",
-       reserved > 0 ? fmt::format("{} ({:.1f}% of reserved)", format_size(static_cast<std::size_t>(std::max<std::int64_t>(unallocated, 0))),
-                                  100.0 * static_cast<double>(unallocated) / static_cast<double>(reserved))
-                    : format_size(0));
+       held > 0 ? fmt::format("{} ({:.1f}% of {})", format_size(static_cast<std::size_t>(unallocated)),
+                              100.0 * static_cast<double>(unallocated) / static_cast<double>(held),
+                              spilled > 0 ? "reserved and spilled" : "reserved")
+                : format_size(0));
   line("Free cached blocks", fmt::format("{}, {}", blocks_text(extras.free_blocks), format_size(extras.free_bytes)));
   line("Largest free block", format_size(extras.largest_free_block));
   if (extras.free_bytes > 0)

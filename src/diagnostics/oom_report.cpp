@@ -39,7 +39,9 @@ bool provably_too_big(const OomFacts& f) {
 }
 
 bool what_if_wanted(const OomFacts& f, bool enabled) {
-  return enabled && f.device_info_known && f.requested < kAbsurdRequest && !provably_too_big(f);
+  // (Spilled memory: the replay has no host pages to model it with; what_if_not_run says so.)
+  return enabled && f.device_info_known && f.requested < kAbsurdRequest && f.spilled == 0 &&
+         !provably_too_big(f);
 }
 
 namespace {
@@ -57,11 +59,12 @@ OomVerdict classify_oom(const OomFacts& f) {
   if (!f.device_info_known) return OomVerdict::device_full;
   std::size_t others = 0;
   const std::size_t limit = usable_bytes(f, &others);
-  if (f.allocated + f.rounded > limit) {
+  const std::size_t live = device_live(f);
+  if (live + f.rounded > limit) {
     // Even a perfect allocator could not fit it here; but if other processes hold the memory
     // that would make the difference, say so instead.
-    if (others > 0 && f.allocated + f.rounded <= f.device_total &&
-        (!f.allowed || f.allocated + f.rounded <= *f.allowed))
+    if (others > 0 && live + f.rounded <= f.device_total &&
+        (!f.allowed || live + f.rounded <= *f.allowed))
       return OomVerdict::held_elsewhere;
     return OomVerdict::too_much_live_data;
   }
@@ -88,11 +91,28 @@ std::string format_oom(const OomFacts& f, const std::string& what_if) {
     out += fmt::format("GPU {} did not report its memory. ", f.device);
   }
   if (f.allowed) out += fmt::format("The memory fraction allows {}. ", format_size(*f.allowed));
-  const std::size_t unallocated = f.reserved > f.allocated ? f.reserved - f.allocated : 0;
+  // Reserved is device memory: less the KV pools' pages and the allocations on the device.
+  const std::size_t on_device = device_live(f);
+  const std::size_t unallocated = f.reserved > on_device ? f.reserved - on_device : 0;
   out += fmt::format(
       "Of the allocated memory {} is allocated by stitch, and {} is reserved by stitch but "
       "unallocated. The largest free cached block is {}.",
       format_size(f.allocated), format_size(unallocated), format_size(f.largest_free_block));
+  const bool elsewhere = f.live_on_host > 0 || f.asleep > 0 || f.kv > 0;
+  if (elsewhere) {
+    out += fmt::format(" Live on the device: {}", format_size(on_device));
+    const char* sep = " (";
+    if (f.live_on_host > 0) {
+      out += fmt::format("{}{} of the allocations is on host pages", sep, format_size(f.live_on_host));
+      sep = "; ";
+    }
+    if (f.asleep > 0) {
+      out += fmt::format("{}{} of the allocations is asleep", sep, format_size(f.asleep));
+      sep = "; ";
+    }
+    if (f.kv > 0) out += fmt::format("{}with {} of KV pools' pages", sep, format_size(f.kv));
+    out += ").";
+  }
 
   const OomVerdict verdict = classify_oom(f);
   std::size_t others = 0;
@@ -106,8 +126,9 @@ std::string format_oom(const OomFacts& f, const std::string& what_if) {
   switch (verdict) {
     case OomVerdict::too_much_live_data:
       out += fmt::format(
-          "Live allocations ({}) plus this request ({}) exceed the {} this allocator can use: {}",
-          format_size(f.allocated), format_size(f.rounded), format_size(limit),
+          "Live {} ({}) plus this request ({}) exceed the {} this allocator can use: {}",
+          elsewhere ? "memory on the device" : "allocations",
+          format_size(on_device), format_size(f.rounded), format_size(limit),
           spill_fix != nullptr ? "the device alone cannot fit it; reduce what is live (batch size, "
                                  "activation checkpointing, offloading), or let cold memory move to "
                                  "host pages (below)."

@@ -2,6 +2,7 @@
 // verdict on why the request failed and what would help.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -49,7 +50,16 @@ struct OomFacts {
   std::size_t spilled = 0;          ///< host pages mapped now
   std::size_t spillable_tags = 0;   ///< live memory of spillable tags that could move
   std::size_t spillable_all = 0;    ///< that and untagged live memory that could move
+  std::size_t live_on_host = 0;     ///< bytes of live blocks on host pages (part of `allocated`)
+  std::size_t asleep = 0;           ///< bytes of live blocks asleep (part of `allocated`)
+  std::size_t kv = 0;               ///< KV pools' pages (part of `reserved`, not of `allocated`)
 };
+
+/// The live memory on the device: allocations less their bytes on host pages and asleep, plus
+/// the pages KV pools hold (what a request cannot take, whatever the allocator's layout).
+inline std::size_t device_live(const OomFacts& f) noexcept {
+  return f.allocated - std::min(f.allocated, f.live_on_host + f.asleep) + f.kv;
+}
 
 /// Why a request failed.
 enum class OomVerdict {

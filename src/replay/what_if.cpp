@@ -181,6 +181,10 @@ std::string what_if_not_run(const OomFacts& f, bool enabled, bool capture_failed
   if (!enabled) return "What-if: off (oom_what_if:False); no other configuration was checked.";
   if (!f.device_info_known)
     return "What-if: not run: the device did not report its memory, so it cannot be simulated.";
+  if (f.spilled > 0)
+    return fmt::format("What-if: not run: {} is on host pages (spill), which the replay does not "
+                       "model.",
+                       detail::format_size(f.spilled));
   if (detail::provably_too_big(f)) {
     if (detail::classify_oom(f) == detail::OomVerdict::too_much_live_data) return "";  // the verdict says it
     return "What-if: no configuration change serves this request: what is live plus the request "
