@@ -122,21 +122,8 @@ void DeviceAllocator::capture_oom(std::size_t requested, std::size_t rounded,
   f.kv = static_cast<std::size_t>(stats_.kv_bytes.current);
   f.asleep = static_cast<std::size_t>(stats_.sleeping_bytes.current);
   // The live bytes on host pages: allocated, but not in the device's memory.
-  for (const detail::Segment* s = store_.segments(); s != nullptr && f.spilled != 0; s = s->next) {
-    if (s->spilled == 0) continue;
-    for (const detail::Block* b = s->head; b != nullptr; b = b->next) {
-      if (b->is_free() || b->state == detail::BlockState::unmapped ||
-          b->state == detail::BlockState::lent)
-        continue;
-      const auto offset = static_cast<std::size_t>(b->ptr - s->base);
-      for (std::size_t i = offset / s->page; i * s->page < offset + b->size; ++i) {
-        if (!s->pages.host(i)) continue;
-        const std::size_t from = std::max(offset, i * s->page);
-        const std::size_t to = std::min(offset + b->size, (i + 1) * s->page);
-        f.live_on_host += to - from;
-      }
-    }
-  }
+  for (const detail::Segment* s = store_.segments(); s != nullptr && f.spilled != 0; s = s->next)
+    f.live_on_host += detail::Spiller::live_bytes_on_host(*s);
   try {
     // (Ranges of the virtual-memory API only: a device without it has nothing that could move.)
     bool ranged = false;

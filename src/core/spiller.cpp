@@ -190,6 +190,20 @@ bool Spiller::unspill(Segment& s) {
   return s.spilled == 0;
 }
 
+std::size_t Spiller::live_bytes_on_host(const Segment& s) noexcept {
+  std::size_t n = 0;
+  if (s.spilled == 0) return n;
+  for (const Block* b = s.head; b != nullptr; b = b->next) {
+    if (b->is_free() || b->state == BlockState::unmapped || b->state == BlockState::lent) continue;
+    const auto offset = static_cast<std::size_t>(b->ptr - s.base);
+    for (std::size_t i = offset / s.page; i * s.page < offset + b->size; ++i) {
+      if (!s.pages.host(i)) continue;
+      n += std::min(offset + b->size, (i + 1) * s.page) - std::max(offset, i * s.page);
+    }
+  }
+  return n;
+}
+
 void Spiller::release_freed(Segment& s) {
   if (s.spilled == 0) return;
   const std::size_t page = s.page;

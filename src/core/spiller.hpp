@@ -69,6 +69,9 @@ class Spiller {
   [[nodiscard]] static std::size_t spilled_bytes(const Segment& s) noexcept {
     return static_cast<std::size_t>(s.spilled) * s.page;
   }
+  /// Bytes of live blocks (neither free, unmapped nor lent) on the host pages of `s`: allocated,
+  /// but not in the device's memory (the out-of-memory report's device accounting).
+  [[nodiscard]] static std::size_t live_bytes_on_host(const Segment& s) noexcept;
 
  private:
   /// Books a done remap of `m` to the host (or back, `to_host` false) in the ledger, the page
