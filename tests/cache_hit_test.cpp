@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/device_allocator.hpp"
@@ -227,6 +228,161 @@ TEST(CacheHitUnit, PairsAndMixesComeBackWhereBestFitPutsThem) {
   a.validate();
   a.empty_cache(0);
   EXPECT_EQ(a.stats(0).reserved_bytes[kAll].current, 0);
+}
+
+// A held block's pairs (core/pair_verdict.hpp) count nothing a full cache hit would not: pairs in
+// both pools of one stream, of sizes that pass and fall back under every peak (new peaks of
+// allocated, requested and inactive-split bytes, in one pool, in the other and in both), with
+// blocks that stay live in between, a record_stream on a taken block, a new stream's shard made
+// while a pair is taken, and resets of the peaks. Compared with the device lock alone after every
+// operation: every statistic, peaks included, and the layout.
+TEST(CacheHitUnit, PairsCountExactlyWhatTheDeviceLockCounts) {
+  for (const char* conf : {"backend:sim", "backend:sim,expandable_segments:True"}) {
+    FixedSide on(conf, 8192 * MiB);
+    FixedSide off(conf, 8192 * MiB);
+    off.alloc->device(0).set_cache_hit(false);
+    std::mt19937_64 rng(20261206);
+    auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
+    std::vector<std::pair<void*, void*>> keep;  // (on, off) blocks live for a while
+    std::vector<std::size_t> keep_bytes;
+    int op = 0;
+    auto check = [&] {
+      ASSERT_EQ(stats_text(*on.alloc), stats_text(*off.alloc)) << conf << ", op " << op;
+      ASSERT_EQ(layout(*on.alloc), layout(*off.alloc)) << conf << ", op " << op;
+    };
+    auto pair = [&](std::size_t bytes, stream_t s) {
+      void* a = on.alloc->allocate(bytes, s);
+      void* b = off.alloc->allocate(bytes, s);
+      ++op;
+      check();
+      if (::testing::Test::HasFatalFailure()) return;
+      on.alloc->deallocate(a, bytes, 0, s);
+      off.alloc->deallocate(b, bytes, 0, s);
+      ++op;
+      check();
+    };
+    for (int round = 0; round < 400 && !::testing::Test::HasFatalFailure(); ++round) {
+      // A small and a large size, drifting so that some pairs make new peaks.
+      const std::size_t small = 512 * (1 + pick(64 + static_cast<std::size_t>(round)));
+      const std::size_t large = (2 + pick(6 + static_cast<std::size_t>(round / 20))) * MiB + pick(MiB);
+      for (int i = 0; i < 6 && !::testing::Test::HasFatalFailure(); ++i) {
+        pair(i % 2 == 0 ? small : large, nullptr);
+        if (pick(4) == 0) pair(small - 1 - pick(200), nullptr);  // the same rounding, fewer bytes
+      }
+      switch (pick(8)) {
+        case 0: {  // a block that stays live (a pair taken and kept)
+          const std::size_t bytes = pick(2) == 0 ? small : large;
+          keep.emplace_back(on.alloc->allocate(bytes), off.alloc->allocate(bytes));
+          keep_bytes.push_back(bytes);
+          break;
+        }
+        case 1:
+          if (!keep.empty()) {
+            const std::size_t i = pick(keep.size());
+            on.alloc->deallocate(keep[i].first);
+            off.alloc->deallocate(keep[i].second);
+            keep.erase(keep.begin() + static_cast<std::ptrdiff_t>(i));
+            keep_bytes.erase(keep_bytes.begin() + static_cast<std::ptrdiff_t>(i));
+          }
+          break;
+        case 2: {  // a taken block used on another stream: its free waits for an event
+          void* a = on.alloc->allocate(small);
+          void* b = off.alloc->allocate(small);
+          on.alloc->record_stream(a, S(7));
+          off.alloc->record_stream(b, S(7));
+          on.alloc->deallocate(a);
+          off.alloc->deallocate(b);
+          break;
+        }
+        case 3: {  // a new stream's shard made while a pair is taken
+          void* a = on.alloc->allocate(small);
+          void* b = off.alloc->allocate(small);
+          pair(small, S(100 + round));
+          on.alloc->deallocate(a);
+          off.alloc->deallocate(b);
+          break;
+        }
+        case 4:
+          on.alloc->reset_peak_stats(0);
+          off.alloc->reset_peak_stats(0);
+          break;
+        default:
+          break;
+      }
+      ++op;
+      check();
+    }
+    for (std::size_t i = 0; i < keep.size(); ++i) {
+      on.alloc->deallocate(keep[i].first);
+      off.alloc->deallocate(keep[i].second);
+    }
+    check();
+    on.alloc->validate();
+    EXPECT_GT(on.alloc->stats(0).num_cache_hits, 3000) << conf;
+  }
+}
+
+// A pair's verdict assumes the other pool of its stream counts no more than when it was decided:
+// a block that stays live there makes the next pair's total a new peak, which it must count.
+TEST(CacheHitUnit, APlainChangeInTheOtherPoolVoidsAPairsVerdict) {
+  FixedSide on("backend:sim", 4096 * MiB);
+  FixedSide off("backend:sim", 4096 * MiB);
+  off.alloc->device(0).set_cache_hit(false);
+  auto both = [&](auto&& fn) {
+    fn(*on.alloc);
+    fn(*off.alloc);
+  };
+  both([](Allocator& a) {  // the large pool's memory, cached
+    void* x = a.allocate(8 * MiB);
+    void* y = a.allocate(8 * MiB);
+    a.deallocate(x);
+    a.deallocate(y);
+  });
+  const std::int64_t hits = on.alloc->stats(0).num_cache_hits;  // (a read takes the device lock)
+  for (int i = 0; i < 4; ++i) both([](Allocator& a) { a.deallocate(a.allocate(4096)); });
+  // Two large blocks stay live (the second by the hit's plain path, which must void the small
+  // pool's verdict: it assumed the large pool held nothing).
+  std::vector<void*> big[2];
+  both([&](Allocator& a) {
+    auto& v = big[&a == on.alloc.get() ? 0 : 1];
+    v.push_back(a.allocate(8 * MiB));
+    v.push_back(a.allocate(8 * MiB));
+  });
+  both([](Allocator& a) { a.deallocate(a.allocate(4096)); });  // 16 MiB + 4 KiB: a new peak
+  EXPECT_EQ(on.alloc->stats(0).num_cache_hits, hits + 6);  // all but the first (a new segment)
+  EXPECT_EQ(on.alloc->stats(0).allocated_bytes[kAll].peak, static_cast<std::int64_t>(16 * MiB + 4096));
+  EXPECT_EQ(stats_text(*on.alloc), stats_text(*off.alloc));
+  for (int k = 0; k < 2; ++k) {
+    Allocator& a = k == 0 ? *on.alloc : *off.alloc;
+    for (void* p : big[k]) a.deallocate(p);
+  }
+  EXPECT_EQ(stats_text(*on.alloc), stats_text(*off.alloc));
+  on.alloc->validate();
+}
+
+// While a pair's block is taken, the other pool's pairs wait: their verdicts assumed this pool at
+// its held state, and the taken block and the other pair's together make a new peak.
+TEST(CacheHitUnit, APairTakenKeepsTheOtherPoolsPairsWaiting) {
+  FixedSide on("backend:sim", 4096 * MiB);
+  FixedSide off("backend:sim", 4096 * MiB);
+  off.alloc->device(0).set_cache_hit(false);
+  auto both = [&](auto&& fn) {
+    fn(*on.alloc);
+    fn(*off.alloc);
+  };
+  for (int i = 0; i < 4; ++i) {
+    both([](Allocator& a) { a.deallocate(a.allocate(4096)); });
+    both([](Allocator& a) { a.deallocate(a.allocate(8 * MiB)); });
+  }
+  void* kept[2] = {};
+  both([&](Allocator& a) { kept[&a == on.alloc.get() ? 0 : 1] = a.allocate(4096); });  // taken
+  both([](Allocator& a) { a.deallocate(a.allocate(8 * MiB)); });  // 8 MiB + 4 KiB: a new peak
+  EXPECT_EQ(on.alloc->stats(0).allocated_bytes[kAll].peak, static_cast<std::int64_t>(8 * MiB + 4096));
+  EXPECT_EQ(stats_text(*on.alloc), stats_text(*off.alloc));
+  on.alloc->deallocate(kept[0]);
+  off.alloc->deallocate(kept[1]);
+  EXPECT_EQ(stats_text(*on.alloc), stats_text(*off.alloc));
+  EXPECT_EQ(on.alloc->stats(0).num_cache_hits, 8);  // all but the two new segments
 }
 
 // What leaves the cache hit for the device lock does so with nothing changed: a request on a new

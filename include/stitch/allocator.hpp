@@ -30,6 +30,8 @@ namespace stitch {
 class DeviceAllocator;
 namespace detail {
 struct OomCapture;
+struct StreamShard;
+struct Block;
 }  // namespace detail
 
 /// A caching device allocator. Thread-safe: any thread may allocate and free on any device.

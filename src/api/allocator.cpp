@@ -83,8 +83,13 @@ void Allocator::free_any_device(void* ptr, const stream_t* stream) {
   if (ptr == nullptr) return;
   // The cache hit first, on every device (no device lock is taken for another device's block),
   // then the device lock of each, which also answers for a pointer that is not live anywhere.
-  for (int d = 0; d < device_count_; ++d)
-    if (devices_[static_cast<std::size_t>(d)]->free_unlocked(ptr, stream)) return;
+  for (int d = 0; d < device_count_; ++d) {
+    detail::CacheHit& hits = devices_[static_cast<std::size_t>(d)]->hits();
+    const detail::CacheHit::Given g = hits.give(ptr, nullptr, stream);
+    if (g.done || (g.found != nullptr && hits.free_plain(*g.found, ptr, nullptr, stream, nullptr) ==
+                                             detail::CacheHit::Freed::yes))
+      return;
+  }
   for (int d = 0; d < device_count_; ++d) {
     if (devices_[static_cast<std::size_t>(d)]->free(ptr, nullptr, stream) ==
         FreeStatus::freed)

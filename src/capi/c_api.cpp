@@ -162,6 +162,13 @@ R guarded(Fn&& fn, R fail) noexcept {
   return fail;
 }
 
+
+// The allocator at its first use (made now), or nullptr with the error set.
+[[gnu::noinline]] stitch::Allocator* first_use() noexcept {
+  return guarded([]() -> stitch::Allocator* { return &create_allocator(); },
+                 static_cast<stitch::Allocator*>(nullptr));
+}
+
 }  // namespace
 
 namespace stitch::detail {
@@ -180,14 +187,23 @@ Allocator& process_allocator() { return allocator(); }
 
 extern "C" {
 
+// stitch_malloc and stitch_free: with the allocator made, the call into it is all they do (no
+// register to keep across it: the cache hit's pair costs no frame here).
 void* stitch_malloc(size_t size, int device, void* stream) {
-  return guarded([&]() -> void* { return allocator().allocate(size, stream, device); },
+  stitch::Allocator* a = g_allocator.load(std::memory_order_acquire);
+  if (a == nullptr) [[unlikely]] a = first_use();
+  if (a == nullptr) return nullptr;
+  return guarded([&]() -> void* { return a->allocate(size, stream, device); },
                  static_cast<void*>(nullptr));
 }
 
 void stitch_free(void* ptr, size_t size, int device, void* stream) {
+  if (ptr == nullptr) return;
+  stitch::Allocator* a = g_allocator.load(std::memory_order_acquire);
+  if (a == nullptr) [[unlikely]] a = first_use();
+  if (a == nullptr) return;
   guarded([&] {
-    if (ptr != nullptr) allocator().deallocate(ptr, size, device, stream);
+    a->deallocate(ptr, size, device, stream);
     return 0;
   }, 0);
 }

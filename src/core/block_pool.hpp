@@ -9,6 +9,7 @@
 #include "core/block.hpp"
 #include "core/free_index.hpp"
 #include "core/object_pool.hpp"
+#include "core/pair_verdict.hpp"
 
 namespace stitch::detail {
 
@@ -27,9 +28,9 @@ struct BlockPool {
   UnmappedSet unmapped;  ///< expandable segments' unmapped ranges
   /// The nodes of both (RawPool::reserve: a change that must not fail halfway reserves them).
   PoolAllocator<Block*>::Storage* nodes;
-  /// A free block of the pool kept out of the index, or nullptr: a stream's last free (its
-  /// survivor after coalescing), so that the pairs of a training loop (free, then allocate the
-  /// same size or another) split and merge it without touching the tree. Best fit weighs it as if
+  /// A free block of the pool kept out of the index, or nullptr: the free block after the latest
+  /// held one (the stream's last free), so that the pairs of a training loop (free, then allocate
+  /// the same size or another) split and merge it without touching the tree. Best fit weighs it as if
   /// it were indexed (BlockStore::find_fit), so nothing anyone sees changes. Only the cache hit
   /// parks (BlockStore::file_or_hold, take_held); the device lock puts it back in the index when
   /// it is taken (BlockStore::settle_all), so every path under the device lock sees every free
@@ -46,6 +47,8 @@ struct BlockPool {
     Block* block = nullptr;
     std::uint64_t stamp = 0;
   } held;
+  /// What the cache hit decided about the held block's pairs (core/pair_verdict.hpp).
+  PairVerdict verdict;
   bool small;
   /// The private pool it is part of (its new segments belong to it); nullptr for the device's.
   PrivatePool* owner;

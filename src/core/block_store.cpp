@@ -260,6 +260,51 @@ std::vector<Block*> BlockStore::place(BlockPool& pool, Block* run, char* origin,
 
 // ---- the cache hit's last free ------------------------------------------------------------------
 
+std::size_t BlockStore::best_fit_before(const BlockPool& pool, const Block* held) const {
+  const Block* rest = held->next;
+  auto it = pool.index.lower_bound(FreeKey{held->stream, held->size + rest->size, held->ptr});
+  do {
+    if (it == pool.index.begin()) return 0;
+    --it;
+  } while (*it == rest);  // (the rest is part of the free block, indexed or parked)
+  return (*it)->stream == held->stream ? (*it)->size : 0;
+}
+
+void BlockStore::park(BlockPool& pool, Block* block) noexcept {
+  if (pool.parked == block) return;
+  pool.index.erase(block);
+  if (pool.parked != nullptr) pool.index.insert(pool.parked);  // (on the node just given back)
+  pool.parked = block;
+}
+
+void BlockStore::file_or_hold(BlockPool& pool, Block* block) noexcept {
+  if (block->prev != nullptr && block->prev->is_free()) {  // it ends in the block before it
+    file(pool, block);  // (merges: never a tree insert)
+    return;
+  }
+  // Held: counted as the filing would count it (merged with a free successor), and stamped.
+  Block* next = block->next;
+  if (next != nullptr && next->is_free()) {
+    // One free block (the successor) becomes another (the two merged): split unless they make
+    // the whole segment.
+    if (block->prev != nullptr || next->next != nullptr) {
+      account_inactive_change(block, 0, static_cast<std::int64_t>(block->size));
+    } else {
+      account_inactive_change(block, -1, -static_cast<std::int64_t>(next->size));
+    }
+    // Its free successor is parked when the pool parks none (once: then the pairs that follow
+    // touch no tree).
+    if (pool.parked == nullptr) {
+      pool.index.erase(next);
+      pool.parked = next;
+    }
+  } else if (block->prev != nullptr || next != nullptr) {
+    account_inactive_change(block, 1, static_cast<std::int64_t>(block->size));
+  }
+  pool.held = BlockPool::Held{block, pool.clock->load(std::memory_order_relaxed)};
+  set_state(*block, BlockState::held);
+}
+
 Block* BlockStore::take_held(BlockPool& pool, stream_t stream, std::size_t rounded) {
   Block* held = pool.held.block;
   // The free block the held one ends in: it and its free successor (its predecessor is not free).

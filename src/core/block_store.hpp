@@ -185,6 +185,14 @@ class BlockStore {
   /// caller activates it). nullptr, with nothing changed, otherwise. Throws std::bad_alloc with
   /// nothing changed.
   Block* take_held(BlockPool& pool, stream_t stream, std::size_t rounded);
+  /// The size of the last block of `pool`'s index that comes before the free block the held
+  /// block `held` ends in (it and its free successor) in best-fit order (stream, size, address),
+  /// that successor aside, or 0: best fit for a request of r bytes takes that free block over
+  /// every indexed one exactly when r is larger.
+  [[nodiscard]] std::size_t best_fit_before(const BlockPool& pool, const Block* held) const;
+  /// Parks the pool's free, indexed `block` (BlockPool::parked); the block parked before goes
+  /// back into the index, on the node `block` leaves (nothing is allocated).
+  void park(BlockPool& pool, Block* block) noexcept;
   /// Files the pool's held block, if any, as its free would have. Throws std::bad_alloc with
   /// nothing changed.
   void settle(BlockPool& pool);
@@ -250,6 +258,7 @@ class BlockStore {
   };
   /// file() but for the inactive-split statistics: the held block's filing, counted at its free.
   Coalesced coalesce(BlockPool& pool, Block* block);
+
   /// A new block for the first `bytes` of `b`, linked in before it, in state `state`. `b` keeps
   /// its address and size: the caller moves them (through the free index when `b` is in it).
   Block* link_new_front(Block* b, std::size_t bytes, BlockState state);
@@ -493,29 +502,6 @@ inline BlockStore::Coalesced BlockStore::coalesce(BlockPool& pool, Block* block)
     inactive_bytes += static_cast<std::int64_t>(survivor->size);
   }
   return Coalesced{survivor, inactive_blocks, inactive_bytes};
-}
-
-inline void BlockStore::file_or_hold(BlockPool& pool, Block* block) noexcept {
-  if (block->prev != nullptr && block->prev->is_free()) {  // it ends in the block before it
-    file(pool, block);  // (merges: never a tree insert)
-    return;
-  }
-  // Held: counted as the filing would count it, merged with a free successor.
-  Block* next = block->next != nullptr && block->next->is_free() ? block->next : nullptr;
-  const std::size_t size = block->size + (next != nullptr ? next->size : 0);
-  const bool split = block->prev != nullptr || (next != nullptr ? next->next : block->next) != nullptr;
-  const std::int64_t blocks = (split ? 1 : 0) - (next != nullptr ? 1 : 0);
-  const std::int64_t bytes = (split ? static_cast<std::int64_t>(size) : 0) -
-                             (next != nullptr ? static_cast<std::int64_t>(next->size) : 0);
-  account_inactive_change(block, blocks, bytes);
-  pool.held = BlockPool::Held{block, pool.clock->load(std::memory_order_relaxed)};
-  set_state(*block, BlockState::held);
-  // Its free successor is parked when the pool parks none (once: then the pairs that follow
-  // touch no tree).
-  if (next != nullptr && pool.parked == nullptr) {
-    pool.index.erase(next);
-    pool.parked = next;
-  }
 }
 
 inline Block* BlockStore::file_freed(Block* block) {

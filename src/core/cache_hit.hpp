@@ -9,6 +9,12 @@
 // stream's lock, never on which thread made them, and requests on different streams touch
 // disjoint blocks, whatever order they run in.
 //
+// Two kinds of hit. A pair (core/pair_verdict.hpp): the request takes the front of the free block
+// the pool's held block (its last free) ends in, and that block's free gives it back, both under
+// a verdict decided once for the held block, so neither looks at the index or the peaks. Every
+// other hit (allocate_plain, free_plain) does best fit, takes, files and counts in full, and
+// voids its pool's verdict (and the other pool's, when its counters pass what that one assumed).
+//
 // A request leaves the cache hit for the device lock, with nothing changed, when:
 // - the hit is closed (set_closed(): the history is recorded, a private-pool route is underway,
 //   events are outstanding or deferred, or a test turned it off);
@@ -16,7 +22,8 @@
 //   stream has no shard yet, the rounded size is oversize (max_split_size), best fit finds no
 //   block, or the live table is crowded;
 // - freeing: the pointer is not found without the lock, or the block is oversize, was used on
-//   another stream, is freed on another stream, is asleep or in a range with spilled pages, or belongs to a tag's or a private pool.
+//   another stream, is freed on another stream, is asleep or in a range with spilled pages, or
+//   belongs to a tag's or a private pool.
 // The process must also be the one the allocator was created in (core/fork_guard.hpp); the
 // device lock then refuses with an error.
 //
@@ -64,69 +71,79 @@ class CacheHit {
     const std::uint32_t now = closed_.load(std::memory_order_relaxed);
     closed_.store(closed ? now | why : now & ~static_cast<std::uint32_t>(why), std::memory_order_relaxed);
   }
+  /// The tunables the hit reads, copied from `config` (under the device lock: no hit is running).
+  void configure(const Config& config) noexcept;
 
-  /// Allocates `size` bytes for `stream` from the stream's free blocks; nullptr: the device lock
-  /// decides (nothing changed). Throws std::bad_alloc with nothing changed.
-  void* allocate(std::size_t size, stream_t stream) {
+  /// What take() did: the pair's pointer, or (nullptr) the stream's shard, whose lock it kept
+  /// for allocate_plain(), or neither (no lock held: the device lock decides).
+  struct Taken {
+    void* ptr;
+    StreamShard* shard;
+  };
+  /// A pair's take (core/pair_verdict.hpp) of `size` bytes for `stream`.
+  [[gnu::always_inline]] Taken take(std::size_t size, stream_t stream) noexcept {
     if (size - 1 >= kMaxRequest - 1 || t_open_regions != 0 ||
         g_fork_generation.load(std::memory_order_relaxed) != generation_)
-      return nullptr;
+      return {nullptr, nullptr};
     StreamShard* shard = shards_.find(stream);
-    if (shard == nullptr) return nullptr;
-    std::lock_guard guard(shard->lock);
-    if (closed_.load(std::memory_order_relaxed) != 0 || live_.crowded()) return nullptr;
-    const std::size_t rounded = round_size(size, config_.roundup_power2_divisions);
-    if (rounded >= config_.max_split_size) return nullptr;
-    const bool small = is_small(rounded);
-    BlockPool& pool = shard->pool(small);
-    // The stream's last free, taken back where best fit would put the request (BlockPool::held),
-    // else filed before anything else changes.
-    if (pool.held.block != nullptr) {
-      if (Block* block = store_.take_held(pool, stream, rounded)) {
-        LiveTable::publish(block->live_slot, block);  // (its key's slot, dormant since its free)
-        return served(*shard, block, size);
-      }
-      store_.settle(pool);
+    if (shard == nullptr) return {nullptr, nullptr};
+    shard->lock.lock();
+    const std::size_t rounded = plain_rounding_ ? round_up(size, kMinBlockSize)
+                                                : round_size(size, config_.roundup_power2_divisions);
+    BlockPool& pool = shard->pool(is_small(rounded));
+    // The held block under its standing verdict (nothing can close the hit or make the request
+    // oversize without voiding it: both change under the device lock, which does).
+    if (Block* held = pool.held.block; held != nullptr && pool.verdict.held == held &&
+        shard->taken == nullptr && fits(pool.verdict, rounded, size) &&
+        hot_.board() == shard->stats.seen) [[likely]] {
+      void* p = take_pair(*shard, pool, held, rounded, size);
+      shard->lock.unlock();
+      return {p, nullptr};
     }
-    Block* fit = store_.find_fit(pool, stream, rounded);
-    if (fit == nullptr) return nullptr;
-    shard->blocks.reserve(1);  // take() cannot fail (may throw: nothing changed)
-    LiveTable::Slot* slot = live_.claim(LiveTable::key_of(fit->ptr));
-    if (slot == nullptr) return nullptr;
-    store_.tick(pool);  // the lookup counts for the GC clock, as best_fit's
-    Block* block = store_.take(pool, fit, rounded);
-    block->live_slot = slot;
-    LiveTable::publish(slot, block);
-    return served(*shard, block, size);
+    return {nullptr, shard};
   }
+  /// An allocation of `size` bytes for `stream` that is not a pair's take (take() kept the lock
+  /// of `shard`, `stream`'s; released here): a verdict decided for the held block, and its pair
+  /// taken, or the held block taken back (take_held) or best fit in the pool's index (the held
+  /// block filed first), counted in full. nullptr when the hit is closed, the request oversize,
+  /// best fit finds no block or the live table has no room: the device lock decides (nothing
+  /// changed). Throws std::bad_alloc with nothing changed.
+  [[gnu::noinline]] void* allocate_plain(StreamShard& shard, std::size_t size, stream_t stream);
 
-  /// Frees `ptr` as DeviceAllocator::free does, if the cache hit may. Throws std::bad_alloc with
-  /// nothing changed.
-  Freed free(void* ptr, const std::size_t* expected_size, const stream_t* stream,
-             std::size_t* actual_size) {
-    if (g_fork_generation.load(std::memory_order_relaxed) != generation_) return Freed::elsewhere;
+  /// What give() did: `done`, or not and the live block found for the pointer, whose shard's
+  /// lock it kept for free_plain() (nullptr: no lock held, the device lock looks).
+  struct Given {
+    Block* found;
+    bool done;
+  };
+  /// A pair's free of `ptr` (`expected_size`, if not null, must be the requested size; `stream`,
+  /// if not null, the block's own).
+  [[gnu::always_inline]] Given give(void* ptr, const std::size_t* expected_size,
+                                    const stream_t* stream) noexcept {
+    if (g_fork_generation.load(std::memory_order_relaxed) != generation_) return {nullptr, false};
     Block* block = live_.find(LiveTable::key_of(ptr));
-    if (block == nullptr) return Freed::elsewhere;
+    if (block == nullptr) return {nullptr, false};
     StreamShard* shard = block->shard;
-    std::lock_guard guard(shard->lock);
-    if (block->state != BlockState::allocated || block->ptr != ptr) return Freed::elsewhere;
-    if (actual_size != nullptr) *actual_size = block->requested;
-    if (expected_size != nullptr && *expected_size != block->requested) return Freed::wrong_size;
-    BlockPool& pool = shard->pool(block->small);
-    if (closed_.load(std::memory_order_relaxed) != 0 || block->oversize ||
-        !block->stream_uses.empty() || (stream != nullptr && *stream != block->stream) ||
-        block->segment->pool != &pool || block->segment->asleep || block->segment->spilled != 0)
-      return Freed::elsewhere;
-    // The stream's last free is filed first (may throw: nothing changed).
-    if (pool.held.block != nullptr) store_.settle(pool);
-    LiveTable::publish(block->live_slot, nullptr);
-    HotStats::freed_block(shard->stats, block->small, static_cast<std::int64_t>(block->size));
-    HotStats::inactive_block(shard->stats, block->small, static_cast<std::int64_t>(block->requested));
-    block->requested = 0;
-    block->pins = 0;  // a pin lasts until the free
-    store_.file_or_hold(pool, block);  // (the stream's last free now)
-    return Freed::yes;
+    shard->lock.lock();
+    // The shard's taken block (allocated), freed as asked, under its standing verdict.
+    const std::size_t requested = block->requested;
+    if (block == shard->taken && block->ptr == ptr &&
+        (expected_size == nullptr || *expected_size == requested) &&
+        (stream == nullptr || *stream == block->stream) &&
+        shard->pool(block->small).verdict.held == block &&
+        hot_.board() == shard->stats.seen) [[likely]] {
+      give_pair(*shard, shard->pool(block->small), block, requested);
+      shard->lock.unlock();
+      return {nullptr, true};
+    }
+    return {block, false};
   }
+  /// A free of `ptr` that is not a pair's, as DeviceAllocator::free would do it, if the cache
+  /// hit may (give() kept the lock of `found`'s shard; released here): checked, held
+  /// (BlockStore::file_or_hold) and counted in full, or refused with nothing changed (wrong
+  /// size; elsewhere: the device lock looks). Throws std::bad_alloc with nothing changed.
+  [[gnu::noinline]] Freed free_plain(Block& found, const void* ptr, const std::size_t* expected_size,
+                                     const stream_t* stream, std::size_t* actual_size);
 
   /// Calls fn(block) on the live block at `ptr` under its shard's lock. False, fn not called,
   /// when it is not found that way (the device lock looks again).
@@ -137,19 +154,85 @@ class CacheHit {
     if (block == nullptr) return false;
     std::lock_guard guard(block->shard->lock);
     if (block->state != BlockState::allocated || block->ptr != ptr) return false;
+    block->shard->touch();  // (fn may change the block and its pool's pairs)
     fn(*block);
     return true;
   }
 
  private:
-  /// The cache hit's allocation `block` for `size` bytes: counted, its pointer returned.
-  [[gnu::always_inline]] void* served(StreamShard& shard, Block* block, std::size_t size) noexcept {
-    block->requested = size;
-    block->oversize = false;
-    hot_.allocated_block(shard.stats, block->small, static_cast<std::int64_t>(block->size),
-                         static_cast<std::int64_t>(size));
+  /// Whether a pair under `v` serves a request of `size` bytes rounded to `rounded`.
+  [[gnu::always_inline]] static bool fits(const PairVerdict& v, std::size_t rounded,
+                                          std::size_t size) noexcept {
+    return rounded - v.min_size <= v.max_size - v.min_size &&
+           static_cast<std::int64_t>(size) <= v.max_requested;
+  }
+  /// A pair's take: the front of the free block `held` ends in (held, then the parked block) for
+  /// `size` bytes rounded to `rounded`, as BlockStore::take_held and the statistics would make it.
+  [[gnu::always_inline]] void* take_pair(StreamShard& shard, BlockPool& pool, Block* held,
+                                         std::size_t rounded, std::size_t size) noexcept {
+    const PairVerdict& v = pool.verdict;
+    Block* rest = held->next;  // (the parked block)
+    if (gc_clock_) store_.tick(pool);  // one best-fit lookup
+    rest->ptr = held->ptr + rounded;
+    rest->size = v.merged - rounded;
+    rest->gc_stamp = pool.held.stamp;  // (the free block's stamp, which the rest keeps)
+    held->size = rounded;
+    pool.held = BlockPool::Held{};
+    set_state(*held, BlockState::allocated);
+    held->requested = size;
+    held->oversize = false;
+    LiveTable::publish(held->live_slot, held);  // (its key's slot, dormant since its free)
+    const auto bytes = static_cast<std::int64_t>(rounded);
+    const auto asked = static_cast<std::int64_t>(size);
+    if (held->small) {
+      HotStats::pair_taken<0>(shard.stats, bytes, asked, v.split, static_cast<std::int64_t>(v.merged));
+    } else {
+      HotStats::pair_taken<1>(shard.stats, bytes, asked, v.split, static_cast<std::int64_t>(v.merged));
+    }
     ++shard.stats.hits;
-    return block->ptr;
+    shard.taken = held;
+    return held->ptr;
+  }
+  /// A pair's free: `block`, the shard's taken block, held again in front of the parked block,
+  /// as BlockStore::file_or_hold and the statistics would make it.
+  [[gnu::always_inline]] void give_pair(StreamShard& shard, BlockPool& pool, Block* block,
+                                        std::size_t requested) noexcept {
+    const PairVerdict& v = pool.verdict;
+    LiveTable::publish(block->live_slot, nullptr);
+    const auto bytes = static_cast<std::int64_t>(block->size);
+    const auto asked = static_cast<std::int64_t>(requested);
+    if (block->small) {
+      HotStats::pair_given<0>(shard.stats, bytes, asked, v.split, static_cast<std::int64_t>(v.merged));
+    } else {
+      HotStats::pair_given<1>(shard.stats, bytes, asked, v.split, static_cast<std::int64_t>(v.merged));
+    }
+    block->requested = 0;
+    block->pins = 0;  // a pin lasts until the free
+    pool.held = BlockPool::Held{block, pool.clock->load(std::memory_order_relaxed)};
+    set_state(*block, BlockState::held);
+    shard.taken = nullptr;
+  }
+  /// What decide() found for a request of `rounded` bytes.
+  enum class Decision {
+    pair,       ///< a verdict stands (the request may still not fit it)
+    elsewhere,  ///< the held block's free block does not serve the request (best fit: the index)
+    none,       ///< no verdict: BlockStore::take_held decides
+  };
+  /// Decides the pool's verdict for its held block `held` (core/pair_verdict.hpp), or none,
+  /// looking at a request of `rounded` bytes first.
+  Decision decide(StreamShard& shard, BlockPool& pool, Block* held, std::size_t rounded) noexcept;
+  /// A plain path is about to change `pool`: its verdict is void, and the shard's taken block's
+  /// free will be a plain one.
+  static void begin_plain(StreamShard& shard, BlockPool& pool) noexcept {
+    pool.verdict.held = nullptr;
+    shard.taken = nullptr;
+  }
+  /// A plain path changed `pool`'s counters: the other pool's verdict stands only if they stay
+  /// within what it assumed.
+  static void end_plain(StreamShard& shard, const BlockPool& pool) noexcept {
+    BlockPool& other = shard.pool(!pool.small);
+    if (other.verdict.held != nullptr && !HotStats::within(shard.stats, pool.small, other.verdict.other))
+      other.verdict.held = nullptr;
   }
 
   const Config& config_;
@@ -159,6 +242,9 @@ class CacheHit {
   LiveTable& live_;
   const std::uint64_t generation_;  ///< the fork generation of the allocator (DeviceLock's)
   std::atomic<std::uint32_t> closed_{0};
+  std::size_t max_split_ = 0;   ///< config_.max_split_size (configure())
+  bool plain_rounding_ = true;  ///< no roundup_power2_divisions: sizes round to 512 B
+  bool gc_clock_ = false;       ///< BlockStore::gc_clock_runs()
 };
 
 }  // namespace stitch::detail

@@ -61,6 +61,7 @@ void DeviceAllocator::set_config(const Config& config, bool apply_fraction) {
                         config.record_python_stacks,
                         /*device_empty=*/store_.segments() == nullptr);
     python_frames_.store(recorder_.python_stacks(), std::memory_order_relaxed);
+    hits_.configure(config_);
     note_hit_rules();
     stats_.max_split_size =
         config.max_split_size == Config::kUnlimited ? -1

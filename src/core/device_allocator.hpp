@@ -82,27 +82,37 @@ class DeviceAllocator {
     detail::OomCapture* failure;
   };
   /// Allocates `size` bytes for `stream`. Throws backend_error and std::bad_alloc, with nothing
-  /// changed. (Inline: the cache hit under the stream's shard lock; else the device lock.)
-  Allocation malloc(std::size_t size, stream_t stream) {
-    if (void* p = hits_.allocate(size, stream)) [[likely]] return {p, nullptr};
+  /// changed. (Inline: the cache hit, a pair first; else malloc_locked.)
+  [[gnu::always_inline]] Allocation malloc(std::size_t size, stream_t stream) {
+    const detail::CacheHit::Taken t = hits_.take(size, stream);
+    if (t.ptr != nullptr) [[likely]] return {t.ptr, nullptr};
+    if (t.shard != nullptr)
+      if (void* p = hits_.allocate_plain(*t.shard, size, stream)) return {p, nullptr};
     return malloc_locked(size, stream);
   }
+  /// malloc() under the device lock (what the cache hit leaves).
+  Allocation malloc_locked(std::size_t size, stream_t stream);
   /// Frees `ptr` if this device owns it. `expected_size` (if not null) must equal the requested
   /// size; `stream` (if not null and not the allocation stream) is treated as a last use. The
   /// requested size is stored in `actual_size` when given.
-  FreeStatus free(void* ptr, const std::size_t* expected_size, const stream_t* stream,
-                  std::size_t* actual_size = nullptr) {
-    switch (hits_.free(ptr, expected_size, stream, actual_size)) {
-      case detail::CacheHit::Freed::yes: return FreeStatus::freed;
-      case detail::CacheHit::Freed::wrong_size: return FreeStatus::wrong_size;
-      default: return free_locked(ptr, expected_size, stream, actual_size);
+  [[gnu::always_inline]] FreeStatus free(void* ptr, const std::size_t* expected_size,
+                                         const stream_t* stream, std::size_t* actual_size = nullptr) {
+    const detail::CacheHit::Given g = hits_.give(ptr, expected_size, stream);
+    if (g.done) [[likely]] return FreeStatus::freed;
+    if (g.found != nullptr) {
+      switch (hits_.free_plain(*g.found, ptr, expected_size, stream, actual_size)) {
+        case detail::CacheHit::Freed::yes: return FreeStatus::freed;
+        case detail::CacheHit::Freed::wrong_size: return FreeStatus::wrong_size;
+        case detail::CacheHit::Freed::elsewhere: break;
+      }
     }
+    return free_locked(ptr, expected_size, stream, actual_size);
   }
-  /// free() when the cache hit frees `ptr` (without the device lock); false, with nothing done,
-  /// otherwise (another device's pointer, or a free the device lock must do).
-  bool free_unlocked(void* ptr, const stream_t* stream) {
-    return hits_.free(ptr, nullptr, stream, nullptr) == detail::CacheHit::Freed::yes;
-  }
+  /// free() under the device lock (what the cache hit leaves).
+  FreeStatus free_locked(void* ptr, const std::size_t* expected_size, const stream_t* stream,
+                         std::size_t* actual_size);
+  /// The cache hit (its pairs, inline in the callers, and its plain paths).
+  [[nodiscard]] detail::CacheHit& hits() noexcept { return hits_; }
   /// Adds `stream` as a user of the live block at `ptr`; false if this device does not own it.
   bool record_stream(void* ptr, stream_t stream);
   /// Pins (`on`) or unpins the live block at `ptr`: while pinned, the physical memory under it
@@ -159,10 +169,6 @@ class DeviceAllocator {
   using Block = detail::Block;
   using BlockPool = detail::BlockPool;
 
-  /// malloc() and free() under the device lock (what the cache hit leaves).
-  Allocation malloc_locked(std::size_t size, stream_t stream);
-  FreeStatus free_locked(void* ptr, const std::size_t* expected_size, const stream_t* stream,
-                         std::size_t* actual_size);
   /// Marks the allocated `block` as serving a request of `requested` bytes and counts it.
   [[gnu::always_inline]] inline void activate(Block* block, std::size_t requested) noexcept;
   /// malloc() from the tagged `pool` (a region tag's, or a tagged graph pool's): refused while the

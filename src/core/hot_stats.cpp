@@ -83,6 +83,17 @@ void HotStats::refresh(ShardStats& st) noexcept {
                           peak_[k].load(std::memory_order_relaxed) - others[k]);
 }
 
+void HotStats::slack(ShardStats& st, bool small, std::int64_t (&out)[kHotCounters],
+                     std::int64_t (&other)[kHotCounters]) noexcept {
+  if (version_.load(std::memory_order_acquire) != st.seen) refresh(st);
+  const int p = small ? 0 : 1;
+  for (int c = 0; c < kHotCounters; ++c) {
+    const std::int64_t v = st.cur[c][p].get();
+    other[c] = st.cur[c][1 - p].get();
+    out[c] = std::min(st.room[tracked(c, p)] - v, st.room[tracked(c, 2)] - v - other[c]);
+  }
+}
+
 std::int64_t HotStats::current(int c) const noexcept {
   std::int64_t n = 0;
   for_each_shard(head_, [&](const ShardStats& o) { n += o.value(tracked(c, 2)); });

@@ -97,7 +97,7 @@ class HotStats {
   HotStats(const HotStats&) = delete;
   HotStats& operator=(const HotStats&) = delete;
 
-  /// A block of `bytes` became allocated for `requested` bytes (the shard's lock is held).
+  /// A block of `bytes` became allocated for `requested` bytes (the device lock is held).
   [[gnu::always_inline]] void allocated_block(ShardStats& st, bool small, std::int64_t bytes,
                                               std::int64_t requested) noexcept {
     if (small) {
@@ -105,6 +105,24 @@ class HotStats {
     } else {
       allocated_in<1>(st, bytes, requested);
     }
+    if (pending_.total() != 0) [[unlikely]] note_active(small);
+  }
+  /// allocated_block() for the cache hit (the shard's lock is held): nothing is pending while
+  /// the hit is open, so active's peaks need no look.
+  [[gnu::always_inline]] void hit_allocated(ShardStats& st, bool small, std::int64_t bytes,
+                                            std::int64_t requested) noexcept {
+    if (small) {
+      allocated_in<0>(st, bytes, requested);
+    } else {
+      allocated_in<1>(st, bytes, requested);
+    }
+  }
+  /// The cache hit freed a block of `bytes` that served `requested` bytes (no events: it leaves
+  /// the active set at once).
+  [[gnu::always_inline]] static void hit_freed(ShardStats& st, bool small, std::int64_t bytes,
+                                               std::int64_t requested) noexcept {
+    freed_block(st, small, bytes);
+    inactive_block(st, small, requested);
   }
   /// A net change of the inactive-split counters by `blocks` and `bytes` (a split or a merge).
   [[gnu::always_inline]] void inactive_change(ShardStats& st, bool small, std::int64_t blocks,
@@ -149,6 +167,60 @@ class HotStats {
     if (requested != 0) sub(st, kRequestedBytes, small, requested);
   }
 
+  // ---- a held block's pairs (core/pair_verdict.hpp; the shard's lock is held) -------------------
+  /// The board's version: a shard's rooms hold while it equals the shard's `seen`.
+  [[nodiscard]] std::uint64_t board() const noexcept { return version_.load(std::memory_order_relaxed); }
+  /// How far each counter of `st` in pool `small` may rise before the rise could make a new peak
+  /// of the pool's or the device's (room - value, the smaller of the two; negative when past),
+  /// the rooms recomputed first when the board changed.
+  /// `other`: the other pool's values.
+  void slack(ShardStats& st, bool small, std::int64_t (&out)[kHotCounters],
+             std::int64_t (&other)[kHotCounters]) noexcept;
+  /// Whether every counter of `st` in pool `small` is at most `limit`.
+  [[nodiscard]] static bool within(const ShardStats& st, bool small,
+                                   const std::int64_t (&limit)[kHotCounters]) noexcept {
+    const int p = small ? 0 : 1;
+    int over = 0;
+    for (int c = 0; c < kHotCounters; ++c) over |= static_cast<int>(st.cur[c][p].get() > limit[c]);
+    return over == 0;
+  }
+  /// What a pair's take does to the inactive-split counters (core/pair_verdict.hpp).
+  enum class PairSplit : std::uint8_t {
+    none,    ///< nothing: an expandable segment
+    fresh,   ///< the rest becomes a new split block: (+1, merged - bytes)
+    shrink,  ///< the free block, already split, shrinks: (0, -bytes)
+  };
+  /// A pair's take in pool P (0 small, 1 large): a block of `bytes` allocated for `requested`,
+  /// the inactive-split counters changed as `split` says, with no look at the peaks (the pair's
+  /// verdict ruled out a new one).
+  template <int P>
+  [[gnu::always_inline]] static void pair_taken(ShardStats& st, std::int64_t bytes, std::int64_t requested,
+                                                PairSplit split, std::int64_t merged) noexcept {
+    rise<P>(st, kAllocations, 1);
+    rise<P>(st, kAllocatedBytes, bytes);
+    rise<P>(st, kRequestedBytes, requested);
+    if (split == PairSplit::fresh) {
+      rise<P>(st, kInactiveSplits, 1);
+      rise<P>(st, kInactiveSplitBytes, merged - bytes);
+    } else if (split == PairSplit::shrink) {
+      fall<P>(st, kInactiveSplitBytes, bytes);
+    }
+  }
+  /// A pair's free: the take's changes undone (the inactive-split ones as the filing makes them).
+  template <int P>
+  [[gnu::always_inline]] static void pair_given(ShardStats& st, std::int64_t bytes, std::int64_t requested,
+                                                PairSplit split, std::int64_t merged) noexcept {
+    fall<P>(st, kAllocations, 1);
+    fall<P>(st, kAllocatedBytes, bytes);
+    fall<P>(st, kRequestedBytes, requested);
+    if (split == PairSplit::fresh) {
+      fall<P>(st, kInactiveSplits, 1);
+      fall<P>(st, kInactiveSplitBytes, merged - bytes);
+    } else if (split == PairSplit::shrink) {
+      rise<P>(st, kInactiveSplitBytes, bytes);
+    }
+  }
+
   // ---- under the device lock (every shard's lock held) ------------------------------------------
   /// The device-wide current value of counter `c` (both pools).
   [[nodiscard]] std::int64_t current(int c) const noexcept;
@@ -187,7 +259,6 @@ class HotStats {
         static_cast<int>(version_.load(std::memory_order_relaxed) != st.seen)) [[unlikely]] {
       for (int c : {kAllocations, kAllocatedBytes, kRequestedBytes}) observe(st, c, P);
     }
-    if (pending_.total() != 0) [[unlikely]] note_active(P == 0);  // (only under the device lock)
   }
   template <int P>
   [[gnu::always_inline]] void inactive_in(ShardStats& st, std::int64_t blocks,
@@ -208,6 +279,11 @@ class HotStats {
       observe(st, kInactiveSplits, P);
       observe(st, kInactiveSplitBytes, P);
     }
+  }
+  /// Counter `c` of pool P fell by n >= 0.
+  template <int P>
+  [[gnu::always_inline]] static void fall(ShardStats& st, int c, std::int64_t n) noexcept {
+    st.cur[c][P].set(st.cur[c][P].get() - n);
   }
   /// The slow half of a rise: a room passed, or the board changed since the rooms were computed.
   void observe(ShardStats& st, int c, int p) noexcept;

@@ -33,6 +33,17 @@ struct StreamShard {
   ObjectPool<Block> blocks;              ///< the Block objects of the stream's segments
   BlockPool small, large;                ///< the stream's blocks of the device's pools
   ShardStats stats;
+  /// The block a pair took, until its free (at most one per shard: core/pair_verdict.hpp), or
+  /// nullptr.
+  Block* taken = nullptr;
+
+  /// A change outside the pairs, to anything of the shard: no pair verdict holds, and the taken
+  /// block's free is a plain one.
+  void touch() noexcept {
+    small.verdict.held = nullptr;
+    large.verdict.held = nullptr;
+    taken = nullptr;
+  }
   /// The next shard in stream order (StreamShards); set under the device lock, read without.
   std::atomic<StreamShard*> next{nullptr};
 };

@@ -21,13 +21,16 @@ StreamShard& StreamShards::get(stream_t stream) {
   s->next.store(link->load(std::memory_order_relaxed), std::memory_order_relaxed);
   link->store(s, std::memory_order_release);
   Map::publish(slot, s);
+  if (owned_.empty()) oldest_.store(s, std::memory_order_release);
   owned_.push_back(std::move(shard));
   return *s;
 }
 
 void StreamShards::lock_all() noexcept {
-  for (StreamShard* s = first(); s != nullptr; s = s->next.load(std::memory_order_relaxed))
+  for (StreamShard* s = first(); s != nullptr; s = s->next.load(std::memory_order_relaxed)) {
     s->lock.lock();
+    s->touch();  // the device lock may change anything
+  }
   all_locked_ = true;
 }
 

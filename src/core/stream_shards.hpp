@@ -20,8 +20,11 @@ class StreamShards {
   StreamShards(const StreamShards&) = delete;
   StreamShards& operator=(const StreamShards&) = delete;
 
-  /// `stream`'s shard, or nullptr before its first use. No lock.
+  /// `stream`'s shard, or nullptr before its first use. No lock. The first shard made (most
+  /// programs use one stream) is found without the table.
   [[nodiscard]] StreamShard* find(stream_t stream) const noexcept {
+    StreamShard* s = oldest_.load(std::memory_order_acquire);
+    if (s != nullptr && s->stream == stream) [[likely]] return s;
     return table_.find(AtomicMap<StreamShard>::key_of(stream));
   }
   /// `stream`'s shard, created at its first use (under the device lock: a new shard is locked
@@ -45,6 +48,7 @@ class StreamShards {
  private:
   AtomicMap<StreamShard> table_{64};
   std::atomic<StreamShard*> head_{nullptr};
+  std::atomic<StreamShard*> oldest_{nullptr};  ///< the first shard made (set once)
   std::vector<std::unique_ptr<StreamShard>> owned_;
   std::atomic<std::uint64_t> clocks_[2] = {};
   bool all_locked_ = false;  ///< inside lock_all() .. unlock_all(): a new shard starts locked
