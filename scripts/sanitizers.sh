@@ -16,7 +16,7 @@ san_flags="-O1 -gline-tables-only -fno-sanitize-recover=all"
 export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1"
 export TSAN_OPTIONS="halt_on_error=1:abort_on_error=1:second_deadlock_stack=1"
-san_fuzzers=(fuzz_config:config fuzz_pickle:pickle fuzz_rmm_csv:rmm_csv fuzz_capi_ops:capi_ops)
+san_fuzzers=(fuzz_config:config fuzz_pickle:pickle fuzz_rmm_csv:rmm_csv fuzz_capi_ops:capi_ops fuzz_ipc_handles:ipc_handles)
 
 san_say() { printf '\n=== %s [%d s]: %s\n' "$(basename "$0")" "$SECONDS" "$*"; }
 

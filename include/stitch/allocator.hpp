@@ -82,9 +82,12 @@ class STITCH_EXPORT Allocator {
   /// (or in this one): the block's pages are shared, not copied. From now until it is freed the
   /// block is pinned (compaction never moves it, sleep refuses its tag). The exporter must keep
   /// it allocated until every importer has closed it. Throws invalid_argument when `ptr` does not
-  /// start a live block, backend_error where its memory cannot be shared (the back end cannot:
-  /// backend:cuda does not yet).
-  [[nodiscard]] std::string export_block(void* ptr);
+  /// start a live block, or when the handle would take `max_chars` characters or more (then the
+  /// block is not pinned), backend_error where its memory cannot be shared.
+  [[nodiscard]] std::string export_block(void* ptr, std::size_t max_chars = SIZE_MAX);
+  /// The most characters export_block's handle for `ptr` can take: a size query that pins nothing
+  /// and exports nothing. Throws as export_block does for a pointer that starts no live block.
+  [[nodiscard]] std::size_t export_size(void* ptr);
   /// Maps the block `handle` names on `device` of this process; returns its address here.
   /// Throws invalid_argument for a malformed handle, backend_error when the memory cannot be
   /// mapped (the exporter ended, another back end wrote the handle).
@@ -284,6 +287,7 @@ class STITCH_EXPORT Allocator {
     int device;
     void* base;
     std::size_t bytes;
+    std::size_t opens;  ///< imports at this address (a legacy CUDA handle opened again maps there)
   };
   std::mutex imports_mutex_;                 ///< guards imports_
   std::map<void*, Imported> imports_;        ///< import_block() results: address -> mapping

@@ -27,7 +27,6 @@
 #include "stitch/errors.hpp"
 #include "stitch/ipc_handle.hpp"
 #include "torch/convert.hpp"
-#include "torch/ipc_handles.hpp"
 #include "torch/pool_uses.hpp"
 #include "torch/trace_book.hpp"
 
@@ -397,7 +396,7 @@ class NativeAllocator final : public cca::CUDAAllocator {
   }
 
   // ---- IPC ----------------------------------------------------------------------------------
-  // PyTorch's handles (torch/ipc_handles.hpp): 'c' and 'e' as PyTorch's own allocator writes and
+  // PyTorch's handles (stitch/ipc_handle.hpp): 'c' and 'e' as PyTorch's own allocator writes and
   // reads them, stitch's 's' where they cannot say it; `offset` is the block's place in the
   // memory getIpcDevPtr maps, as PyTorch's receiver adds it.
   cca::ShareableHandle shareIpcHandle(void* ptr) override {
@@ -409,7 +408,7 @@ class NativeAllocator final : public cca::CUDAAllocator {
     }
     const std::optional<ipc::BlockHandle> block = ipc::parse(text);
     TORCH_CHECK(block.has_value(), "stitch: malformed IPC handle");
-    return {static_cast<ptrdiff_t>(block->offset), detail::torch_handle(text)};
+    return {static_cast<ptrdiff_t>(block->offset), ipc::torch_handle(text)};
   }
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
     std::lock_guard lock(ipc_->mu);
@@ -417,7 +416,10 @@ class NativeAllocator final : public cca::CUDAAllocator {
     if (it != ipc_->imported.end()) {
       if (auto alive = it->second.lock()) return alive;
     }
-    const detail::Import imp = detail::stitch_import(handle, context_->current_device());
+    std::string why;
+    const std::optional<ipc::torch::Import> parsed = ipc::parse_torch(handle, context_->current_device(), &why);
+    TORCH_CHECK(parsed.has_value(), "stitch: ", why);
+    const ipc::torch::Import& imp = *parsed;
     void* ptr = nullptr;
     try {
       ptr = a_.import_block(imp.text, context_->current_device());

@@ -1519,6 +1519,17 @@ FAKE_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemH
     note(ep_, "handle of process %lld is stale -> CUDA_ERROR_INVALID_HANDLE", n.pid);
     return CUDA_ERROR_INVALID_HANDLE;
   }
+  // Strict, as a driver knows its allocations: what the handle names must be a cuMemAlloc
+  // allocation's memory of that length holding `bytes` (never the handle's word alone: a handle
+  // that claims more than its memory holds is refused, not mapped past the memory's end).
+  struct stat sb {};
+  if (!is_fake_memfd(fd) || fstat(fd, &sb) != 0 || static_cast<u64>(sb.st_size) != n.length || n.bytes == 0 ||
+      n.bytes > n.length || round_up(static_cast<size_t>(n.bytes), kPage) != n.length) {
+    close(fd);
+    note(ep_, "handle of process %lld does not name a cuMemAlloc allocation of its size -> CUDA_ERROR_INVALID_HANDLE",
+         n.pid);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
   void* p = mmap(nullptr, n.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
   close(fd);
   if (p == MAP_FAILED) return CUDA_ERROR_MAP_FAILED;
