@@ -67,6 +67,10 @@ class STITCH_EXPORT Allocator {
   /// As deallocate(), also checking that `bytes` is the size requested and `device` the device
   /// the pointer was allocated on (PyTorch's free hook passes both).
   void deallocate(void* ptr, std::size_t bytes, int device, stream_t stream);
+  /// Counts num_failed_frees on the device of the live block at `ptr`: a free of it failed where
+  /// nothing may throw (a destructor) and the caller leaks the block. False (nothing counted)
+  /// where no live block starts at `ptr` or the allocator refuses (a forked child). Never throws.
+  bool count_failed_free(void* ptr) noexcept;
   /// Marks `ptr` as used on `stream`: after it is freed, the block is reused only once the work
   /// queued on `stream` up to the free has completed.
   void record_stream(void* ptr, stream_t stream);

@@ -77,6 +77,17 @@ void Allocator::reject_free(DeviceAllocator& counter, std::string message) const
 
 void Allocator::deallocate(void* ptr) { free_any_device(ptr, nullptr); }
 
+bool Allocator::count_failed_free(void* ptr) noexcept {
+  try {
+    const std::optional<BlockInfo> info = find(ptr);
+    if (!info) return false;
+    checked_device(info->device).reports().count_failed_free();
+    return true;
+  } catch (...) {  // (a forked child's allocator refuses: nothing to count in)
+    return false;
+  }
+}
+
 void Allocator::deallocate(void* ptr, stream_t stream) { free_any_device(ptr, &stream); }
 
 void Allocator::free_any_device(void* ptr, const stream_t* stream) {
