@@ -55,6 +55,25 @@ void PageMapper::synchronize_device(bool peers) {
   for (int d = 0; d < n; ++d) backend_.synchronize_device(d);
 }
 
+bool PageMapper::stream_idle(stream_t stream) noexcept {
+  event_t event = nullptr;
+  bool idle = false;
+  try {
+    event = backend_.create_event(device_);
+    backend_.record_event(device_, event, stream);
+    idle = backend_.query_event(device_, event);
+  } catch (...) {
+    idle = false;
+  }
+  if (event != nullptr) {
+    try {
+      backend_.destroy_event(device_, event);
+    } catch (...) {  // (an event lost to the process: nothing else depends on it)
+    }
+  }
+  return idle;
+}
+
 char* PageMapper::reserve(std::size_t bytes, std::size_t alignment) {
   return static_cast<char*>(backend_.reserve(device_, bytes, alignment));
 }

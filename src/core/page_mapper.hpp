@@ -52,6 +52,9 @@ class PageMapper {
   /// Waits for all work on the device and, with `peers`, on every device (which may reach this
   /// one's memory): before memory moves under live addresses.
   void synchronize_device(bool peers);
+  /// Whether `stream` has nothing queued that has not completed: an event recorded on it now is
+  /// complete at once (no wait). False on any backend error: nothing is known idle then.
+  [[nodiscard]] bool stream_idle(stream_t stream) noexcept;
 
   // ---- address ranges -----------------------------------------------------------------------------
   /// Reserves `bytes` of addresses, `alignment` aligned (granularity multiples); nullptr when no
