@@ -836,7 +836,9 @@ class CudaBackend final : public Backend {
   /// device's context.
   template <class Call>
   std::string export_allocation(int device, const void* va, std::size_t* offset, const Call& call) {
-    const auto [base, size] = allocation_of(device, va, call);
+    const std::pair<CUdeviceptr, std::size_t> range = allocation_of(device, va, call);
+    const CUdeviceptr base = range.first;  // (no structured binding: a lambda below captures it)
+    const std::size_t size = range.second;
     CUipcMemHandle h{};
     const CUresult r = d_.ipc_get_mem_handle(&h, base);
     if (r != CUDA_SUCCESS) {
