@@ -45,6 +45,21 @@ bool accepted(const std::optional<T>& parsed, const std::string& why) {
   return parsed.has_value();
 }
 
+// ---- figures of the run ----------------------------------------------------------------------------
+
+struct Figures {
+  unsigned long long inputs = 0, stitch1 = 0, sim = 0, cuda = 0, torch = 0, imports = 0, mapped = 0;
+};
+Figures g_figures;
+
+void print_figures() {
+  const Figures& f = g_figures;
+  std::fprintf(stderr,
+               "fuzz_ipc_handles: %llu inputs; accepted: %llu stitch1 texts, %llu sim shares, %llu cuda shares, "
+               "%llu PyTorch handles; %llu imports tried, %llu mapped and read, the others refused with an error\n",
+               f.inputs, f.stitch1, f.sim, f.cuda, f.torch, f.imports, f.mapped);
+}
+
 std::size_t open_descriptors() {
   std::size_t n = 0;
   if (DIR* d = ::opendir("/proc/self/fd")) {
@@ -62,7 +77,7 @@ struct Exporter {
   ipc::SimShare own;
   Exporter() {
     stitch::SimBackend::Options o;
-    o.capacity = std::size_t{16} << 20;
+    o.capacity = std::size_t{64} << 20;
     sim = std::make_shared<stitch::SimBackend>(o);
     alloc = std::make_unique<stitch::Allocator>(stitch::Config::parse("backend:sim,expandable_segments:True"), sim);
     void* p = alloc->allocate(std::size_t{3} << 20);
@@ -85,6 +100,7 @@ void try_import(const ipc::BlockHandle& h, ipc::SimShare share) {
   share.fd = e.own.fd;                       // fuzzed pieces and bounds are what is tested
   const std::string text = ipc::format({h.device % 2, h.offset, h.size, ipc::encode_sim(share)});
   const std::size_t fds = open_descriptors();
+  ++g_figures.imports;
   void* p = nullptr;
   try {
     p = e.alloc->import_block(text, 0);
@@ -105,13 +121,20 @@ void try_import(const ipc::BlockHandle& h, ipc::SimShare share) {
   check(h.offset <= share.total && h.size <= share.total - h.offset, "an import outside its mapping");
   if (h.size > 0) sum += base[h.offset] + base[h.offset + h.size - 1];
   (void)sum;
+  ++g_figures.mapped;
   e.alloc->close_block(p);
   check(open_descriptors() == fds, "an import left a descriptor open");
 }
 
 }  // namespace
 
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  std::atexit(print_figures);
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  ++g_figures.inputs;
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
   const std::size_t page = 4096;
   std::string why;
@@ -119,6 +142,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // The stitch1 text.
   const std::optional<ipc::BlockHandle> block = ipc::parse(bytes, &why);
   if (accepted(block, why)) {
+    ++g_figures.stitch1;
     check(ipc::format(*block) == bytes, "a stitch1 handle does not re-encode to itself");
     std::size_t end = 0;
     check(ipc::checked_add(block->offset, block->size, &end), "an accepted handle's block wraps");
@@ -129,6 +153,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   why.clear();
   const std::optional<ipc::SimShare> sim = ipc::decode_sim(share, page, &why);
   if (accepted(sim, why)) {
+    ++g_figures.sim;
     check(ipc::encode_sim(*sim) == share, "a sim share does not re-encode to itself");
     std::size_t total = 0, end = 0;
     for (const ipc::SimPiece& p : sim->pieces) {
@@ -142,6 +167,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   why.clear();
   const std::optional<ipc::CudaShare> cuda = ipc::decode_cuda(share, &why);
   if (accepted(cuda, why)) {
+    ++g_figures.cuda;
     check(ipc::encode(*cuda) == share, "a cuda share does not re-encode to itself");
     std::size_t total = 0;
     for (const ipc::Piece& p : cuda->pieces) check(p.bytes > 0 && ipc::checked_add(total, p.bytes, &total), "cuda pieces wrap");
@@ -156,6 +182,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   why.clear();
   const auto torch = ipc::parse_torch(bytes, static_cast<int>(size % 3), &why);
   if (accepted(torch, why)) {
+    ++g_figures.torch;
     why.clear();
     const auto again = ipc::parse(torch->text, &why);
     check(again.has_value(), "parse_torch made a stitch1 text that does not parse");
