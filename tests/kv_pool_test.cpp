@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -367,13 +368,14 @@ TEST(KvSpillFaults, AFaultAtEveryCallOfSpillAndUnspillKeepsEveryByteAndTheBooks)
   // scratch range, map and set access, copy, sync, unmap, release, release the scratch; create
   // device pages on the way back), every position, out of memory and error: each byte stays at
   // its address, the statistics match the device, each page is released exactly once.
-  std::size_t fired = 0;
+  std::size_t fired = 0, runs = 0;
   for (int kind = 0; kind < static_cast<int>(SimCall::count_); ++kind)
     for (SimFault fault : {SimFault::error, SimFault::out_of_memory})
       for (std::uint64_t nth = 1;; ++nth) {
         const std::string where = std::string(to_string(static_cast<SimCall>(kind))) + " #" + std::to_string(nth) +
                                   (fault == SimFault::error ? " error" : " out of memory");
         SpillRig r;
+        ++runs;
         r.sim->inject_fault(static_cast<SimCall>(kind), nth, fault);
         const std::uint64_t before = r.sim->faults_fired();
         if (survives([&] { (void)r.alloc->spill(0, "kv-s"); })) {
@@ -392,6 +394,7 @@ TEST(KvSpillFaults, AFaultAtEveryCallOfSpillAndUnspillKeepsEveryByteAndTheBooks)
         ++fired;
       }
   EXPECT_GT(fired, 40u) << "the faults must hit the spill's and the unspill's calls";
+  std::printf("KV spill and unspill: %zu runs, %zu faults fired\n", runs, fired);
 }
 
 TEST(KvSpillFaults, AnUndoThatFailsTooLeavesEachSlotWhereItsDataIs) {
@@ -425,6 +428,7 @@ TEST(KvSpillFaults, AnUndoThatFailsTooLeavesEachSlotWhereItsDataIs) {
             if (::testing::Test::HasFailure()) return;
           }
   EXPECT_GT(runs, 700u);
+  std::printf("KV spill and unspill, two faults: %zu runs\n", runs);
 }
 
 TEST(KvSpillFaults, AFailedCreateLeavesTheTagAsItWas) {
