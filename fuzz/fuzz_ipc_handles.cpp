@@ -7,7 +7,6 @@
 // parses; and an import of a fuzzed handle, pointed at this process's own simulated device
 // memory, either fails with an error or maps memory whose every byte can be read (no SIGBUS, no
 // pointer outside the mapping), leaving no descriptor open.
-#include <dirent.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -24,6 +23,7 @@
 #include "stitch/errors.hpp"
 #include "stitch/ipc_handle.hpp"
 #include "stitch/sim_backend.hpp"
+#include "support/process_state.hpp"
 
 namespace {
 
@@ -60,14 +60,7 @@ void print_figures() {
                f.inputs, f.stitch1, f.sim, f.cuda, f.torch, f.imports, f.mapped);
 }
 
-std::size_t open_descriptors() {
-  std::size_t n = 0;
-  if (DIR* d = ::opendir("/proc/self/fd")) {
-    while (::readdir(d) != nullptr) ++n;
-    ::closedir(d);
-  }
-  return n;
-}
+using stitch::test::open_descriptors;
 
 /// An allocator over a small simulated device with one live exported block: the memory fuzzed
 /// sim handles are pointed at (this process, its device memfd).

@@ -5,7 +5,6 @@
 // ends' text are each refused with a reason, and a refused import maps nothing and leaves no
 // descriptor open. (Two processes: tests/ipc/ipc_hostile.c.)
 #include <gtest/gtest.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -13,7 +12,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +21,7 @@
 #include "stitch/errors.hpp"
 #include "stitch/ipc_handle.hpp"
 #include "stitch/sim_backend.hpp"
+#include "support/process_state.hpp"
 
 namespace stitch {
 namespace {
@@ -197,21 +196,8 @@ TEST(IpcHandle, TorchHandlesRoundTripAndHostileOnesAreRefused) {
 
 // ---- the importers on the simulated device ----------------------------------------------------------
 
-/// This process's open descriptors and mappings, to show a refused import left none behind.
-std::size_t open_descriptors() {
-  std::size_t n = 0;
-  if (DIR* d = ::opendir("/proc/self/fd")) {
-    while (::readdir(d) != nullptr) ++n;
-    ::closedir(d);
-  }
-  return n;
-}
-std::size_t mappings() {
-  std::ifstream maps("/proc/self/maps");
-  std::size_t n = 0;
-  for (std::string line; std::getline(maps, line);) ++n;
-  return n;
-}
+using test::mappings;
+using test::open_descriptors;
 
 class IpcImport : public ::testing::Test {
  protected:

@@ -98,13 +98,13 @@ inline bool take(std::string_view& text, std::string_view prefix) {
   return true;
 }
 
-/// `text` split at ',' into items; false when there is none or one is empty (",,", or a ',' at
-/// either end).
-inline bool items(std::string_view text, std::vector<std::string_view>* out) {
+/// A back end's piece list: `text` split at ',' into pieces; false (and why) when there is none
+/// or one is empty (",,", or a ',' at either end).
+inline bool pieces(std::string_view text, std::vector<std::string_view>* out, std::string* why) {
   for (;;) {
     const std::size_t comma = text.find(',');
     const std::string_view item = text.substr(0, comma);
-    if (item.empty()) return false;
+    if (item.empty()) return refuse(why, "the piece list is empty or has an empty piece");
     out->push_back(item);
     if (comma == std::string_view::npos) return true;
     text.remove_prefix(comma + 1);
@@ -228,10 +228,7 @@ inline std::optional<SimShare> decode_sim(std::string_view text, std::size_t pag
     return std::nullopt;
   }
   std::vector<std::string_view> list;
-  if (!detail::items(text, &list)) {
-    detail::refuse(why, "the piece list is empty or has an empty piece");
-    return std::nullopt;
-  }
+  if (!detail::pieces(text, &list, why)) return std::nullopt;
   s.pieces.reserve(list.size());
   for (std::string_view item : list) {
     SimPiece p;
@@ -317,10 +314,7 @@ inline std::optional<CudaShare> decode_cuda(std::string_view text, std::string* 
     return std::nullopt;
   }
   std::vector<std::string_view> list;
-  if (!detail::items(text, &list)) {
-    detail::refuse(why, "the piece list is empty or has an empty piece");
-    return std::nullopt;
-  }
+  if (!detail::pieces(text, &list, why)) return std::nullopt;
   s.pieces.reserve(list.size());
   std::size_t sum = 0;
   for (std::string_view item : list) {

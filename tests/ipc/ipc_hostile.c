@@ -27,17 +27,7 @@
 #include <unistd.h>
 
 #include "stitch/stitch.h"
-
-static int failures = 0;
-#define CHECK(cond, ...)                                                \
-  do {                                                                  \
-    if (!(cond)) {                                                      \
-      fprintf(stderr, "FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                     \
-      fprintf(stderr, "\n");                                            \
-      ++failures;                                                       \
-    }                                                                   \
-  } while (0)
+#include "support/c_check.h"
 
 enum { kBytes = 3 << 20, kMaxHandle = 1 << 17 };
 static void* const kStream = NULL;
@@ -320,6 +310,24 @@ static void cuda_cases(const char* handle, const char* share) {
     sendf(0, "stitch1:0:0:16:cuda-ipc:0:%.127s", hex);
     sendf(0, "stitch1:0:0:16:cuda-ipc:0:%sff", hex);
     sendf(14, "stitch1:0:0:16:cuda-ipc:0:%0128d", 0);            /* bytes no driver wrote */
+    /* The true handle with the allocation's length and size inflated (the fake driver's layout:
+     * bytes 24..31 and 32..39): the driver knows its allocations and refuses it, no violation. */
+    char inflated[129];
+    memcpy(inflated, hex, sizeof inflated);
+    for (int at = 24; at < 40; at += 8) {
+      unsigned long long v = 0;
+      for (int k = 7; k >= 0; --k) {
+        unsigned b = 0;
+        sscanf(inflated + 2 * (at + k), "%2x", &b);
+        v = v << 8 | b;
+      }
+      v *= 4;
+      for (int k = 0; k < 8; ++k, v >>= 8) {
+        inflated[2 * (at + k)] = "0123456789abcdef"[(v >> 4) & 15];
+        inflated[2 * (at + k) + 1] = "0123456789abcdef"[v & 15];
+      }
+    }
+    sendf(0, "stitch1:0:0:16:cuda-ipc:0:%s", inflated);
     return;
   }
   CHECK(0, "not a cuda share: %s", share);

@@ -117,15 +117,21 @@ class TorchIpcFormats : public ::testing::Test {
     return h.handle;
   }
 
+  /// The handle and block offset PyTorch's side printed (its export); empty when none came.
+  static std::pair<std::string, std::size_t> exported(Side& side) {
+    char line[16384] = {};
+    char text[16384] = {};
+    std::size_t offset = 0;
+    if (fgets(line, sizeof line, side.out) == nullptr || std::sscanf(line, "%16383s %zu", text, &offset) != 2)
+      return {};
+    return {unhex(text), offset};
+  }
+
   /// Maps what PyTorch exports (`args`) with getIpcDevPtr, checks its 77s, writes 12.
   void map_from_pytorch(std::vector<std::string> args) {
     Side side(std::move(args));
-    char line[16384] = {};
-    ASSERT_NE(fgets(line, sizeof line, side.out), nullptr);
-    char text[16384] = {};
-    std::size_t offset = 0;
-    ASSERT_EQ(std::sscanf(line, "%16383s %zu", text, &offset), 2);
-    const std::string handle = unhex(text);
+    const auto [handle, offset] = exported(side);
+    ASSERT_FALSE(handle.empty()) << "PyTorch's side exported nothing";
     {
       std::shared_ptr<void> base = alloc_->getIpcDevPtr(handle);
       EXPECT_EQ(alloc_->getIpcDevPtr(handle).get(), base.get());  // one mapping while in use
@@ -181,12 +187,8 @@ TEST_F(TorchIpcFormats, ALegacyHandleOpenedAgainBeforeItsCloseStaysMappedUntilTh
   // getIpcDevPtr of the handle opens it again at the same address: that open needs its own close,
   // and the old deleter's close must not unmap it.
   Side side({"export-c", "77"});
-  char line[16384] = {};
-  ASSERT_NE(fgets(line, sizeof line, side.out), nullptr);
-  char text[16384] = {};
-  std::size_t offset = 0;
-  ASSERT_EQ(std::sscanf(line, "%16383s %zu", text, &offset), 2);
-  const std::string handle = unhex(text);
+  const auto [handle, offset] = exported(side);
+  ASSERT_FALSE(handle.empty()) << "PyTorch's side exported nothing";
   const auto imp = stitch::ipc::parse_torch(handle, 0);
   ASSERT_TRUE(imp.has_value());
   stitch::Allocator& a = stitch::process_allocator();
@@ -207,10 +209,12 @@ TEST_F(TorchIpcFormats, ALegacyHandleOpenedAgainBeforeItsCloseStaysMappedUntilTh
   // Through getIpcDevPtr, from two threads taking and dropping the mapping: every open closed
   // once, and no close fails.
   std::atomic<int> bad{0};
+  const std::string shared = handle;
+  const std::size_t at = offset;  // (copies: a lambda captures them)
   auto churn = [&] {
     for (int i = 0; i < 300; ++i) {
-      std::shared_ptr<void> p = alloc_->getIpcDevPtr(handle);
-      if (static_cast<unsigned char*>(p.get())[offset] != 77) ++bad;
+      std::shared_ptr<void> p = alloc_->getIpcDevPtr(shared);
+      if (static_cast<unsigned char*>(p.get())[at] != 77) ++bad;
     }
   };
   std::thread t1(churn), t2(churn);
