@@ -16,7 +16,7 @@ san_flags="-O1 -gline-tables-only -fno-sanitize-recover=all"
 export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1"
 export TSAN_OPTIONS="halt_on_error=1:abort_on_error=1:second_deadlock_stack=1"
-san_fuzzers=(fuzz_config:config fuzz_pickle:pickle fuzz_rmm_csv:rmm_csv fuzz_capi_ops:capi_ops)
+san_fuzzers=(fuzz_config:config fuzz_pickle:pickle fuzz_rmm_csv:rmm_csv fuzz_capi_ops:capi_ops fuzz_ipc_handles:ipc_handles)
 
 san_say() { printf '\n=== %s [%d s]: %s\n' "$(basename "$0")" "$SECONDS" "$*"; }
 
@@ -38,7 +38,8 @@ san_run_tests() {
 }
 
 # Runs every fuzzer from $1 for $2 seconds over its seed corpus (new inputs go to $1/corpus, not
-# into fuzz/), on one core, and prints libFuzzer's and fuzz_capi_ops's figures.
+# into fuzz/), on one core, and prints libFuzzer's figures and those of fuzz_capi_ops and
+# fuzz_ipc_handles.
 san_run_fuzzers() {
   local dir=$1 seconds=$2 pair name corpus log
   for pair in "${san_fuzzers[@]}"; do
@@ -53,7 +54,7 @@ san_run_fuzzers() {
       echo "$name FAILED (log: $log, input in $dir/artifacts/)" >&2
       return 1
     fi
-    grep -E '^(stat::number_of_executed_units|stat::new_units_added|stat::peak_rss_mb|fuzz_capi_ops:)' "$log" || true
+    grep -E '^(stat::number_of_executed_units|stat::new_units_added|stat::peak_rss_mb|fuzz_capi_ops:|fuzz_ipc_handles:)' "$log" || true
   done
 }
 

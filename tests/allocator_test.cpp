@@ -481,7 +481,7 @@ std::vector<std::string> all_pytorch_keys() {
     for (const char* part : {"current", "peak", "allocated", "freed"})
       keys.push_back(std::string(name) + "." + part);
   for (const char* name : {"num_alloc_retries", "num_ooms", "num_sync_all_streams",
-                           "num_device_alloc", "num_device_free", "num_invalid_frees",
+                           "num_device_alloc", "num_device_free", "num_invalid_frees", "num_failed_frees",
                            "num_stitches", "stitched_bytes", "num_page_reuses", "num_page_borrows",
                            "num_cache_hits", "num_compactions", "num_staged_compactions",
                            "num_compactions_refused", "compacted_bytes", "num_device_syncs", "num_sleeps",

@@ -3,13 +3,18 @@
 // (a request takes the pools' unused pages through the out-of-memory ladder, a pool takes the
 // cache); allocation of blocks on mapped pages makes no device call; frees never unmap; a fault at
 // every call an allocation makes leaves nothing allocated and the books right; threads allocate and
-// free at once; statistics and validate() agree.
+// free at once; statistics and validate() agree; a fault at every call of a spill and an unspill
+// (and two faults, the undo's own) keeps every byte, the books and each page released once.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -240,6 +245,219 @@ TEST_F(Kv, TheZeroPageLiesUnderUnusedSlotsThroughSleepWakeAndTrim) {
   pool.destroy();
   EXPECT_EQ(stat("kv_bytes.current"), 0);
   expect_books();
+}
+
+// ---- spill, unspill and their faults -------------------------------------------------------------
+
+/// The simulated device, counting each handle's releases: a second release of one is counted (and
+/// refused by the device), so that a test can require that every page is released exactly once.
+class ReleaseCountingSim : public SimBackend {
+ public:
+  using SimBackend::SimBackend;
+  void release_physical(int device, phys_handle_t handle) override {
+    {
+      std::lock_guard lock(mu_);
+      if (released_.count(handle) != 0) ++double_releases_;
+    }
+    SimBackend::release_physical(device, handle);  // (a refused or failed release is not one)
+    std::lock_guard lock(mu_);
+    released_.insert(handle);
+  }
+  std::size_t double_releases() {
+    std::lock_guard lock(mu_);
+    return double_releases_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::set<phys_handle_t> released_;
+  std::size_t double_releases_ = 0;
+};
+
+/// A spillable pool of two buffers with three live blocks over three pages (each block's bytes a
+/// pattern of its own), on a fresh device whose faults the test arms.
+struct SpillRig {
+  std::shared_ptr<ReleaseCountingSim> sim;
+  std::unique_ptr<Allocator> alloc;
+  std::unique_ptr<KvPool> pool;
+  std::vector<std::int64_t> ids;
+  static constexpr std::size_t kBlock = 768 * 1024;  // blocks straddle the 1 MiB pages
+  static constexpr std::size_t kPages = 3 * 2 * MiB;  // three blocks: three pages, two buffers
+  SpillRig() {
+    SimBackend::Options o;
+    o.capacity = 32 * MiB;
+    o.granularity = MiB;  // (small pages: a run is quick)
+    sim = std::make_shared<ReleaseCountingSim>(o);
+    alloc = std::make_unique<Allocator>(Config::parse("backend:sim,expandable_segments:True,kv_page_mb:1"), sim);
+    pool = std::make_unique<KvPool>(*alloc, 0, 2, kBlock, 8, "kv-s", Allocator::kRegionSpill);
+    ids = pool->alloc(3);
+    for (int b = 0; b < 2; ++b)
+      for (std::int64_t id : ids) std::memset(at(b, id), static_cast<int>(0x20 + 8 * b + id), kBlock);
+  }
+  [[nodiscard]] unsigned char* at(int b, std::int64_t id) const {
+    return static_cast<unsigned char*>(pool->buffer(b)) + static_cast<std::size_t>(id) * kBlock;
+  }
+  [[nodiscard]] bool intact() const {
+    for (int b = 0; b < 2; ++b)
+      for (std::int64_t id : ids) {
+        const unsigned char* p = at(b, id);
+        const auto want = static_cast<unsigned char>(0x20 + 8 * b + id);
+        for (std::size_t i = 0; i < kBlock; i += 4096)
+          if (p[i] != want) return false;
+        if (p[kBlock - 1] != want) return false;
+      }
+    return true;
+  }
+  [[nodiscard]] std::int64_t stat(const char* key) const { return *alloc->stat(0, key); }
+  /// Faults cleared, and what an undo left for a retry retried, without moving the pool's pages:
+  /// a stray scratch mapping (the next map retries it: a block's page mapped), a handle whose
+  /// release failed (stitch_trim retries it, and gives that page back).
+  void settle() {
+    sim->clear_faults();
+    alloc->deallocate(alloc->allocate(MiB));
+    alloc->trim(0, 0);
+  }
+  /// Every statistic against the device (settled): reserved memory is what the device holds,
+  /// spilled memory the host pages it holds, and each of the pool's pages is counted once, where
+  /// it is; every byte at its address.
+  void expect_books(const std::string& where) {
+    SCOPED_TRACE(where);
+    settle();
+    EXPECT_NO_THROW(alloc->validate());
+    EXPECT_EQ(stat("reserved_bytes.all.current"), static_cast<std::int64_t>(sim->usage(0).used));
+    EXPECT_EQ(stat("spilled_bytes.current"), static_cast<std::int64_t>(sim->usage(0).host_pages));
+    EXPECT_EQ(stat("kv_bytes.current") + stat("spilled_bytes.current"), static_cast<std::int64_t>(kPages))
+        << "three pages in each of two buffers, on the device or the host";
+    EXPECT_TRUE(intact());
+  }
+  /// Everything back, freed and given back: the device holds nothing, no page was released twice.
+  void expect_nothing_left(const std::string& where) {
+    SCOPED_TRACE(where);
+    sim->clear_faults();
+    EXPECT_NO_THROW(alloc->unspill(0));
+    EXPECT_EQ(stat("spilled_bytes.current"), 0);
+    EXPECT_TRUE(intact());
+    pool->free(ids.data(), ids.size());
+    pool->destroy();
+    alloc->empty_cache();
+    EXPECT_NO_THROW(alloc->validate());
+    const SimUsage u = sim->usage(0);
+    EXPECT_EQ(u.physical_handles, 0u);
+    EXPECT_EQ(u.host_pages, 0u);
+    EXPECT_EQ(u.used, 0u);
+    EXPECT_EQ(sim->double_releases(), 0u) << "a page was released twice";
+  }
+};
+
+/// Runs `op` with faults armed; a failure must be an error of stitch's (out of memory included),
+/// never anything else. True when it succeeded.
+template <class Op>
+bool survives(Op&& op) {
+  try {
+    op();
+    return true;
+  } catch (const error&) {
+    return false;
+  } catch (const out_of_memory&) {
+    return false;
+  }
+}
+
+TEST(KvSpillFaults, AFaultAtEveryCallOfSpillAndUnspillKeepsEveryByteAndTheBooks) {
+  // Every call kind the spill and the unspill of a pool make (create host pages, reserve the
+  // scratch range, map and set access, copy, sync, unmap, release, release the scratch; create
+  // device pages on the way back), every position, out of memory and error: each byte stays at
+  // its address, the statistics match the device, each page is released exactly once.
+  std::size_t fired = 0, runs = 0;
+  for (int kind = 0; kind < static_cast<int>(SimCall::count_); ++kind)
+    for (SimFault fault : {SimFault::error, SimFault::out_of_memory})
+      for (std::uint64_t nth = 1;; ++nth) {
+        const std::string where = std::string(to_string(static_cast<SimCall>(kind))) + " #" + std::to_string(nth) +
+                                  (fault == SimFault::error ? " error" : " out of memory");
+        SpillRig r;
+        ++runs;
+        r.sim->inject_fault(static_cast<SimCall>(kind), nth, fault);
+        const std::uint64_t before = r.sim->faults_fired();
+        if (survives([&] { (void)r.alloc->spill(0, "kv-s"); })) {
+          EXPECT_EQ(r.stat("spilled_bytes.current"), static_cast<std::int64_t>(SpillRig::kPages)) << where;
+          const bool back = survives([&] { r.alloc->unspill(0, "kv-s"); });
+          if (back) EXPECT_EQ(r.stat("spilled_bytes.current"), 0) << where;
+        } else {
+          EXPECT_EQ(r.stat("spilled_bytes.current"), 0) << where << ": a spill that failed moved nothing";
+        }
+        EXPECT_TRUE(r.intact()) << where;
+        const bool hit = r.sim->faults_fired() > before;
+        r.expect_books(where);
+        r.expect_nothing_left(where);
+        if (::testing::Test::HasFailure()) return;
+        if (!hit) break;
+        ++fired;
+      }
+  EXPECT_GT(fired, 40u) << "the faults must hit the spill's and the unspill's calls";
+  std::printf("KV spill and unspill: %zu runs, %zu faults fired\n", runs, fired);
+}
+
+TEST(KvSpillFaults, AnUndoThatFailsTooLeavesEachSlotWhereItsDataIs) {
+  // Two faults, in a spill or in an unspill: the move fails, and so may the undo of a slot
+  // already moved (its remap back, or the page made for it). No page is released while mapped
+  // or released twice; a slot that could not go back stays where its data is, usable at its
+  // address, and is counted there.
+  const SimCall kinds[] = {SimCall::map, SimCall::copy, SimCall::create_physical, SimCall::create_host_physical,
+                           SimCall::unmap};
+  std::size_t runs = 0;
+  for (const bool in_unspill : {false, true})
+    for (SimCall first : kinds)
+      for (SimCall second : kinds)
+        for (std::uint64_t a = 1; a <= 4; ++a)
+          for (std::uint64_t b = 1; b <= 4; ++b) {
+            if (first == second && a == b) continue;
+            const std::string where = std::string(in_unspill ? "unspill: " : "spill: ") + to_string(first) + " #" +
+                                      std::to_string(a) + " and " + to_string(second) + " #" + std::to_string(b);
+            SpillRig r;
+            if (in_unspill) (void)r.alloc->spill(0, "kv-s");
+            r.sim->inject_fault(first, a, SimFault::error);
+            r.sim->inject_fault(second, b, SimFault::error);
+            if (in_unspill) {
+              (void)survives([&] { r.alloc->unspill(0, "kv-s"); });
+            } else {
+              (void)survives([&] { (void)r.alloc->spill(0, "kv-s"); });
+            }
+            r.expect_books(where);
+            r.expect_nothing_left(where);
+            ++runs;
+            if (::testing::Test::HasFailure()) return;
+          }
+  EXPECT_GT(runs, 700u);
+  std::printf("KV spill and unspill, two faults: %zu runs\n", runs);
+}
+
+TEST(KvSpillFaults, AFailedCreateLeavesTheTagAsItWas) {
+  SimBackend::Options o;
+  o.capacity = 64 * MiB;
+  auto sim = std::make_shared<SimBackend>(o);
+  Allocator alloc(Config::parse("backend:sim,expandable_segments:True"), sim);
+  sim->inject_fault(SimCall::reserve, 2, SimFault::error);  // the second buffer's range
+  EXPECT_THROW(KvPool(alloc, 0, 2, 2 * MiB, 8, "kv-late", Allocator::kRegionSpill), backend_error);
+  // The tag's memory, allocated in a region without STITCH_REGION_SPILL, may not spill.
+  void* block = nullptr;
+  {
+    Allocator::Region region(alloc, "kv-late");
+    block = alloc.allocate(4 * MiB);
+  }
+  try {
+    (void)alloc.spill(0, "kv-late");
+    ADD_FAILURE() << "the failed create left the tag spillable";
+  } catch (const error& e) {
+    EXPECT_NE(std::string(e.what()).find("kv-late"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(*alloc.stat(0, "spilled_bytes.current"), 0);
+  alloc.deallocate(block);
+  // Made for real, it is spillable.
+  KvPool pool(alloc, 0, 2, 2 * MiB, 8, "kv-late", Allocator::kRegionSpill);
+  std::vector<std::int64_t> ids = pool.alloc(1);
+  EXPECT_EQ(alloc.spill(0, "kv-late"), 2 * 2 * MiB);
+  alloc.unspill(0);
+  pool.free(ids.data(), ids.size());
 }
 
 TEST(KvNoVmm, APoolNeedsTheVirtualMemoryApi) {

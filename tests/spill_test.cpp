@@ -5,7 +5,8 @@
 // stitch_spill and stitch_unspill move exactly what they say, all or nothing, and fail clearly;
 // frees give host pages back at once, empty_cache and stitch_unspill bring the rest back; the
 // host budget (sim_host_mb, spill_limit_mb) runs out without losing a byte; a fault at every new
-// call site leaves every block with its data at its address; sleep and wake of a spilled tag.
+// call site leaves every block with its data at its address; sleep and wake of a spilled tag;
+// under spill:all, memory whose streams got work after the rung's synchronization stays.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
 #include "stitch/sim_backend.hpp"
+#include "stitch/snapshot.hpp"
 #include "support/data_pattern.hpp"
 
 namespace stitch {
@@ -496,6 +498,57 @@ TEST(SpillReport, TheOutOfMemoryReportJudgesTheDeviceByWhatLivesOnIt) {
   for (void* p : cold) alloc.deallocate(p);
   alloc.validate();
   EXPECT_EQ(stat("spilled_bytes.current"), 0);
+}
+
+TEST_P(Spill, AllMovesOnlyMemoryWhoseStreamsShowNoWorkSinceTheSync) {
+  // What spill:all guarantees when another host thread keeps launching work (docs/spill.md,
+  // "When spill:all is safe"): after the rung's device synchronization a range moves only when
+  // every stream its blocks use shows no work queued since (an event recorded there completes at
+  // once). Stream B stands for another thread's stream, held busy; the requests come on stream A.
+  make("spill:all");
+  void* const a_stream = reinterpret_cast<void*>(0x10);
+  void* const b_stream = reinterpret_cast<void*>(0x20);
+  auto on = [&](std::size_t size, void* stream) -> Live {
+    void* p = nullptr;
+    try {
+      p = alloc->allocate(size, stream);
+    } catch (const out_of_memory&) {
+    }
+    Live l{p, size, ++seed};
+    if (p != nullptr) write_pattern(p, size, l.seed);
+    return l;
+  };
+  auto spilled_on = [&](void* stream) {
+    std::size_t n = 0;
+    for (const SegmentSnapshot& seg : alloc->snapshot().segments)
+      if (seg.stream == reinterpret_cast<std::uintptr_t>(stream)) n += seg.spilled_bytes;
+    return n;
+  };
+  std::vector<Live> live{on(100 * MiB, b_stream), on(100 * MiB, a_stream)};  // B's range is the older
+  ASSERT_NE(live[0].ptr, nullptr);
+  ASSERT_NE(live[1].ptr, nullptr);
+  sim->hold_stream(b_stream);  // another thread's kernels on B, queued after any synchronization
+  // A request on A that moving A's own memory serves: B's memory, the oldest, stays.
+  live.push_back(on(100 * MiB, a_stream));
+  ASSERT_NE(live.back().ptr, nullptr) << "A's memory was idle and could move";
+  EXPECT_EQ(spilled_on(b_stream), 0u) << "memory of a stream with new work moved";
+  EXPECT_GT(spilled_on(a_stream), 0u) << "A's own memory made the room";
+  expect_intact(live);
+  expect_books();
+  // A request only B's memory could serve fails while B has work, and B's memory stays.
+  Live big = on(200 * MiB, a_stream);
+  EXPECT_EQ(big.ptr, nullptr);
+  EXPECT_EQ(spilled_on(b_stream), 0u);
+  expect_intact(live);
+  // B's work done: its memory is idle and moves.
+  sim->release_stream(b_stream);
+  big = on(200 * MiB, a_stream);
+  ASSERT_NE(big.ptr, nullptr) << "B's memory was idle and could move";
+  EXPECT_GT(spilled_on(b_stream), 0u);
+  live.push_back(big);
+  expect_intact(live);
+  expect_books();
+  for (const Live& l : live) alloc->deallocate(l.ptr);
 }
 
 TEST_P(Spill, ConfigurationSaysWhatSpillNeeds) {

@@ -69,6 +69,10 @@ class STITCH_EXPORT Allocator {
   /// As deallocate(), also checking that `bytes` is the size requested and `device` the device
   /// the pointer was allocated on (PyTorch's free hook passes both).
   void deallocate(void* ptr, std::size_t bytes, int device, stream_t stream);
+  /// Counts num_failed_frees on the device of the live block at `ptr`: a free of it failed where
+  /// nothing may throw (a destructor) and the caller leaks the block. False (nothing counted)
+  /// where no live block starts at `ptr` or the allocator refuses (a forked child). Never throws.
+  bool count_failed_free(void* ptr) noexcept;
   /// Marks `ptr` as used on `stream`: after it is freed, the block is reused only once the work
   /// queued on `stream` up to the free has completed.
   void record_stream(void* ptr, stream_t stream);
@@ -84,9 +88,12 @@ class STITCH_EXPORT Allocator {
   /// (or in this one): the block's pages are shared, not copied. From now until it is freed the
   /// block is pinned (compaction never moves it, sleep refuses its tag). The exporter must keep
   /// it allocated until every importer has closed it. Throws invalid_argument when `ptr` does not
-  /// start a live block, backend_error where its memory cannot be shared (the back end cannot:
-  /// backend:cuda does not yet).
-  [[nodiscard]] std::string export_block(void* ptr);
+  /// start a live block, or when the handle would take `max_chars` characters or more (then the
+  /// block is not pinned), backend_error where its memory cannot be shared.
+  [[nodiscard]] std::string export_block(void* ptr, std::size_t max_chars = SIZE_MAX);
+  /// The most characters export_block's handle for `ptr` can take: a size query that pins nothing
+  /// and exports nothing. Throws as export_block does for a pointer that starts no live block.
+  [[nodiscard]] std::size_t export_size(void* ptr);
   /// Maps the block `handle` names on `device` of this process; returns its address here.
   /// Throws invalid_argument for a malformed handle, backend_error when the memory cannot be
   /// mapped (the exporter ended, another back end wrote the handle).
@@ -286,6 +293,7 @@ class STITCH_EXPORT Allocator {
     int device;
     void* base;
     std::size_t bytes;
+    std::size_t opens;  ///< imports at this address (a legacy CUDA handle opened again maps there)
   };
   std::mutex imports_mutex_;                 ///< guards imports_
   std::map<void*, Imported> imports_;        ///< import_block() results: address -> mapping

@@ -150,6 +150,10 @@ class STITCH_EXPORT Backend {
   /// default it throws backend_error (this back end cannot share memory).
   [[nodiscard]] virtual std::string export_memory(int device, const void* va, std::size_t bytes,
                                                   std::size_t* offset);
+  /// The most characters export_memory's text for the same memory can take, and `*offset` as it
+  /// would set it, without exporting anything (no descriptor, no driver handle): a size query.
+  /// Fails where export_memory would fail to find the memory. By default it throws backend_error.
+  [[nodiscard]] virtual std::size_t export_size(int device, const void* va, std::size_t bytes, std::size_t* offset);
   /// Maps the memory `handle` names on `device` at a new address; returns it, its size in
   /// `*bytes`. Throws backend_error for a malformed or stale handle (the exporter ended) or one of
   /// another back end.

@@ -142,6 +142,8 @@ class STITCH_EXPORT SimBackend : public Backend {
   /// of the same user.
   [[nodiscard]] std::string export_memory(int device, const void* va, std::size_t bytes,
                                           std::size_t* offset) override;
+  /// The text export_memory writes, measured (on the simulated device writing it exports nothing).
+  [[nodiscard]] std::size_t export_size(int device, const void* va, std::size_t bytes, std::size_t* offset) override;
   [[nodiscard]] void* import_memory(int device, const std::string& handle, std::size_t* bytes) override;
   void close_imported(int device, void* va, std::size_t bytes) override;
 

@@ -66,6 +66,9 @@ struct STITCH_EXPORT DeviceStats {
   std::int64_t num_device_alloc = 0;      ///< device allocations (segments and page maps)
   std::int64_t num_device_free = 0;       ///< device frees (segments and page unmaps)
   std::int64_t num_invalid_frees = 0;     ///< rejected frees (unknown pointer, double free, ...)
+  std::int64_t num_failed_frees = 0;      ///< frees of live blocks that failed with an error where
+                                          ///< nothing may throw (PyTorch's DataPtr deleter and
+                                          ///< raw_delete): warned about, the block leaked
   std::int64_t num_stitches = 0;          ///< stitched ranges made (stitching:True; each is one
                                           ///< reserve, one unmap per source run, one map per page)
   std::int64_t stitched_bytes = 0;        ///< bytes of the stitched ranges made, summed

@@ -187,8 +187,10 @@ STITCH_API int stitch_device_count(void);
  * and stitching by file descriptor or fabric handle (ipc:True, the default; a descriptor import
  * needs pidfd_getfd rights over the exporter) and cudaMalloc'd segments by legacy IPC handle
  * (opened in another process only). */
-/* Writes a NUL-terminated text handle for the block at ptr; returns its length (0 on error;
-   a cap too small fails and says the length needed). */
+/* Writes a NUL-terminated text handle for the block at ptr; returns its length (0 on error).
+   With buf NULL or cap 0 (the size query) it returns the bytes a buffer needs, NUL included (an
+   upper bound), and pins and exports nothing. A cap below that fails, saying the bytes needed,
+   before anything is pinned or exported. */
 STITCH_API size_t stitch_ipc_export(void* ptr, char* buf, size_t cap);
 /* Maps the block a handle names on `device`; returns its address here (NULL on error). */
 STITCH_API void* stitch_ipc_import(const char* handle, int device);

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
@@ -20,6 +21,20 @@
 
 namespace stitch {
 
+namespace {
+/// spill:all's rule, named on stderr once per process when an allocator takes the setting (at
+/// its construction or a configure()): the automatic spill moves live memory of any stream.
+void name_spill_rule(const Config& config) {
+  static std::atomic<bool> named{false};
+  if (config.spill != Config::Spill::all || named.exchange(true)) return;
+  std::fprintf(stderr,
+               "stitch: spill:all moves live memory of any stream to host pages when a request would "
+               "fail, once the device is synchronized and its streams show no new work; it relies on no "
+               "other host thread launching work on stitch memory while an allocation runs "
+               "(docs/spill.md, \"When spill:all is safe\")\n");
+}
+}  // namespace
+
 Allocator::Allocator(const Config& config) : Allocator(config, make_backend(config)) {}
 
 Allocator::Allocator(const Config& config, std::shared_ptr<Backend> backend)
@@ -33,6 +48,7 @@ Allocator::Allocator(const Config& config, std::shared_ptr<Backend> backend)
     devices_[static_cast<std::size_t>(d)] = std::make_unique<DeviceAllocator>(d, *backend_, config_);
     devices_[static_cast<std::size_t>(d)]->set_owner(this);
   }
+  name_spill_rule(config_);
 }
 
 Allocator::~Allocator() = default;
@@ -76,6 +92,17 @@ void Allocator::reject_free(DeviceAllocator& counter, std::string message) const
 }
 
 void Allocator::deallocate(void* ptr) { free_any_device(ptr, nullptr); }
+
+bool Allocator::count_failed_free(void* ptr) noexcept {
+  try {
+    const std::optional<BlockInfo> info = find(ptr);
+    if (!info) return false;
+    checked_device(info->device).reports().count_failed_free();
+    return true;
+  } catch (...) {  // (a forked child's allocator refuses: nothing to count in)
+    return false;
+  }
+}
 
 void Allocator::deallocate(void* ptr, stream_t stream) { free_any_device(ptr, &stream); }
 
@@ -197,6 +224,7 @@ void Allocator::configure_locked(std::string_view conf) {
   for (int d = 0; d < device_count_; ++d)
     devices_[static_cast<std::size_t>(d)]->set_config(next, fraction_given);
   config_ = std::move(next);
+  name_spill_rule(config_);
 }
 
 DeviceStats Allocator::stats(int device) const { return checked_device(device).reports().stats(); }

@@ -14,38 +14,68 @@
 
 namespace stitch {
 
-std::string Allocator::export_block(void* ptr) {
-  const std::optional<BlockInfo> info = find(ptr);
+namespace {
+/// The live block `ptr` starts, for export_block and export_size.
+BlockInfo exported_block(const std::optional<BlockInfo>& info, void* ptr) {
   if (!info)
     throw invalid_argument(fmt::format("export of {}: not the start of a live allocation of stitch's",
                                        fmt::ptr(ptr)));
+  return *info;
+}
+}  // namespace
+
+std::string Allocator::export_block(void* ptr, std::size_t max_chars) {
+  const BlockInfo info = exported_block(find(ptr), ptr);
   std::size_t offset = 0;
-  std::string shared = backend_->export_memory(info->device, ptr, info->size, &offset);
-  if (!checked_device(info->device).pin(ptr, true))
+  std::string shared = backend_->export_memory(info.device, ptr, info.size, &offset);
+  std::string handle = ipc::format({info.device, offset, info.requested, std::move(shared)});
+  // The length is checked before the pin: a handle that does not fit leaves the block free to move.
+  if (handle.size() >= max_chars)
+    throw invalid_argument(fmt::format("export of {}: the handle needs {} bytes (with its NUL), the buffer has {}",
+                                       fmt::ptr(ptr), handle.size() + 1, max_chars));
+  if (!checked_device(info.device).pin(ptr, true))
     throw invalid_argument(fmt::format("export of {}: the block was freed meanwhile", fmt::ptr(ptr)));
-  return ipc::format({info->device, offset, info->requested, std::move(shared)});
+  return handle;
+}
+
+std::size_t Allocator::export_size(void* ptr) {
+  const BlockInfo info = exported_block(find(ptr), ptr);
+  std::size_t offset = 0;
+  const std::size_t shared = backend_->export_size(info.device, ptr, info.size, &offset);
+  return ipc::format({info.device, offset, info.requested, std::string()}).size() + shared;
 }
 
 void* Allocator::import_block(std::string_view handle, int device) {
   checked_device(device);
-  const std::string text(handle);
-  const std::optional<ipc::BlockHandle> h = ipc::parse(text);
-  if (!h) throw invalid_argument(fmt::format("import of '{}': not a handle stitch_ipc_export wrote", text.substr(0, 80)));
-  const std::size_t offset = h->offset, size = h->size;
+  const std::string text(handle.substr(0, 80));
+  std::string why;
+  const std::optional<ipc::BlockHandle> h = ipc::parse(handle, &why);
+  if (!h) throw invalid_argument(fmt::format("import of '{}': not a handle stitch_ipc_export wrote: {}", text, why));
   std::size_t bytes = 0;
   void* base = backend_->import_memory(device, h->share, &bytes);
-  if (offset + size > bytes) {
+  // Hostile input: the block must lie within what the back end mapped, computed without wrapping.
+  auto refuse = [&](const std::string& reason) {
     backend_->close_imported(device, base, bytes);
-    throw invalid_argument(fmt::format("import of '{}': the block lies outside the shared memory", text.substr(0, 80)));
-  }
-  void* ptr = static_cast<char*>(base) + offset;
+    throw invalid_argument(fmt::format("import of '{}': {}", text, reason));
+  };
+  if (!ipc::lies_within(h->offset, h->size, bytes))
+    refuse(fmt::format("the block ({} bytes at offset {}) lies outside the {} bytes shared", h->size, h->offset, bytes));
+  void* ptr = static_cast<char*>(base) + h->offset;
+  bool clash = false;
   try {
     std::lock_guard lock(imports_mutex_);
-    imports_.emplace(ptr, Imported{device, base, bytes});
+    auto [it, fresh] = imports_.try_emplace(ptr, Imported{device, base, bytes, 1});
+    if (!fresh) {
+      // The same memory mapped at the same address again (the driver counts a legacy handle's
+      // opens): each import needs its own close.
+      clash = it->second.device != device || it->second.base != base || it->second.bytes != bytes;
+      if (!clash) ++it->second.opens;
+    }
   } catch (...) {
     backend_->close_imported(device, base, bytes);
     throw;
   }
+  if (clash) refuse("the back end mapped it over another import");
   return ptr;
 }
 
@@ -58,7 +88,7 @@ void Allocator::close_block(void* ptr) {
       throw invalid_argument(fmt::format("close of {}: not a block import_block returned (or closed already)",
                                          fmt::ptr(ptr)));
     found = it->second;
-    imports_.erase(it);
+    if (--it->second.opens == 0) imports_.erase(it);
   }
   backend_->close_imported(found.device, found.base, found.bytes);
 }

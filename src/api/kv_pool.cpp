@@ -21,10 +21,17 @@ KvPool::KvPool(Allocator& allocator, int device, int buffers, std::size_t block_
   DeviceAllocator& d = allocator.checked_device(device);
   const std::uint16_t id = allocator.tag_id(tag, true);
   const std::string name = allocator.tag_name(id);
-  for (int k = 0; k < allocator.device_count(); ++k)
-    allocator.device(k).residency().name_tag(id, name, (flags & Allocator::kRegionSpill) != 0);
-  id_ = d.kv().create(buffers, block_bytes, max_blocks, id, name, (flags & Allocator::kRegionBackup) != 0,
-                      (flags & Allocator::kRegionSpill) != 0);
+  const bool spill = (flags & Allocator::kRegionSpill) != 0;
+  for (int k = 0; k < allocator.device_count(); ++k) allocator.device(k).residency().name_tag(id, name);
+  id_ = d.kv().create(buffers, block_bytes, max_blocks, id, name, (flags & Allocator::kRegionBackup) != 0, spill);
+  // The tag becomes spillable only once the pool exists: a create that failed leaves it as it was.
+  if (!spill) return;
+  try {
+    for (int k = 0; k < allocator.device_count(); ++k) allocator.device(k).residency().name_tag(id, name, true);
+  } catch (...) {
+    d.kv().destroy(id_);
+    throw;
+  }
 }
 
 KvPool::~KvPool() {

@@ -59,6 +59,10 @@ std::string Backend::export_memory(int device, const void*, std::size_t, std::si
   not_implemented(*this, "export_memory (memory other processes map)", device);
 }
 
+std::size_t Backend::export_size(int device, const void*, std::size_t, std::size_t*) {
+  not_implemented(*this, "export_size (memory other processes map)", device);
+}
+
 void* Backend::import_memory(int device, const std::string&, std::size_t*) {
   not_implemented(*this, "import_memory (memory another process exported)", device);
 }

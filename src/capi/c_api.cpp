@@ -408,11 +408,15 @@ size_t stitch_config(char* buf, size_t cap) {
 size_t stitch_ipc_export(void* ptr, char* buf, size_t cap) {
   if (buf != nullptr && cap > 0) buf[0] = '\0';
   return guarded([&]() -> size_t {
-    const std::string handle = allocator().export_block(ptr);
-    if (buf == nullptr || cap <= handle.size())
-      throw stitch::invalid_argument("stitch_ipc_export: the handle needs " + std::to_string(handle.size() + 1) +
-                                     " bytes (with its NUL), the buffer has " + std::to_string(buf == nullptr ? 0 : cap));
-    return copy_out(handle, buf, cap);
+    // The buffer is checked before anything is pinned or exported: the size query (no buffer)
+    // answers from the block's layout alone.
+    const size_t need = allocator().export_size(ptr) + 1;
+    if (buf == nullptr || cap == 0) return need;
+    if (cap < need)
+      throw stitch::invalid_argument("stitch_ipc_export: the handle needs up to " + std::to_string(need) +
+                                     " bytes (with its NUL), the buffer has " + std::to_string(cap) +
+                                     " (stitch_ipc_export(ptr, NULL, 0) says how many); nothing was exported");
+    return copy_out(allocator().export_block(ptr, cap), buf, cap);
   }, size_t{0});
 }
 

@@ -5,10 +5,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <exception>
 #include <mutex>
 
 #include "core/device_allocator.hpp"
 #include "core/constants.hpp"
+#include "core/undo.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch::detail {
@@ -59,7 +61,7 @@ int KvPools::create(int buffers, std::size_t block_bytes, std::size_t max_blocks
   k->reserve = d_.config_.kv_reserve;
   k->handle.assign(k->pages * static_cast<std::size_t>(buffers), 0);
   k->refs.assign(k->pages, 0);
-  k->on_host.assign(k->pages, 0);
+  k->on_host.assign(k->pages * static_cast<std::size_t>(buffers), 0);
   k->zeroed.assign(k->pages * static_cast<std::size_t>(buffers), 0);
   k->live.assign((max_blocks + 63) / 64, 0);
   try {
@@ -182,23 +184,27 @@ bool KvPools::map_page(KvPool& k, std::size_t p) {
 
 void KvPools::unmap_page(KvPool& k, std::size_t p) noexcept {
   const std::size_t nb = static_cast<std::size_t>(k.buffers);
+  const std::size_t hosts = k.hosted(p);
   for (std::size_t b = 0; b < nb; ++b) {
     phys_handle_t& h = k.handle[p * nb + b];
     if (h == 0) continue;
     d_.pages_.unmap_or_stray(k.base[b] + p * k.page, k.page);
     d_.pages_.release_or_orphan(h);
     h = 0;
+    k.on_host[p * nb + b] = 0;
     if (k.zero) k.zeroed[p * nb + b] = map_zero(k, p, b) ? 1 : 0;  // (unmapped if that fails)
   }
   ++k.unmaps;
-  if (k.on_host[p] != 0) {  // a spilled page: host memory, not the device's
-    k.on_host[p] = 0;
+  char* at = k.base[0] + p * k.page;
+  if (hosts != 0) {  // a spilled page: host memory, not the device's (but for slots an undo left)
     --k.host_pages;
-    d_.ledger_.host_unmapped(k.base[0] + p * k.page, k.page_set_bytes());
+    k.host_slots -= hosts;
+    d_.ledger_.host_unmapped(at, hosts * k.page);
+    if (hosts < nb) d_.ledger_.kv_unmapped(at, (nb - hosts) * k.page);
     return;
   }
   --k.mapped_pages;
-  d_.ledger_.kv_unmapped(k.base[0] + p * k.page, k.page_set_bytes());
+  d_.ledger_.kv_unmapped(at, k.page_set_bytes());
 }
 
 std::size_t KvPools::next_free(const KvPool& k, std::size_t from) noexcept {
@@ -502,12 +508,16 @@ void KvPools::drop_backup(KvPool& k) noexcept {
   k.saved.clear();
 }
 
-bool KvPools::move_page(KvPool& k, std::size_t p, bool to_host, const phys_handle_t* given) {
+bool KvPools::move_page(KvPool& k, std::size_t p, bool to_host, phys_handle_t* given) {
   const std::size_t nb = static_cast<std::size_t>(k.buffers);
-  if (!to_host && !d_.ledger_.fits(k.page_set_bytes())) return false;
-  std::size_t done = 0;
-  // Each buffer's page through the page mapper's remap (the old page kept until the new one holds
-  // the data), on a one-slot view of the buffer; a failure moves the buffers done back.
+  std::vector<std::size_t> todo;  // the buffers whose slot is not where it goes
+  for (std::size_t b = 0; b < nb; ++b)
+    if ((k.on_host[p * nb + b] != 0) != to_host) todo.push_back(b);
+  if (todo.empty()) return true;
+  if (!to_host && !d_.ledger_.fits(todo.size() * k.page)) return false;
+  const std::size_t before = k.hosted(p);
+  // Buffer b's slot through the page mapper's remap, on a one-slot view of the buffer, onto
+  // `fresh` (a host page) or, without it, a fresh device page.
   auto remap_one = [&](std::size_t b, const phys_handle_t* fresh) {
     Segment view;
     view.base = k.base[b];
@@ -519,97 +529,126 @@ bool KvPools::move_page(KvPool& k, std::size_t p, bool to_host, const phys_handl
     view.pages.set(p, 1, k.handle[p * nb + b]);
     if (!d_.pages_.remap(Mapping{&view, p, 1}, {SlotRun{p, 1}}, false, fresh)) return false;
     k.handle[p * nb + b] = view.pages.handle(p);
+    k.on_host[p * nb + b] = fresh != nullptr ? 1 : 0;
     return true;
   };
-  try {
-    for (; done < nb; ++done)
-      if (!remap_one(done, given != nullptr ? given + done : nullptr)) break;
-  } catch (...) {
-    for (std::size_t b = done; b-- > 0;) {
-      try {
-        (void)remap_one(b, nullptr);  // (back to the device: the pages just released)
-      } catch (...) {
-      }
-    }
-    throw;
-  }
-  if (done < nb) {
-    for (std::size_t b = done; b-- > 0;) {
+  // A slot moved goes back: onto a fresh device page (its host page released by that remap), or
+  // onto a host page made for it. If that fails too, it stays where its data is.
+  auto undo_one = [&](std::size_t b) noexcept {
+    if (to_host) {
       try {
         (void)remap_one(b, nullptr);
       } catch (...) {
       }
+      return;
     }
-    return false;
+    phys_handle_t h = 0;
+    try {
+      h = d_.pages_.create_host(k.page);
+      if (h != 0 && remap_one(b, &h)) return;
+    } catch (...) {
+    }
+    if (h != 0) d_.pages_.release_or_orphan(h);
+  };
+  std::vector<std::size_t> moved;
+  moved.reserve(todo.size());
+  std::exception_ptr error;
+  bool whole = true;
+  for (std::size_t b : todo) {
+    bool done = false;
+    try {
+      done = remap_one(b, to_host ? given + b : nullptr);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (!done) {
+      whole = false;
+      break;
+    }
+    if (to_host) given[b] = 0;  // the page table's now
+    moved.push_back(b);
   }
+  if (!whole)
+    for (std::size_t j = moved.size(); j-- > 0;) undo_one(moved[j]);
+  book_moved(k, p, before);
+  if (error) std::rethrow_exception(error);
+  return whole;
+}
+
+void KvPools::book_moved(KvPool& k, std::size_t p, std::size_t before) noexcept {
+  const std::size_t after = k.hosted(p);
+  if (after == before) return;
+  (before == 0 ? k.mapped_pages : k.host_pages) -= 1;
+  (after == 0 ? k.mapped_pages : k.host_pages) += 1;
+  k.host_slots = k.host_slots - before + after;
   char* at = k.base[0] + p * k.page;
-  if (to_host) {
-    k.on_host[p] = 1;
-    ++k.host_pages;
-    --k.mapped_pages;
-    d_.ledger_.kv_unmapped(at, k.page_set_bytes());
-    d_.ledger_.host_mapped(at, k.page_set_bytes());
+  if (after > before) {
+    d_.ledger_.kv_unmapped(at, (after - before) * k.page);
+    d_.ledger_.host_mapped(at, (after - before) * k.page);
   } else {
-    k.on_host[p] = 0;
-    --k.host_pages;
-    ++k.mapped_pages;
-    d_.ledger_.host_unmapped(at, k.page_set_bytes());
-    d_.ledger_.kv_mapped(at, k.page_set_bytes());
+    d_.ledger_.host_unmapped(at, (before - after) * k.page);
+    d_.ledger_.kv_mapped(at, (before - after) * k.page);
   }
-  return true;
 }
 
 std::size_t KvPools::spill(const std::vector<std::uint16_t>& tags, std::size_t room) {
-  std::vector<std::pair<KvPool*, std::size_t>> plan;
+  std::vector<std::pair<KvPool*, std::size_t>> plan;  // pages under live blocks with a device slot
+  std::size_t need = 0;
   for (auto& [id, k] : pools_) {
     if (!k->spill || k->asleep || std::find(tags.begin(), tags.end(), k->tag) == tags.end()) continue;
     const std::size_t host_granularity = d_.pages_.host_granularity();
     if (host_granularity == 0 || k->page % host_granularity != 0) continue;
-    for (std::size_t p = 0; p < k->pages; ++p)
-      if (k->refs[p] != 0 && k->on_host[p] == 0) plan.emplace_back(k.get(), p);
+    for (std::size_t p = 0; p < k->pages; ++p) {
+      const std::size_t device_slots = static_cast<std::size_t>(k->buffers) - k->hosted(p);
+      if (k->refs[p] == 0 || device_slots == 0) continue;
+      plan.emplace_back(k.get(), p);
+      need += device_slots * k->page;
+    }
   }
   if (plan.empty()) return 0;
-  std::size_t need = 0;
-  for (const auto& [k, p] : plan) need += k->page_set_bytes();
   if (need > room)
     throw out_of_memory(fmt::format("spill: device {}: the KV pools' {} bytes would pass spill_limit_mb ({} more "
                                     "allowed); nothing moved", d_.device_, need, room));
-  // 1. Every host page first.
+  // 1. Every host page first: one per buffer of each page (0 where the slot is on one already).
+  // Each page a move uses is zeroed here; whatever is left at the end is released, once.
   std::vector<phys_handle_t> host;
-  host.reserve(need / plan.front().first->page);
-  try {
-    for (const auto& [k, p] : plan)
-      for (int b = 0; b < k->buffers; ++b) {
-        const phys_handle_t h = d_.pages_.create_host(k->page);
-        if (h == 0)
-          throw out_of_memory(fmt::format("spill: device {}: the host cannot give {} bytes of host pages for the "
-                                          "KV pools; nothing moved", d_.device_, need));
-        host.push_back(h);
-      }
-  } catch (...) {
-    for (phys_handle_t h : host) d_.pages_.release_or_orphan(h);
-    throw;
+  Undo release_unused([&] {
+    for (phys_handle_t h : host)
+      if (h != 0) d_.pages_.release_or_orphan(h);
+  });
+  for (const auto& [k, p] : plan)
+    host.resize(host.size() + static_cast<std::size_t>(k->buffers), 0);
+  std::size_t at = 0;
+  for (const auto& [k, p] : plan) {
+    for (std::size_t b = 0; b < static_cast<std::size_t>(k->buffers); ++b, ++at) {
+      if (k->on_host[p * static_cast<std::size_t>(k->buffers) + b] != 0) continue;
+      host[at] = d_.pages_.create_host(k->page);
+      if (host[at] == 0)
+        throw out_of_memory(fmt::format("spill: device {}: the host cannot give {} bytes of host pages for the "
+                                        "KV pools; nothing moved", d_.device_, need));
+    }
   }
   // 2. The moves; a failure moves back the pages moved.
-  std::size_t done = 0, used = 0;
+  std::size_t done = 0;
+  at = 0;
   try {
     for (; done < plan.size(); ++done) {
       KvPool& k = *plan[done].first;
-      if (!move_page(k, plan[done].second, true, host.data() + used))
-        throw out_of_memory(fmt::format("spill: device {}: no address space for a remap's scratch range; "
-                                        "nothing moved", d_.device_));
-      used += static_cast<std::size_t>(k.buffers);
+      if (!move_page(k, plan[done].second, true, host.data() + at))
+        throw out_of_memory(fmt::format("spill: device {}: no room for a remap (address space for its scratch "
+                                        "range); nothing moved", d_.device_));
+      at += static_cast<std::size_t>(k.buffers);
     }
   } catch (...) {
-    for (std::size_t j = used; j < host.size(); ++j) d_.pages_.release_or_orphan(host[j]);
     for (std::size_t j = done; j-- > 0;) {
       try {
-        (void)move_page(*plan[j].first, plan[j].second, false, nullptr);
+        (void)move_page(*plan[j].first, plan[j].second, false, nullptr);  // (a slot that fails stays spilled)
       } catch (...) {
       }
     }
-    throw;
+    throw;  // release_unused gives back the host pages no move kept
   }
+  release_unused.done();
   return need;
 }
 
@@ -618,7 +657,7 @@ bool KvPools::unspill(const std::vector<std::uint16_t>& tags, bool all) {
   for (auto& [id, k] : pools_) {
     if (k->host_pages == 0 || (!all && std::find(tags.begin(), tags.end(), k->tag) == tags.end())) continue;
     for (std::size_t p = 0; p < k->pages && k->host_pages != 0; ++p) {
-      if (k->on_host[p] == 0) continue;
+      if (k->hosted(p) == 0) continue;
       if (!move_page(*k, p, false, nullptr)) {
         back = false;
         break;
@@ -633,7 +672,7 @@ std::size_t KvPools::spillable_bytes(const std::vector<std::uint16_t>& tags) con
   for (const auto& [id, k] : pools_) {
     if (!k->spill || k->asleep || std::find(tags.begin(), tags.end(), k->tag) == tags.end()) continue;
     for (std::size_t p = 0; p < k->pages; ++p)
-      if (k->refs[p] != 0 && k->on_host[p] == 0) n += k->page_set_bytes();
+      if (k->refs[p] != 0) n += (static_cast<std::size_t>(k->buffers) - k->hosted(p)) * k->page;
   }
   return n;
 }
@@ -641,13 +680,13 @@ std::size_t KvPools::spillable_bytes(const std::vector<std::uint16_t>& tags) con
 std::size_t KvPools::spilled_bytes(std::uint16_t tag) const noexcept {
   std::size_t n = 0;
   for (const auto& [id, k] : pools_)
-    if (tag == 0 || k->tag == tag) n += k->host_pages * k->page_set_bytes();
+    if (tag == 0 || k->tag == tag) n += k->host_slots * k->page;
   return n;
 }
 
 std::size_t KvPools::mapped_bytes() const noexcept {
   std::size_t n = zero_ != 0 ? zero_bytes_ : 0;  // the shared zero page, once
-  for (const auto& [id, k] : pools_) n += k->mapped_pages * k->page_set_bytes();
+  for (const auto& [id, k] : pools_) n += k->device_bytes();
   return n;
 }
 
@@ -662,10 +701,10 @@ std::vector<KvPoolInfo> KvPools::infos(const std::function<std::string(std::uint
     i.max_blocks = k->max_blocks;
     i.page = k->page;
     i.live_blocks = k->live_blocks;
-    i.mapped_bytes = k->mapped_pages * k->page_set_bytes();
+    i.mapped_bytes = k->device_bytes();
     i.used_bytes = k->used_pages * k->page_set_bytes();
     i.peak_bytes = k->peak_mapped_pages * k->page_set_bytes();
-    i.spilled_bytes = k->host_pages * k->page_set_bytes();
+    i.spilled_bytes = k->host_slots * k->page;
     i.reserve = k->reserve;
     i.limit = k->limit;
     i.maps = k->maps;
@@ -772,6 +811,7 @@ std::vector<int> KvPools::ids() {
 }
 
 void KvPools::validate() const {
+  const std::vector<phys_handle_t>& orphans = d_.pages_.orphans();
   for (const auto& entry : pools_) {
     const int id = entry.first;
     const std::unique_ptr<KvPool>& k = entry.second;
@@ -787,26 +827,29 @@ void KvPools::validate() const {
     }
     if (live != k->live_blocks) broken("live blocks miscounted");
     if (refs != k->refs) broken("page references disagree with the live blocks");
-    std::size_t mapped = 0, used = 0;
+    std::size_t mapped = 0, used = 0, hosted_pages = 0, hosted_slots = 0;
     for (std::size_t p = 0; p < k->pages; ++p) {
       const bool m = k->handle[p * static_cast<std::size_t>(k->buffers)] != 0;
       for (int b = 1; b < k->buffers; ++b)
         if ((k->handle[p * static_cast<std::size_t>(k->buffers) + static_cast<std::size_t>(b)] != 0) != m)
           broken("a page is mapped in some buffers only");
-      mapped += m && k->on_host[p] == 0 ? 1 : 0;
+      const std::size_t hosts = k->hosted(p);
+      mapped += m && hosts == 0 ? 1 : 0;
+      hosted_pages += hosts != 0 ? 1 : 0;
+      hosted_slots += hosts;
       used += k->refs[p] != 0 ? 1 : 0;
-      if (k->on_host[p] != 0 && !m) broken("a spilled page is unmapped");
+      if (hosts != 0 && !m) broken("a spilled page is unmapped");
       for (int b = 0; b < k->buffers; ++b) {
         const std::size_t i = p * static_cast<std::size_t>(k->buffers) + static_cast<std::size_t>(b);
         if (k->zeroed[i] != 0 && (k->handle[i] != 0 || zero_ == 0)) broken("the zero page lies under a page");
+        if (k->handle[i] != 0 && std::find(orphans.begin(), orphans.end(), k->handle[i]) != orphans.end())
+          broken("a page's handle is an orphan waiting for its release");
       }
       if (!k->asleep && k->refs[p] != 0 && !m) broken("a page under a live block is unmapped");
     }
     if (k->asleep && mapped != 0) broken("a sleeping pool maps pages");
     if (mapped != k->mapped_pages || used != k->used_pages) broken("pages miscounted");
-    std::size_t host = 0;
-    for (std::uint8_t h : k->on_host) host += h;
-    if (host != k->host_pages) broken("spilled pages miscounted");
+    if (hosted_pages != k->host_pages || hosted_slots != k->host_slots) broken("spilled pages miscounted");
   }
 }
 

@@ -44,13 +44,16 @@ struct KvPool {
   std::vector<char*> base;                 ///< [buffer]
   std::vector<phys_handle_t> handle;       ///< [page * buffers + buffer], 0: unmapped
   std::vector<std::uint32_t> refs;         ///< [page]: live blocks touching it
-  std::vector<std::uint8_t> on_host;       ///< [page]: spilled (host pages in every buffer)
+  /// [page * buffers + buffer]: the slot is a host page (spilled). A page's buffers move together;
+  /// only an undo that failed too leaves a page with some of them on each side.
+  std::vector<std::uint8_t> on_host;
   bool spill = false;                      ///< STITCH_REGION_SPILL: its pages may move to the host
   /// kv_zero_page: the device's shared read-only zero page is mapped under every slot without a
   /// page of its own ([page * buffers + buffer] says where it is).
   bool zero = false;
   std::vector<std::uint8_t> zeroed;
-  std::size_t host_pages = 0;              ///< pages spilled
+  std::size_t host_pages = 0;              ///< pages with a slot on a host page
+  std::size_t host_slots = 0;              ///< slots on host pages, over every buffer
   std::vector<std::uint64_t> live;         ///< bitmap of live blocks
   std::size_t live_blocks = 0, mapped_pages = 0, used_pages = 0;
   std::size_t peak_mapped_pages = 0;
@@ -75,6 +78,16 @@ struct KvPool {
   }
   /// Bytes of one page over every buffer.
   [[nodiscard]] std::size_t page_set_bytes() const noexcept { return page * static_cast<std::size_t>(buffers); }
+  /// Slots of page `p` on host pages.
+  [[nodiscard]] std::size_t hosted(std::size_t p) const noexcept {
+    std::size_t n = 0;
+    for (std::size_t b = 0; b < static_cast<std::size_t>(buffers); ++b) n += on_host[p * static_cast<std::size_t>(buffers) + b];
+    return n;
+  }
+  /// Bytes of device pages mapped (pages wholly on the device, and the device slots of the others).
+  [[nodiscard]] std::size_t device_bytes() const noexcept {
+    return (mapped_pages + host_pages) * page_set_bytes() - host_slots * page;
+  }
 };
 
 /// What a pool says about itself.
@@ -159,10 +172,16 @@ class KvPools {
   /// Unmaps page `p` in every buffer and releases its handles (an unmap that fails is filed as
   /// stray). Books it.
   void unmap_page(KvPool& k, std::size_t p) noexcept;
-  /// Remaps page `p` of every buffer onto host pages (`to_host`) or fresh device pages, with
-  /// `given` host handles (one per buffer) for a spill. All or nothing per page: false when the
-  /// device has no room (nothing changed); throws backend_error (nothing changed).
-  bool move_page(KvPool& k, std::size_t p, bool to_host, const phys_handle_t* given);
+  /// Remaps the slots of page `p` not yet there onto host pages (`to_host`: `given`, one per
+  /// buffer) or fresh device pages, each through PageMapper::remap (the old page released only
+  /// once the new one holds the data). All or nothing per page: false when the device has no room
+  /// or address space, backend_error on an error, the slots moved taken back either way. Each
+  /// given page it used is set to 0 in `given` (the page table's now, or released by the undo that
+  /// took it back); the others stay the caller's. A slot whose undo fails too stays where its data
+  /// is, usable at its address, and is booked there.
+  bool move_page(KvPool& k, std::size_t p, bool to_host, phys_handle_t* given);
+  /// Books page `p` after its slots moved: it had `before` slots on host pages.
+  void book_moved(KvPool& k, std::size_t p, std::size_t before) noexcept;
   /// Gives a sleep's host backup of `k` back.
   void drop_backup(KvPool& k) noexcept;
   /// Unmaps unused pages of `k` until at most `keep` bytes of unused pages stay.

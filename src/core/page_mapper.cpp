@@ -1,5 +1,5 @@
 // core/page_mapper.cpp — PageMapper: mapping pages all or nothing, the remap under live
-// addresses, and the retries of what an undo left behind.
+// addresses, and the retries of what an undo left behind (displaced old pages included).
 #include "core/page_mapper.hpp"
 
 #include <algorithm>
@@ -12,6 +12,14 @@
 #include "stitch/errors.hpp"
 
 namespace stitch::detail {
+
+namespace {
+std::string hex(const void* p) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%p", p);
+  return text;
+}
+}  // namespace
 
 PageMapper::~PageMapper() {
   for (const Stray& st : strays_) {
@@ -47,6 +55,25 @@ void PageMapper::synchronize_device(bool peers) {
   for (int d = 0; d < n; ++d) backend_.synchronize_device(d);
 }
 
+bool PageMapper::stream_idle(stream_t stream) noexcept {
+  event_t event = nullptr;
+  bool idle = false;
+  try {
+    event = backend_.create_event(device_);
+    backend_.record_event(device_, event, stream);
+    idle = backend_.query_event(device_, event);
+  } catch (...) {
+    idle = false;
+  }
+  if (event != nullptr) {
+    try {
+      backend_.destroy_event(device_, event);
+    } catch (...) {  // (an event lost to the process: nothing else depends on it)
+    }
+  }
+  return idle;
+}
+
 char* PageMapper::reserve(std::size_t bytes, std::size_t alignment) {
   return static_cast<char*>(backend_.reserve(device_, bytes, alignment));
 }
@@ -65,13 +92,32 @@ phys_handle_t PageMapper::create_host(std::size_t bytes) {
   return backend_.create_host_physical(device_, bytes);
 }
 
-void PageMapper::unmap(char* at, std::size_t bytes) { backend_.unmap(device_, at, bytes); }
+void PageMapper::unmap(char* at, std::size_t bytes) {
+  if (!place_displaced(at, bytes))
+    throw backend_error("unmapping " + std::to_string(bytes) + " bytes at " + hex(at) + ": pages a failed remap " +
+                        "left unmapped there could not be mapped back yet (kept, retried)");
+  backend_.unmap(device_, at, bytes);
+}
+
+bool PageMapper::place_displaced(char* at, std::size_t bytes) noexcept {
+  bool placed = true;
+  for (auto it = displaced_.begin(); it != displaced_.end();) {
+    if (map_back(it->va, it->bytes, it->handle)) {
+      it = displaced_.erase(it);
+      continue;
+    }
+    if (it->va < at + bytes && at < it->va + it->bytes) placed = false;
+    ++it;
+  }
+  return placed;
+}
 
 bool PageMapper::map(Segment& segment, std::size_t first, std::size_t count, std::size_t per) {
   STITCH_ASSERT(first + count <= segment.pages.slots() && per > 0,
                 "PageMapper::map: slots inside the range");
   segment.pages.make_room(first + count);
   char* const at = segment.base + first * segment.page;
+  place_displaced(nullptr, 0);
   unmap_strays_in(at, count * segment.page);  // a stray range may lie where these pages go
   const std::size_t whole = count / per * per;  // slots in handles of `per` slots
   // Every handle first, then one run: a map per handle and one access grant over them all.
@@ -102,6 +148,7 @@ bool PageMapper::map(Segment& segment, std::size_t first, std::size_t count, std
 bool PageMapper::map_pieces(char* at, const std::vector<MapPiece>& pieces) {
   std::size_t bytes = 0;
   for (const MapPiece& p : pieces) bytes += p.bytes;
+  place_displaced(nullptr, 0);
   unmap_strays_in(at, bytes);  // a stray range may lie where these pages go
   // One run: a map per piece, one access grant over them all (all or nothing).
   return pieces.empty() || backend_.map_run(device_, at, pieces.data(), pieces.size());
@@ -189,6 +236,7 @@ void PageMapper::unmap_strays_in(char* va, std::size_t bytes) {
 }
 
 void PageMapper::retry() noexcept {
+  place_displaced(nullptr, 0);
   for (auto it = strays_.begin(); it != strays_.end();) {
     try {
       backend_.unmap(device_, it->va, it->bytes);
@@ -209,6 +257,7 @@ void PageMapper::retry() noexcept {
   }
   for (auto it = lost_reservations_.begin(); it != lost_reservations_.end();) {
     try {
+      if (stray_within(it->first, it->second)) throw backend_error("a stray mapping lies inside");
       backend_.release_reservation(device_, it->first, it->second);
       it = lost_reservations_.erase(it);
     } catch (...) {
@@ -217,8 +266,16 @@ void PageMapper::retry() noexcept {
   }
 }
 
+bool PageMapper::stray_within(const char* va, std::size_t bytes) const noexcept {
+  for (const Stray& st : strays_)
+    if (st.va < va + bytes && va < st.va + st.bytes) return true;
+  return false;
+}
+
 void PageMapper::release_or_keep_reservation(char* va, std::size_t bytes) noexcept {
   try {
+    // A range still mapped inside (a stray: its unmap failed) cannot be released yet.
+    if (stray_within(va, bytes)) throw backend_error("a stray mapping lies inside");
     release_reservation(va, bytes);
   } catch (...) {  // kept: it blocks only its own addresses, and retry() releases it later
     try {
@@ -243,7 +300,13 @@ bool PageMapper::remap(const Mapping& m, const std::vector<SlotRun>& keep, bool 
   // Borrowed memory (mapped here a second time) is its lender's: its handle stays.
   const phys_handle_t old = s.borrowed_at(m.first) ? 0 : s.pages.handle(m.first);
   STITCH_ASSERT(!stage || given == nullptr, "PageMapper::remap: given pages are not staged");
+  // Displaced pages go back first; this mapping's own must be back before its data is read.
+  if (!place_displaced(s.base + m.first * page, m.count * page))
+    throw backend_error("remapping " + std::to_string(m.count * page) + " bytes at " + hex(s.base + m.first * page) +
+                        ": their old page, left unmapped by a remap that failed, cannot be mapped back yet (kept, "
+                        "retried); nothing changed");
   if (stage) return remap_through_host(m, keep, kept, old);
+  displaced_.reserve(displaced_.size() + 1);  // (throws std::bad_alloc: nothing changed)
   // 1-3: fresh pages, mapped at a scratch range, with the kept data copied there. Every step is
   // undone on a failure (the undos run in reverse order of their declaration).
   std::vector<MapPiece> fresh;
@@ -282,15 +345,17 @@ bool PageMapper::remap(const Mapping& m, const std::vector<SlotRun>& keep, bool 
   // not released) and in the fresh pages at the scratch range: on a failure the old handle is
   // mapped back, the undos release the rest, and the error is reported with nothing changed.
   if (std::string error = map_over(s, keep, fresh); !error.empty()) {
-    if (!map_back(s.base + m.first * page, m.count * page, original)) {
-      std::fprintf(stderr,
-                   "stitch: fatal: remapping %zu bytes at %p under live blocks failed (%s), and mapping "
-                   "their old page back failed too; the data is intact in device memory but cannot be "
-                   "put back at its address\n",
-                   m.count * page, static_cast<void*>(s.base + m.first * page), error.c_str());
-      std::abort();
-    }
+    char* const at = s.base + m.first * page;
     s.pages.set(m.first, m.count, original, original_piece);
+    if (!map_back(at, m.count * page, original) && !map_back(at, m.count * page, original)) {  // (tried twice)
+      // The old page still holds the data (it is never released before the fresh ones hold it):
+      // it stays the page table's, and goes back to its address at the page mapper's next call.
+      displaced_.push_back(Displaced{at, m.count * page, original});  // (room reserved above)
+      throw backend_error("remapping " + std::to_string(m.count * page) + " bytes under live blocks at " +
+                          hex(at) + " failed (" + error + "), and mapping their old page back failed too; the "
+                          "old page keeps the data and is mapped back at its address at the next page "
+                          "operation (until then the address is not mapped)");
+    }
     throw backend_error("remapping " + std::to_string(m.count * page) + " bytes under live blocks failed (" +
                         error + "); their old page was mapped back, nothing changed");
   }

@@ -52,6 +52,9 @@ class PageMapper {
   /// Waits for all work on the device and, with `peers`, on every device (which may reach this
   /// one's memory): before memory moves under live addresses.
   void synchronize_device(bool peers);
+  /// Whether `stream` has nothing queued that has not completed: an event recorded on it now is
+  /// complete at once (no wait). False on any backend error: nothing is known idle then.
+  [[nodiscard]] bool stream_idle(stream_t stream) noexcept;
 
   // ---- address ranges -----------------------------------------------------------------------------
   /// Reserves `bytes` of addresses, `alignment` aligned (granularity multiples); nullptr when no
@@ -107,9 +110,19 @@ class PageMapper {
   /// Releases a reservation of the page mapper's own (remap's scratch range); when that fails,
   /// keeps it for retry().
   void release_or_keep_reservation(char* va, std::size_t bytes) noexcept;
-  /// One more try for every stray range, orphaned handle and scratch reservation kept; what fails
-  /// again is kept for later.
+  /// One more try for every stray range, orphaned handle, scratch reservation and displaced page
+  /// kept; what fails again is kept for later.
   void retry() noexcept;
+  /// Maps displaced pages (a remap whose fresh pages and old page both failed to map) back at
+  /// their addresses; false when one overlapping [at, at + bytes) is still displaced. Every map,
+  /// unmap and remap of the page mapper tries first.
+  bool place_displaced(char* at, std::size_t bytes) noexcept;
+  /// Bytes of displaced pages: in the page tables, but not mapped at their addresses yet.
+  [[nodiscard]] std::size_t displaced_bytes() const noexcept {
+    std::size_t n = 0;
+    for (const Displaced& d : displaced_) n += d.bytes;
+    return n;
+  }
   [[nodiscard]] const std::vector<phys_handle_t>& orphans() const noexcept { return orphans_; }
 
   // ---- moving memory under live addresses ----------------------------------------------------------
@@ -124,10 +137,11 @@ class PageMapper {
   /// The caller has synchronized every stream that could touch the mapping, and no graph is being
   /// captured. All or nothing: false when the device is out of memory, backend_error on a backend
   /// error, nothing changed either way: the old handle is released only after the fresh pages hold
-  /// the data at its address, and if mapping them there fails the old handle is mapped back. Only
-  /// when that fails too (the data intact in device memory, but no way to put it at its address)
-  /// does the process abort, saying so. Afterwards the page table maps the kept slots one to a
-  /// handle, and the others not.
+  /// the data at its address, and if mapping them there fails the old handle is mapped back. When
+  /// that fails too, the old handle (which holds the data) stays in the page table, displaced: the
+  /// error says so, and the page mapper's next call maps it back at its address (place_displaced;
+  /// until then the addresses are not mapped). Afterwards the page table maps the kept slots one
+  /// to a handle, and the others not.
   /// With `stage` (the device has no room for the fresh pages while the old one lives), the kept
   /// data waits in host memory instead: copied out, the mapping unmapped (all or nothing up to
   /// here) and its handle released, fresh pages created and mapped, the data copied back. If the
@@ -159,9 +173,19 @@ class PageMapper {
   };
   /// A stray range was unmapped at last: its booking ends.
   void unmapped_stray(const Stray& s) noexcept;
+  /// Whether a stray range lies in [va, va + bytes) (a reservation there cannot go back yet).
+  [[nodiscard]] bool stray_within(const char* va, std::size_t bytes) const noexcept;
   std::vector<Stray> strays_;
   std::function<void(bool, const char*, std::size_t)> unbooked_;
   std::vector<std::pair<char*, std::size_t>> lost_reservations_;  ///< scratch ranges to release
+  /// Old pages a remap could not map back (the fresh ones failed too): the page table still names
+  /// them and they hold the data; mapped back at the next page operation.
+  struct Displaced {
+    char* va;
+    std::size_t bytes;
+    phys_handle_t handle;
+  };
+  std::vector<Displaced> displaced_;
 };
 
 }  // namespace stitch::detail

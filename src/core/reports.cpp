@@ -69,4 +69,9 @@ void Reports::count_invalid_free() {
   ++d_.stats_.num_invalid_frees;
 }
 
+void Reports::count_failed_free() {
+  std::lock_guard lock(d_.mutex_);
+  ++d_.stats_.num_failed_frees;
+}
+
 }  // namespace stitch::detail

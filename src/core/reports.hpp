@@ -39,6 +39,7 @@ class Reports {
   void reset_peak_stats();
   void reset_accumulated_stats();
   void count_invalid_free();
+  void count_failed_free();
 
  private:
   DeviceAllocator& d_;

@@ -281,6 +281,7 @@ Block* Residency::spill_for_request(const std::function<Block*()>& retry) {
   if (order.empty()) return nullptr;
   bool settled = false, moved = false;
   Block* block = nullptr;
+  std::vector<stream_t> busy;  // streams with work queued since the sync (docs/spill.md)
   for (Segment* s : order) {
     std::vector<Spiller::Move> moves = spiller_.moves(*s);
     for (Spiller::Move& m : moves) {
@@ -289,6 +290,7 @@ Block* Residency::spill_for_request(const std::function<Block*()>& retry) {
         settle_device(d_.config_.peer_access);
         settled = true;
       }
+      if (!spiller_.idle_since_sync(*s, busy)) break;  // another thread's work: the range stays
       try {
         spiller_.spill({std::move(m)});
       } catch (const std::exception&) {

@@ -13,6 +13,23 @@
 
 namespace stitch::detail {
 
+bool Spiller::idle_since_sync(const Segment& s, std::vector<stream_t>& busy) {
+  std::vector<stream_t> streams{s.stream};
+  for (const Block* b = s.head; b != nullptr; b = b->next) {
+    if (b->state == BlockState::free || b->state == BlockState::unmapped) continue;
+    for (stream_t u : b->stream_uses)
+      if (std::find(streams.begin(), streams.end(), u) == streams.end()) streams.push_back(u);
+  }
+  for (stream_t st : streams) {
+    if (std::find(busy.begin(), busy.end(), st) != busy.end()) return false;
+    if (!pages_.stream_idle(st)) {
+      busy.push_back(st);
+      return false;
+    }
+  }
+  return true;
+}
+
 std::size_t Spiller::host_granularity() {
   if (host_granularity_ == SIZE_MAX) host_granularity_ = pages_.host_granularity();
   return host_granularity_;

@@ -52,6 +52,12 @@ class Spiller {
   [[nodiscard]] static std::size_t host_bytes(const std::vector<Move>& plan) noexcept;
   /// Host bytes spill_limit_mb still allows (SIZE_MAX without a cap).
   [[nodiscard]] std::size_t room() const noexcept;
+  /// For the out-of-memory rung, after its device synchronization: whether every stream the
+  /// live blocks of `s` use (the range's own, and those record_stream added) has nothing queued
+  /// since (PageMapper::stream_idle, asked now: no wait). A stream with work means another host
+  /// thread launched on it meanwhile, so its memory is not provably idle and stays. `busy`
+  /// remembers the streams found busy during one rung.
+  [[nodiscard]] bool idle_since_sync(const Segment& s, std::vector<stream_t>& busy);
 
   /// Moves `plan` to host pages, all or nothing: every host page is made first (out_of_memory
   /// when the host or spill_limit_mb refuses, nothing changed); a backend error while moving

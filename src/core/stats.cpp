@@ -44,13 +44,14 @@ constexpr std::array<SingleKey, 5> kSingles{{
     {"spilled_bytes", &DeviceStats::spilled_bytes, Origin::stitch},
     {"kv_bytes", &DeviceStats::kv_bytes, Origin::stitch},
 }};
-constexpr std::array<ScalarKey, 21> kScalars{{
+constexpr std::array<ScalarKey, 22> kScalars{{
     {"num_alloc_retries", &DeviceStats::num_alloc_retries, Origin::torch},
     {"num_ooms", &DeviceStats::num_ooms, Origin::torch},
     {"num_sync_all_streams", &DeviceStats::num_sync_all_streams, Origin::torch},
     {"num_device_alloc", &DeviceStats::num_device_alloc, Origin::torch},
     {"num_device_free", &DeviceStats::num_device_free, Origin::torch},
     {"num_invalid_frees", &DeviceStats::num_invalid_frees, Origin::memory_stats},
+    {"num_failed_frees", &DeviceStats::num_failed_frees, Origin::stitch},
     {"num_stitches", &DeviceStats::num_stitches, Origin::stitch},
     {"stitched_bytes", &DeviceStats::stitched_bytes, Origin::stitch},
     {"num_page_reuses", &DeviceStats::num_page_reuses, Origin::stitch},

@@ -27,7 +27,6 @@
 #include "stitch/errors.hpp"
 #include "stitch/ipc_handle.hpp"
 #include "torch/convert.hpp"
-#include "torch/ipc_handles.hpp"
 #include "torch/pool_uses.hpp"
 #include "torch/trace_book.hpp"
 
@@ -61,19 +60,34 @@ Shared& shared() {
   return *s;
 }
 
-/// The DataPtr deleter: frees through the process's allocator (with the free's context when the
-/// history keeps one).
-void free_block(void* ptr) {
-  Shared& s = shared();
+/// A free the deleter could not do: PyTorch's own allocator does not end the process there, so
+/// neither does stitch. A warning with the error; a live block is leaked and counted in
+/// num_failed_frees on its device (where the allocator still answers: not in a forked child); a
+/// pointer that is no live block was counted in num_invalid_frees already.
+void failed_free(void* ptr, const char* what) noexcept {
   try {
+    const bool leaked = shared().allocator.count_failed_free(ptr);
+    TORCH_WARN("stitch: freeing ", ptr, " failed (", what, ")",
+               leaked ? "; the block is leaked (num_failed_frees)" : "");
+  } catch (...) {  // (no memory for the warning: the block is leaked all the same)
+  }
+}
+
+/// The DataPtr deleter and raw_delete: frees through the process's allocator (with the free's
+/// context when the history keeps one). It runs in destructors, so it never throws.
+void free_block(void* ptr) noexcept {
+  try {
+    Shared& s = shared();
     if (s.book.keeps(Level::ALL)) [[unlikely]] {
       TraceBook::Pending pending(s.book.gather(Level::ALL));
       s.allocator.deallocate(ptr);
     } else {
       s.allocator.deallocate(ptr);
     }
-  } catch (const error& e) {
-    TORCH_CHECK(false, "stitch: ", e.what());
+  } catch (const std::exception& e) {
+    failed_free(ptr, e.what());
+  } catch (...) {
+    failed_free(ptr, "an unknown error");
   }
 }
 
@@ -397,7 +411,7 @@ class NativeAllocator final : public cca::CUDAAllocator {
   }
 
   // ---- IPC ----------------------------------------------------------------------------------
-  // PyTorch's handles (torch/ipc_handles.hpp): 'c' and 'e' as PyTorch's own allocator writes and
+  // PyTorch's handles (stitch/ipc_handle.hpp): 'c' and 'e' as PyTorch's own allocator writes and
   // reads them, stitch's 's' where they cannot say it; `offset` is the block's place in the
   // memory getIpcDevPtr maps, as PyTorch's receiver adds it.
   cca::ShareableHandle shareIpcHandle(void* ptr) override {
@@ -409,7 +423,7 @@ class NativeAllocator final : public cca::CUDAAllocator {
     }
     const std::optional<ipc::BlockHandle> block = ipc::parse(text);
     TORCH_CHECK(block.has_value(), "stitch: malformed IPC handle");
-    return {static_cast<ptrdiff_t>(block->offset), detail::torch_handle(text)};
+    return {static_cast<ptrdiff_t>(block->offset), ipc::torch_handle(text)};
   }
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
     std::lock_guard lock(ipc_->mu);
@@ -417,7 +431,10 @@ class NativeAllocator final : public cca::CUDAAllocator {
     if (it != ipc_->imported.end()) {
       if (auto alive = it->second.lock()) return alive;
     }
-    const detail::Import imp = detail::stitch_import(handle, context_->current_device());
+    std::string why;
+    const std::optional<ipc::torch::Import> parsed = ipc::parse_torch(handle, context_->current_device(), &why);
+    TORCH_CHECK(parsed.has_value(), "stitch: ", why);
+    const ipc::torch::Import& imp = *parsed;
     void* ptr = nullptr;
     try {
       ptr = a_.import_block(imp.text, context_->current_device());
@@ -435,7 +452,12 @@ class NativeAllocator final : public cca::CUDAAllocator {
       }
       try {
         a->close_block(ptr);
-      } catch (const error&) {  // (a deleter must not throw)
+      } catch (const std::exception& e) {  // (a deleter must not throw: the mapping stays)
+        try {
+          TORCH_WARN("stitch: closing the IPC mapping at ", ptr, " failed (", e.what(), ")");
+        } catch (...) {
+        }
+      } catch (...) {
       }
     });
     ipc_->imported[handle] = sp;

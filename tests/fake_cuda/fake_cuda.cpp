@@ -215,6 +215,7 @@ struct State {
   u64 calls[EP_COUNT] = {};
   std::vector<Fault> faults;
   u64 rule_violations[R_COUNT] = {}, violations = 0, forced = 0;
+  u64 handles_created = 0, handles_released = 0;  // cuMemCreate (and imports), cuMemRelease: successes
   char last_violation[768] = {};
 };
 State& state() {
@@ -607,6 +608,7 @@ void reset_all(State& st) {
   std::fill(std::begin(st.calls), std::end(st.calls), 0);
   std::fill(std::begin(st.rule_violations), std::end(st.rule_violations), 0);
   st.violations = st.forced = 0;
+  st.handles_created = st.handles_released = 0;
   st.active_captures = 0;
   st.initialized = st.no_vmm = st.ever_held = false;
   st.ndev = 0;
@@ -780,6 +782,7 @@ CUresult create_host(State& st, Ep ep, CUmemGenericAllocationHandle* handle, siz
   Handle h{fd, size, d, false, 0, static_cast<unsigned>(raw(prop->requestedHandleTypes)), false};
   h.host = true;
   st.handles[id] = h;
+  st.handles_created++;
   st.host_bytes += size;
   *handle = id;
   return CUDA_SUCCESS;
@@ -1209,6 +1212,7 @@ FAKE_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, s
   }
   const CUmemGenericAllocationHandle id = kHandleBase + st.next_id++;
   st.handles[id] = {fd, size, d, false, 0, types, false};
+  st.handles_created++;
   st.dev[d].used += size;
   *handle = id;
   return CUDA_SUCCESS;
@@ -1234,6 +1238,7 @@ FAKE_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
   // cuda.h, cuMemRelease: "The generic memory handle can be freed when there are still
   // outstanding mappings made with this handle."
   h->released = true;
+  st.handles_released++;
   maybe_free_handle(st, *h);
   return CUDA_SUCCESS;
 }
@@ -1464,6 +1469,7 @@ FAKE_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocati
   }
   const CUmemGenericAllocationHandle id = kHandleBase + st.next_id++;
   st.handles[id] = {fd, static_cast<size_t>(sb.st_size), d, false, 0, static_cast<unsigned>(type), true};
+  st.handles_created++;
   *handle = id;
   return CUDA_SUCCESS;
 }
@@ -1517,6 +1523,17 @@ FAKE_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemH
   const int fd = reopen(n.pid, n.fd);
   if (fd < 0) {
     note(ep_, "handle of process %lld is stale -> CUDA_ERROR_INVALID_HANDLE", n.pid);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  // Strict, as a driver knows its allocations: what the handle names must be a cuMemAlloc
+  // allocation's memory of that length holding `bytes` (never the handle's word alone: a handle
+  // that claims more than its memory holds is refused, not mapped past the memory's end).
+  struct stat sb {};
+  if (!is_fake_memfd(fd) || fstat(fd, &sb) != 0 || static_cast<u64>(sb.st_size) != n.length || n.bytes == 0 ||
+      n.bytes > n.length || round_up(static_cast<size_t>(n.bytes), kPage) != n.length) {
+    close(fd);
+    note(ep_, "handle of process %lld does not name a cuMemAlloc allocation of its size -> CUDA_ERROR_INVALID_HANDLE",
+         n.pid);
     return CUDA_ERROR_INVALID_HANDLE;
   }
   void* p = mmap(nullptr, n.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
@@ -2022,6 +2039,11 @@ FAKE_EXPORT unsigned long long stitch_fake_cuda_set_access_calls(int device) {
   return device >= 0 && device < kMaxDevices ? st.dev[device].set_access : 0;
 }
 FAKE_EXPORT void stitch_fake_cuda_reset(void) { CONTROL_LOCK(); reset_all(st); }
+FAKE_EXPORT void stitch_fake_cuda_handle_counts(unsigned long long* created, unsigned long long* released) {
+  CONTROL_LOCK();
+  if (created != nullptr) *created = st.handles_created;
+  if (released != nullptr) *released = st.handles_released;
+}
 FAKE_EXPORT int stitch_fake_cuda_set_capacity(int device, size_t bytes) {
   CONTROL_LOCK();
   if (st.initialized) {

@@ -4,11 +4,14 @@
 // recovery, leaks), contexts (never one on a device the program did not use, the caller's
 // restored, threads on other devices), the CUDA defects fixed on this path (cuMemMap out of
 // memory, one cuMemSetAccess per run, peers, strays), held streams, pinned host memory and its
-// asynchronous copies (out of memory, failures named), and a fault sweep over every entry point. Every test also asserts that the fake saw no contract violation. Without the fake
-// every test skips.
+// asynchronous copies (out of memory, failures named), a fault sweep over every entry point, and
+// one over every call a KV pool's spill and unspill make (each handle created released exactly
+// once, counted by the fake). Every test also asserts that the fake saw no contract violation.
+// Without the fake every test skips.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -21,6 +24,7 @@
 #include "stitch/backend.hpp"
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
+#include "stitch/kv_pool.hpp"
 #include "support/cuda_driver.hpp"
 
 namespace stitch {
@@ -580,6 +584,77 @@ TEST_F(FakeCuda, PinnedHostMemoryRunsOutAsNullptrAndFailuresNameTheCall) {
     EXPECT_EQ(current(), nullptr);
   }
   expect_nothing_held();
+}
+
+TEST_F(FakeCuda, KvSpillAndUnspillFailCleanlyAtEveryCallAndReleaseEachHandleOnce) {
+  // A spillable KV pool's pages to host pages (CU_MEM_LOCATION_TYPE_HOST_NUMA) and back, a fault
+  // at every position of every entry point the moves use, out of memory and other errors: every
+  // byte at its address, the statistics exact, and every handle the driver made released exactly
+  // once (the fake counts creates and releases; a second release would be a rule 8 violation).
+  ASSERT_NE(f_->handle_counts, nullptr);
+  const char* const entry_points[] = {"cuMemCreate", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess",
+                                      "cuMemcpyDtoDAsync", "cuStreamSynchronize", "cuMemUnmap", "cuMemRelease",
+                                      "cuMemAddressFree", "cuCtxSynchronize"};
+  const CUresult results[] = {CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN};
+  constexpr std::size_t kBlock = 3 * MiB;  // two blocks over three 2 MiB pages, in two buffers
+  auto fill = [](KvPool& pool, unsigned seed) {
+    for (int b = 0; b < 2; ++b) FakeCuda::fill(pool.buffer(b), 2 * kBlock, seed + static_cast<unsigned>(b));
+  };
+  auto intact = [](KvPool& pool, unsigned seed) {
+    for (int b = 0; b < 2; ++b)
+      if (!FakeCuda::intact(pool.buffer(b), 2 * kBlock, seed + static_cast<unsigned>(b))) return false;
+    return true;
+  };
+  std::uint64_t fired = 0;
+  for (const char* entry : entry_points) {
+    for (CUresult result : results) {
+      for (unsigned long long pos = 1; pos <= 200; ++pos) {
+        SCOPED_TRACE(std::string(entry) + " #" + std::to_string(pos) + " -> " + std::to_string(static_cast<int>(result)));
+        unsigned long long created0 = 0, released0 = 0, created = 0, released = 0;
+        f_->handle_counts(&created0, &released0);
+        const auto before = f_->calls(entry);
+        {
+          auto a = make(",expandable_segments:True");
+          KvPool pool(*a, 0, 2, kBlock, 4, "kv-s", Allocator::kRegionSpill);
+          std::vector<std::int64_t> ids = pool.alloc(2);
+          fill(pool, 40);
+          f_->fail(entry, pos, result);
+          bool spilled = false;
+          try {
+            (void)a->spill(0, "kv-s");
+            spilled = true;
+            a->unspill(0, "kv-s");
+          } catch (const error&) {
+          } catch (const out_of_memory&) {
+          }
+          f_->clear_faults();
+          EXPECT_NO_THROW(a->validate());
+          EXPECT_TRUE(intact(pool, 40));
+          const std::int64_t kv = *a->stat(0, "kv_bytes.current"), host = *a->stat(0, "spilled_bytes.current");
+          EXPECT_EQ(kv + host, static_cast<std::int64_t>(2 * 3 * 2 * MiB)) << "each page counted once, where it is";
+          EXPECT_EQ(*a->stat(0, "reserved_bytes.all.current"), kv) << "the pool is all the device holds";
+          if (!spilled) EXPECT_EQ(host, 0) << "a spill that failed moved nothing";
+          f_->handle_counts(&created, &released);
+          EXPECT_EQ(created - released - (created0 - released0), f_->usage(0).live_handles - baseline_[0].live_handles)
+              << "a handle is held that the driver counts released, or the other way round";
+          a->unspill(0);
+          EXPECT_TRUE(intact(pool, 40));
+          pool.free(ids.data(), ids.size());
+          pool.destroy();
+          a->empty_cache();
+        }
+        f_->handle_counts(&created, &released);
+        EXPECT_EQ(created - created0, released - released0) << "every handle made is released, once";
+        const bool hit = f_->calls(entry) - before >= pos;
+        expect_nothing_held();
+        if (HasFailure()) return;
+        if (!hit) break;
+        ++fired;
+      }
+    }
+  }
+  EXPECT_GT(fired, 40u) << "the faults must hit";
+  std::printf("KV spill and unspill on the fake driver: %llu faults fired\n", static_cast<unsigned long long>(fired));
 }
 
 TEST_F(FakeCuda, EveryEntryPointFailsCleanlyAtEveryPosition) {

@@ -94,6 +94,10 @@ void stitch_fake_cuda_reset(void);
 /* Sets a device's capacity in bytes. Before cuInit it is remembered and applied by cuInit (and
  * forgotten by reset). Returns 0, or -1 for a bad device. */
 int stitch_fake_cuda_set_capacity(int device, size_t bytes);
+/* Physical memory handles made (cuMemCreate and cuMemImportFromShareableHandle that succeeded)
+ * and released (cuMemRelease that succeeded) since load or reset: a release of a handle released
+ * already fails (rule 8) and is not counted, so created - released is what is still held. */
+void stitch_fake_cuda_handle_counts(unsigned long long* created, unsigned long long* released);
 
 #ifdef __cplusplus
 }

@@ -1,13 +1,16 @@
 /* tests/spill/spill_program.c — spill through stitch.h alone, as a C program drives it on the
  * simulated device (256 MiB): `all` overfills the device with untagged and tagged memory under
  * spill:all, `tags` under spill:tags, `host` runs the host budget (sim_host_mb) out. Each checks
- * every byte of every live block at its address after every step, that device reserved memory
+ * every byte of every live block at its address after every step (and `all` that the rule spill:all
+ * relies on is named on stderr once), that device reserved memory
  * never exceeds the device, that freeing brings everything back (spilled_bytes 0, stitch_unspill
  * 0), and that errors are errors with a message. Exit status 0 = pass. */
+#define _POSIX_C_SOURCE 200809L /* dup, dup2 */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "stitch/stitch.h"
 #include "support/c_check.h"
@@ -86,7 +89,38 @@ static void free_all(void) {
   while (nblocks > 0) drop(nblocks - 1);
 }
 
+/* spill:all names its rule on stderr once per process, when the allocator takes it: the first
+ * request (which makes the allocator) prints it, a second configuration with spill:all does not. */
+static void check_rule_named_once(void) {
+  char text[4096];
+  size_t n = 0, named = 0;
+  void* p;
+  int again;
+  FILE* log = tmpfile();
+  const int saved = dup(2);
+  CHECK(log != NULL && saved >= 0, "tmpfile or dup failed");
+  if (log == NULL || saved < 0) return;
+  fflush(stderr);
+  dup2(fileno(log), 2);
+  configure("expandable_segments:True,spill:all");
+  p = stitch_malloc(MiB, 0, NULL);
+  again = stitch_configure("spill:all");
+  stitch_free(p, MiB, 0, NULL);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  rewind(log);
+  n = fread(text, 1, sizeof text - 1, log);
+  text[n] = '\0';
+  fclose(log);
+  for (const char* at = text; (at = strstr(at, "stitch: spill:all")) != NULL; ++at) ++named;
+  CHECK(p != NULL && again == 0, "the first request or the second configuration failed: %s", stitch_last_error());
+  CHECK(named == 1, "spill:all's rule is named %zu times on stderr, not once: %s", named, text);
+  CHECK(strstr(text, "docs/spill.md") != NULL, "the rule names where it is explained: %s", text);
+}
+
 static void run_all(void) {
+  check_rule_named_once();
   configure("expandable_segments:True,spill:all");
   /* Twice the device: tagged weights (spillable), a tagged KV cache (not), untagged activations. */
   size_t live = 0;

@@ -1,5 +1,5 @@
 /* tests/support/c_check.h — CHECK for the C test programs (c_api_program.c, fake_cuda/
- * outside_program.c): reports a failed condition with its file and line, counts it in
+ * outside_program.c, ipc/ipc_hostile.c, ...): reports a failed condition with its file and line, counts it in
  * `failures`, and goes on. Include once per program, after <stdio.h>. */
 #ifndef STITCH_TEST_C_CHECK_H
 #define STITCH_TEST_C_CHECK_H

@@ -61,6 +61,7 @@ struct TestDriver {
   int (*contexts_activated)(int) = nullptr;
   unsigned long long (*set_access_calls)(int) = nullptr;
   unsigned long long (*forced_completions)() = nullptr;
+  void (*handle_counts)(unsigned long long*, unsigned long long*) = nullptr;
 
   /// Device `d`'s primary context (retained once per call: the tests never release it).
   CUcontext context(int d) const {
@@ -134,6 +135,7 @@ inline const TestDriver& test_driver() {
     resolve(lib, "stitch_fake_cuda_contexts_activated", t.contexts_activated);
     resolve(lib, "stitch_fake_cuda_set_access_calls", t.set_access_calls);
     resolve(lib, "stitch_fake_cuda_forced_completions", t.forced_completions);
+    resolve(lib, "stitch_fake_cuda_handle_counts", t.handle_counts);
     t.fake = t.fail != nullptr && t.violations != nullptr && t.get_usage != nullptr;
     if (t.init == nullptr || t.device_get == nullptr || t.primary_ctx_retain == nullptr ||
         t.ctx_get_current == nullptr || t.ctx_set_current == nullptr ||

@@ -2,21 +2,26 @@
 // own allocator, both ways, on backend:cuda over the strict fake driver: stitch's shareIpcHandle
 // writes PyTorch 2.15's handles ('e' for expandable memory, 'c' for a cudaMalloc'd segment) that
 // PyTorch's receiving algorithm maps (tests/torch_native/pytorch_side.c plays PyTorch, in another
-// process), and getIpcDevPtr maps handles PyTorch writes ('e' of versions 3 and 2, 'c'). Every
-// exchange checks the bytes on both sides, and the driver's contract holds throughout.
+// process), and getIpcDevPtr maps handles PyTorch writes ('e' of versions 3 and 2, 'c', also
+// opened again before its last close ran). Every exchange checks the bytes on both sides, and the
+// driver's contract holds throughout.
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "stitch/allocator.hpp"
+#include "stitch/errors.hpp"
+#include "stitch/ipc_handle.hpp"
 #include "stitch/stitch.h"
 #include "stitch/torch_native.hpp"
 
@@ -112,15 +117,21 @@ class TorchIpcFormats : public ::testing::Test {
     return h.handle;
   }
 
+  /// The handle and block offset PyTorch's side printed (its export); empty when none came.
+  static std::pair<std::string, std::size_t> exported(Side& side) {
+    char line[16384] = {};
+    char text[16384] = {};
+    std::size_t offset = 0;
+    if (fgets(line, sizeof line, side.out) == nullptr || std::sscanf(line, "%16383s %zu", text, &offset) != 2)
+      return {};
+    return {unhex(text), offset};
+  }
+
   /// Maps what PyTorch exports (`args`) with getIpcDevPtr, checks its 77s, writes 12.
   void map_from_pytorch(std::vector<std::string> args) {
     Side side(std::move(args));
-    char line[16384] = {};
-    ASSERT_NE(fgets(line, sizeof line, side.out), nullptr);
-    char text[16384] = {};
-    std::size_t offset = 0;
-    ASSERT_EQ(std::sscanf(line, "%16383s %zu", text, &offset), 2);
-    const std::string handle = unhex(text);
+    const auto [handle, offset] = exported(side);
+    ASSERT_FALSE(handle.empty()) << "PyTorch's side exported nothing";
     {
       std::shared_ptr<void> base = alloc_->getIpcDevPtr(handle);
       EXPECT_EQ(alloc_->getIpcDevPtr(handle).get(), base.get());  // one mapping while in use
@@ -169,6 +180,53 @@ TEST_F(TorchIpcFormats, PyTorchExpandableHandleOfVersion3IsMapped) { map_from_py
 TEST_F(TorchIpcFormats, PyTorchExpandableHandleOfVersion2IsMapped) { map_from_pytorch({"export-e", "2", "77"}); }
 
 TEST_F(TorchIpcFormats, PyTorchCudaMallocHandleIsMapped) { map_from_pytorch({"export-c", "77"}); }
+
+TEST_F(TorchIpcFormats, ALegacyHandleOpenedAgainBeforeItsCloseStaysMappedUntilTheLastClose) {
+  // The driver maps a legacy handle opened twice at one address and counts the opens. So when
+  // getIpcDevPtr's cached mapping has expired but its deleter has not closed it yet, a new
+  // getIpcDevPtr of the handle opens it again at the same address: that open needs its own close,
+  // and the old deleter's close must not unmap it.
+  Side side({"export-c", "77"});
+  const auto [handle, offset] = exported(side);
+  ASSERT_FALSE(handle.empty()) << "PyTorch's side exported nothing";
+  const auto imp = stitch::ipc::parse_torch(handle, 0);
+  ASSERT_TRUE(imp.has_value());
+  stitch::Allocator& a = stitch::process_allocator();
+  const auto calls = [](const char* ep) {
+    void* lib = dlopen(std::getenv("STITCH_CUDA_DRIVER"), RTLD_NOW | RTLD_NOLOAD);
+    auto count = lib != nullptr ? reinterpret_cast<unsigned long long (*)(const char*)>(dlsym(lib, "stitch_fake_cuda_calls")) : nullptr;
+    return count != nullptr ? count(ep) : 0ull;
+  };
+  const unsigned long long opens = calls("cuIpcOpenMemHandle"), closes = calls("cuIpcCloseMemHandle");
+  // The sequence the race makes, in order: open, open again, the first close, the second.
+  auto* first = static_cast<unsigned char*>(a.import_block(imp->text, 0));
+  auto* second = static_cast<unsigned char*>(a.import_block(imp->text, 0));
+  EXPECT_EQ(first, second) << "the driver maps a legacy handle at one address";
+  a.close_block(first);
+  EXPECT_EQ(second[offset], 77) << "still mapped for the second open";
+  a.close_block(second);
+  EXPECT_THROW(a.close_block(second), stitch::invalid_argument) << "every open is closed";
+  // Through getIpcDevPtr, from two threads taking and dropping the mapping: every open closed
+  // once, and no close fails.
+  std::atomic<int> bad{0};
+  const std::string shared = handle;
+  const std::size_t at = offset;  // (copies: a lambda captures them)
+  auto churn = [&] {
+    for (int i = 0; i < 300; ++i) {
+      std::shared_ptr<void> p = alloc_->getIpcDevPtr(shared);
+      if (static_cast<unsigned char*>(p.get())[at] != 77) ++bad;
+    }
+  };
+  std::thread t1(churn), t2(churn);
+  t1.join();
+  t2.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(calls("cuIpcOpenMemHandle") - opens, calls("cuIpcCloseMemHandle") - closes)
+      << "an open of the handle was never closed (or closed twice)";
+  std::fprintf(side.in, "check 77\n");
+  std::fflush(side.in);
+  EXPECT_EQ(side.wait(), 0);
+}
 
 TEST_F(TorchIpcFormats, MalformedHandlesFailClearly) {
   EXPECT_THROW((void)alloc_->getIpcDevPtr(std::string("\x03x") + std::string(40, 'a')), c10::Error);

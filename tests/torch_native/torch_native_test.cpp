@@ -3,7 +3,9 @@
 // DeviceContext of the test's (nothing initializes CUDA): requests and DataPtrs, init's rule,
 // statistics, cacheInfo, snapshots with segments, blocks, history and PyTorch's contexts, the
 // out-of-memory type and observers, private pools (use counts, routes, live-allocation checks),
-// trace trackers, base allocations, copies, memory fraction and the expandable-segment sizes.
+// trace trackers, base allocations, copies, memory fraction and the expandable-segment sizes; a
+// free that fails (a backend error, a forked child's inherited tensor) warns and leaks instead of
+// throwing out of the deleter.
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -97,7 +99,74 @@ TEST_F(TorchNative, DataPtrsComeFromStitchOnTheCurrentDeviceAndStream) {
   ASSERT_NE(r, nullptr);
   EXPECT_EQ(stitch::process_allocator().find(r)->stream, S(0x72));
   alloc_->raw_delete(r);
-  EXPECT_THROW(alloc_->raw_delete(S(0x1234)), c10::Error);  // not a pointer of stitch's
+  // Not a pointer of stitch's: raw_delete runs in destructors, so it warns instead of throwing
+  // (and the allocator counts the invalid free).
+  const std::int64_t invalid = *stitch::process_allocator().stat(0, "num_invalid_frees");
+  EXPECT_NO_THROW(alloc_->raw_delete(S(0x1234)));
+  EXPECT_EQ(*stitch::process_allocator().stat(0, "num_invalid_frees"), invalid + 1);
+}
+
+/// Collects the warnings c10 raises on this thread while it lives.
+struct Warnings final : c10::WarningHandler {
+  std::vector<std::string> seen;
+  c10::WarningUtils::WarningHandlerGuard guard{this};
+  void process(const c10::Warning& w) override { seen.push_back(w.msg()); }
+  [[nodiscard]] bool any(const std::string& text) const {
+    return std::any_of(seen.begin(), seen.end(), [&](const std::string& s) { return s.find(text) != std::string::npos; });
+  }
+};
+
+TEST_F(TorchNative, AFreeThatFailsWarnsCountsAndLeaksTheBlockInsteadOfThrowing) {
+  // A backend error during a DataPtr's free (here: recording the event of a stream the block was
+  // used on) must not escape the deleter, which runs in destructors: a warning with the error,
+  // num_failed_frees, the block left allocated.
+  auto& sim = dynamic_cast<stitch::SimBackend&>(stitch::process_allocator().backend());
+  const std::int64_t failed = *stitch::process_allocator().stat(0, "num_failed_frees");
+  void* raw = nullptr;
+  {
+    Warnings warnings;
+    c10::DataPtr p = alloc_->allocate(2 * MiB);
+    raw = p.get();
+    stitch::process_allocator().record_stream(raw, S(0x99));
+    sim.inject_fault(stitch::SimCall::record_event, 1, stitch::SimFault::error);
+    EXPECT_NO_THROW(p.clear());
+    sim.clear_faults();
+    EXPECT_TRUE(warnings.any("stitch: freeing")) << "no warning";
+    EXPECT_TRUE(warnings.any("record_event")) << "the warning names the error";
+    EXPECT_TRUE(warnings.any("num_failed_frees"));
+  }
+  EXPECT_EQ(*stitch::process_allocator().stat(0, "num_failed_frees"), failed + 1);
+  EXPECT_TRUE(stitch::process_allocator().find(raw).has_value()) << "the block is leaked, not half freed";
+  stitch::process_allocator().deallocate(raw);  // (the test's own cleanup)
+}
+
+TEST_F(TorchNative, ATensorFreedInAForkedChildDoesNotEndTheChild) {
+  // A child of fork() inherits the parent's tensors; when it frees one, stitch's allocator
+  // refuses there (its locks may be held by a parent thread), and PyTorch's deleter must not
+  // terminate the child: it warns and leaks. The parent's block is untouched.
+  c10::DataPtr p = alloc_->allocate(3 * MiB);
+  std::memset(p.get(), 0x3c, 3 * MiB);
+  void* raw = p.get();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    int code = 0;
+    {
+      Warnings warnings;
+      try {
+        p.clear();  // the deleter, in the child
+      } catch (...) {
+        code = 2;
+      }
+      if (code == 0 && !warnings.any("stitch: freeing")) code = 3;
+    }
+    std::_Exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child ended by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: the deleter threw; 3: no warning";
+  ASSERT_TRUE(stitch::process_allocator().find(raw).has_value());
+  EXPECT_EQ(static_cast<unsigned char*>(raw)[3 * MiB - 1], 0x3c);
 }
 
 TEST_F(TorchNative, StatisticsAreStitchsUnderPyTorchsNames) {

@@ -14,6 +14,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
@@ -126,6 +127,9 @@ struct DeviceState {
   struct Imported {
     std::size_t bytes = 0;
     bool legacy = false;  ///< cuIpcOpenMemHandle (else reserved, imported and mapped)
+    /// Legacy: the opens of the same handle, which the driver counts and maps at one address
+    /// (each needs its own cuIpcCloseMemHandle; the last unmaps).
+    std::size_t opens = 0;
   };
   std::mutex ipc_mutex;
   std::map<CUdeviceptr, std::pair<CUmemGenericAllocationHandle, std::size_t>> mapped;
@@ -591,65 +595,101 @@ class CudaBackend final : public Backend {
                                           std::size_t* offset) override {
     auto call = [&] { return "export of " + hex(va) + " (" + bytes_text(bytes) + ")"; };
     DeviceState& s = caps(device, call);
+    const Shared shared = locate(device, s, va, bytes, call);
+    ContextScope scope = enter(device, call);
+    if (shared.handles.empty()) return export_allocation(device, va, offset, call);
     ipc::CudaShare share;
-    std::vector<CUmemGenericAllocationHandle> handles;
-    CUdeviceptr start = 0;
-    if (s.handle_types.load(std::memory_order_relaxed) != 0) {
+    share.pid = static_cast<int>(::getpid());
+    for (std::size_t k = 0; k < shared.handles.size(); ++k) share.pieces.push_back({shared.bytes[k], -1, {}});
+    share.kind = fabric_handles(device, s, shared.handles, &share) ? ipc::Kind::fabric : ipc::Kind::fd;
+    if (share.kind == ipc::Kind::fd) {
+      for (std::size_t k = 0; k < shared.handles.size(); ++k)
+        share.pieces[k].fd = exported_fd(device, s, shared.handles[k], call);
+    }
+    *offset = static_cast<std::size_t>(to_cu(va) - shared.start);
+    return ipc::encode(share);
+  }
+
+  [[nodiscard]] std::size_t export_size(int device, const void* va, std::size_t bytes, std::size_t* offset) override {
+    auto call = [&] { return "export of " + hex(va) + " (" + bytes_text(bytes) + ")"; };
+    DeviceState& s = caps(device, call);
+    const Shared shared = locate(device, s, va, bytes, call);
+    ContextScope scope = enter(device, call);
+    auto digits = [](std::size_t n) { return std::to_string(n).size(); };
+    if (shared.handles.empty()) {
+      const auto [base, size] = allocation_of(device, va, call);
+      *offset = static_cast<std::size_t>(to_cu(va) - base);
+      return std::string_view("cuda-ipc:").size() + digits(size) + 1 + 2 * sizeof(CUipcMemHandle);
+    }
+    *offset = static_cast<std::size_t>(to_cu(va) - shared.start);
+    // The longer of the two forms export_memory may write: descriptors (those not exported yet
+    // at their widest) or fabric handles where the memory was created with them.
+    std::size_t fds = std::string_view("cuda-fd:").size() + digits(static_cast<std::size_t>(::getpid())) + 1;
+    std::size_t fabric = std::string_view("cuda-fabric:").size();
+    {
       std::lock_guard lock(s.ipc_mutex);
-      auto it = s.mapped.upper_bound(to_cu(va));
-      if (it != s.mapped.begin() && to_cu(va) < std::prev(it)->first + std::prev(it)->second.second) {
-        --it;
-        start = it->first;
-        CUdeviceptr end = start;
-        for (; it != s.mapped.end() && it->first == end && end < to_cu(va) + bytes; ++it) {
-          handles.push_back(it->second.first);
-          share.pieces.push_back({it->second.second, -1, {}});
-          end += it->second.second;
-        }
-        if (end < to_cu(va) + bytes)
-          throw backend_error(call_text(call) + on_device(device) + ": the range is not wholly mapped");
+      for (std::size_t k = 0; k < shared.handles.size(); ++k) {
+        const auto it = s.exported_fds.find(shared.handles[k]);
+        const std::size_t fd_digits = it != s.exported_fds.end() ? digits(static_cast<std::size_t>(it->second))
+                                                                  : digits(static_cast<std::size_t>(INT32_MAX));
+        fds += (k > 0 ? 1 : 0) + digits(shared.bytes[k]) + 1 + fd_digits;
+        fabric += (k > 0 ? 1 : 0) + digits(shared.bytes[k]) + 1 + 2 * sizeof(CUmemFabricHandle);
       }
     }
-    ContextScope scope = enter(device, call);
-    if (handles.empty()) return export_allocation(device, va, offset, call);
-    share.pid = static_cast<long>(::getpid());
-    share.kind = fabric_handles(device, s, handles, &share) ? ipc::Kind::fabric : ipc::Kind::fd;
-    if (share.kind == ipc::Kind::fd) {
-      for (std::size_t k = 0; k < handles.size(); ++k) share.pieces[k].fd = exported_fd(device, s, handles[k], call);
-    }
-    *offset = static_cast<std::size_t>(to_cu(va) - start);
-    return ipc::encode(share);
+    const bool may_fabric = (s.handle_types.load(std::memory_order_relaxed) & CU_MEM_HANDLE_TYPE_FABRIC) != 0;
+    return may_fabric ? std::max(fds, fabric) : fds;
   }
 
   [[nodiscard]] void* import_memory(int device, const std::string& handle, std::size_t* bytes) override {
     auto call = [&] { return "import of '" + handle.substr(0, 96) + "'"; };
-    const std::optional<ipc::CudaShare> share = ipc::decode_cuda(handle);
-    if (!share) throw backend_error(call_text(call) + ": not a handle backend:cuda wrote");
+    std::string why;
+    const std::optional<ipc::CudaShare> share = ipc::decode_cuda(handle, &why);
+    if (!share) throw backend_error(call_text(call) + ": not a handle backend:cuda wrote: " + why);
     DeviceState& s = caps(device, call);
     ContextScope scope = enter(device, call);
     std::lock_guard lock(s.ipc_mutex);
-    CUdeviceptr va = 0;
-    if (share->kind == ipc::Kind::legacy) {
-      CUipcMemHandle h{};
-      std::memcpy(&h, share->legacy.data(), sizeof h);
-      const CUresult r = d_.ipc_open_mem_handle(&va, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-      if (r != CUDA_SUCCESS) fail([&] { return "cuIpcOpenMemHandle (" + call_text(call) + ")"; }, device, r);
-      std::size_t size = share->bytes;
-      CUdeviceptr base = 0;
-      if (size == 0 && d_.mem_get_address_range(&base, &size, va) != CUDA_SUCCESS) size = 0;  // PyTorch's 'c'
-      try {
-        s.imported[va] = {size, true};
-      } catch (...) {
-        (void)d_.ipc_close_mem_handle(va);
-        throw;
-      }
-      *bytes = size;
-      return from_cu(va);
-    } else {
+    if (share->kind != ipc::Kind::legacy) {
       require_vmm(device, call);
-      va = import_pieces(device, s, *share, call);
+      const CUdeviceptr va = import_pieces(device, s, *share, call);
+      *bytes = share->total();
+      return from_cu(va);
     }
-    *bytes = share->total();
+    CUdeviceptr va = 0;
+    CUipcMemHandle h{};
+    std::memcpy(&h, share->legacy.data(), sizeof h);
+    const CUresult r = d_.ipc_open_mem_handle(&va, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    if (r != CUDA_SUCCESS) fail([&] { return "cuIpcOpenMemHandle (" + call_text(call) + ")"; }, device, r);
+    // The size mapped is the driver's, never the handle's: an inflated size would defeat the
+    // importer's bounds check. A handle that names another size is refused.
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    const CUresult range = d_.mem_get_address_range(&base, &size, va);
+    std::string refused;
+    if (range != CUDA_SUCCESS) {
+      refused = "cuMemGetAddressRange of the opened allocation failed: " + describe(range);
+    } else if (base != va || size == 0) {
+      refused = "the driver places the opened allocation at " + hex(from_cu(base)) + " (" + bytes_text(size) + "), not at " +
+                hex(from_cu(va));
+    } else if (share->bytes != 0 && share->bytes != size) {
+      refused = "the handle says " + bytes_text(share->bytes) + " but the allocation has " + bytes_text(size);
+    }
+    auto known = s.imported.find(va);
+    if (refused.empty() && known != s.imported.end() && (!known->second.legacy || known->second.bytes != size))
+      refused = "the driver mapped it over an import of another kind";
+    if (!refused.empty()) {
+      (void)d_.ipc_close_mem_handle(va);  // (this open's reference; an earlier open keeps its own)
+      throw backend_error(call_text(call) + on_device(device) + ": " + refused);
+    }
+    try {
+      DeviceState::Imported& imp = s.imported[va];
+      imp.bytes = size;
+      imp.legacy = true;
+      ++imp.opens;
+    } catch (...) {
+      (void)d_.ipc_close_mem_handle(va);
+      throw;
+    }
+    *bytes = size;
     return from_cu(va);
   }
 
@@ -661,9 +701,11 @@ class CudaBackend final : public Backend {
     auto it = s.imported.find(to_cu(va));
     if (it == s.imported.end()) throw backend_error(call_text(call) + on_device(device) + ": import_memory did not return it");
     const DeviceState::Imported imp = it->second;
+    if (imp.bytes != bytes) throw backend_error(call_text(call) + on_device(device) + ": import_memory mapped " + bytes_text(imp.bytes) + " there");
     if (imp.legacy) {
       const CUresult r = d_.ipc_close_mem_handle(to_cu(va));
       if (r != CUDA_SUCCESS) fail([&] { return "cuIpcCloseMemHandle(" + hex(va) + ")"; }, device, r);
+      if (--it->second.opens != 0) return;  // the driver keeps it mapped for the other opens
     } else {
       CUresult r = d_.mem_unmap(to_cu(va), imp.bytes);
       if (r != CUDA_SUCCESS) fail([&] { return "cuMemUnmap(" + hex(va) + ", " + bytes_text(imp.bytes) + ")"; }, device, r);
@@ -750,19 +792,55 @@ class CudaBackend final : public Backend {
     s.mapped.erase(s.mapped.lower_bound(va), s.mapped.lower_bound(va + bytes));
   }
 
-  /// A cuMemAlloc allocation's legacy IPC handle (cuIpcGetMemHandle of its base), in the
-  /// device's context.
+  /// The memory export_memory shares for [va, va + bytes): the physical allocations mapped in a
+  /// row from the mapping that holds `va` (none: a cuMemAlloc allocation, or not exportable).
+  struct Shared {
+    CUdeviceptr start = 0;
+    std::vector<CUmemGenericAllocationHandle> handles;
+    std::vector<std::size_t> bytes;  ///< mapped of each
+  };
   template <class Call>
-  std::string export_allocation(int device, const void* va, std::size_t* offset, const Call& call) {
+  Shared locate(int device, DeviceState& s, const void* va, std::size_t bytes, const Call& call) {
+    Shared out;
+    if (s.handle_types.load(std::memory_order_relaxed) == 0) return out;
+    std::lock_guard lock(s.ipc_mutex);
+    auto it = s.mapped.upper_bound(to_cu(va));
+    if (it == s.mapped.begin() || to_cu(va) >= std::prev(it)->first + std::prev(it)->second.second) return out;
+    --it;
+    out.start = it->first;
+    CUdeviceptr end = out.start;
+    for (; it != s.mapped.end() && it->first == end && end < to_cu(va) + bytes; ++it) {
+      out.handles.push_back(it->second.first);
+      out.bytes.push_back(it->second.second);
+      end += it->second.second;
+    }
+    if (end < to_cu(va) + bytes)
+      throw backend_error(call_text(call) + on_device(device) + ": the range is not wholly mapped");
+    return out;
+  }
+
+  /// The cuMemAlloc allocation holding `va`: its base and size (in the device's context).
+  template <class Call>
+  std::pair<CUdeviceptr, std::size_t> allocation_of(int device, const void* va, const Call& call) {
     CUdeviceptr base = 0;
     std::size_t size = 0;
-    CUresult r = d_.mem_get_address_range(&base, &size, to_cu(va));
+    const CUresult r = d_.mem_get_address_range(&base, &size, to_cu(va));
     if (r != CUDA_SUCCESS) {
       throw backend_error(call_text(call) + on_device(device) + ": not cuMemAlloc'd memory (cuMemGetAddressRange failed: " +
                           describe(r) + ")" + no_ipc_hint());
     }
+    return {base, size};
+  }
+
+  /// A cuMemAlloc allocation's legacy IPC handle (cuIpcGetMemHandle of its base), in the
+  /// device's context.
+  template <class Call>
+  std::string export_allocation(int device, const void* va, std::size_t* offset, const Call& call) {
+    const std::pair<CUdeviceptr, std::size_t> range = allocation_of(device, va, call);
+    const CUdeviceptr base = range.first;  // (no structured binding: a lambda below captures it)
+    const std::size_t size = range.second;
     CUipcMemHandle h{};
-    r = d_.ipc_get_mem_handle(&h, base);
+    const CUresult r = d_.ipc_get_mem_handle(&h, base);
     if (r != CUDA_SUCCESS) {
       fail([&] {
         return "cuIpcGetMemHandle(" + hex(from_cu(base)) + ")" + no_ipc_hint();
@@ -819,8 +897,8 @@ class CudaBackend final : public Backend {
 
   /// This process's descriptor for `fd` of process `pid` (pidfd_getfd; a dup in the exporter).
   template <class Call>
-  static int take_fd(long pid, int pidfd, int fd, const Call& call) {
-    if (pid == static_cast<long>(::getpid())) {
+  static int take_fd(int pid, int pidfd, int fd, const Call& call) {
+    if (pid == static_cast<int>(::getpid())) {
       const int mine = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
       if (mine < 0) throw backend_error(call_text(call) + ": descriptor " + std::to_string(fd) + " is not open here");
       return mine;
@@ -844,6 +922,17 @@ class CudaBackend final : public Backend {
   template <class Call>
   CUdeviceptr import_pieces(int device, DeviceState& s, const ipc::CudaShare& share, const Call& call) {
     const std::size_t total = share.total();
+    // Checked before any driver call: whole pages, and in this process only descriptors this
+    // back end exported (another process's are the driver's to refuse).
+    for (const ipc::Piece& p : share.pieces) {
+      if (p.bytes % s.granularity != 0)
+        throw backend_error(call_text(call) + on_device(device) + ": a piece of " + bytes_text(p.bytes) +
+                            " is not whole pages of " + bytes_text(s.granularity));
+      if (share.kind == ipc::Kind::fd && share.pid == static_cast<int>(::getpid()) &&
+          std::none_of(s.exported_fds.begin(), s.exported_fds.end(), [&](const auto& e) { return e.second == p.fd; }))
+        throw backend_error(call_text(call) + on_device(device) + ": descriptor " + std::to_string(p.fd) +
+                            " is not one this process exported");
+    }
     int pidfd = -1;
     CUdeviceptr va = 0;
     std::size_t mapped = 0;
@@ -855,7 +944,7 @@ class CudaBackend final : public Backend {
       if (pidfd >= 0) (void)::close(pidfd);
     };
     try {
-      if (share.kind == ipc::Kind::fd && share.pid != static_cast<long>(::getpid())) {
+      if (share.kind == ipc::Kind::fd && share.pid != static_cast<int>(::getpid())) {
         pidfd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(share.pid), 0));
         if (pidfd < 0) {
           const int err = errno;

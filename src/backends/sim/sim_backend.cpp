@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "stitch/errors.hpp"
+#include "stitch/ipc_handle.hpp"
 
 namespace stitch {
 
@@ -1107,58 +1109,83 @@ std::string SimBackend::export_memory(int device, const void* va, std::size_t by
   return head + pieces;
 }
 
+std::size_t SimBackend::export_size(int device, const void* va, std::size_t bytes, std::size_t* offset) {
+  return export_memory(device, va, bytes, offset).size();
+}
+
 void* SimBackend::import_memory(int device, const std::string& handle, std::size_t* bytes) {
-  // sim:<pid>:<fd>:<offset>+<length>,...
-  unsigned long long pid = 0, fd = 0;
-  int used = 0;
+  // sim:<pid>:<fd>:<offset>+<length>,... (stitch/ipc_handle.hpp), from another process: hostile
+  // input. The pieces are checked against the memfd they name (a page past its end would be a
+  // SIGBUS at the first touch), and a refused handle maps nothing and leaves nothing open.
   const auto bad = [&](const std::string& why) {
-    return backend_error(prefix("import_memory", device) + "handle '" + handle.substr(0, 120) +
-                         "': " + why);
+    return backend_error(prefix("import_memory", device) + "handle '" + handle.substr(0, 120) + "': " + why);
   };
-  if (std::sscanf(handle.c_str(), "sim:%llu:%llu:%n", &pid, &fd, &used) != 2 || used == 0)
-    throw bad("not a handle of backend:sim");
-  std::vector<std::pair<std::size_t, std::size_t>> pieces;
-  std::size_t total = 0;
-  for (const char* c = handle.c_str() + used; *c != '\0';) {
-    unsigned long long off = 0, len = 0;
-    int n = 0;
-    if (std::sscanf(c, "%llu+%llu%n", &off, &len, &n) != 2 || len == 0 || len % host_pages(1) != 0)
-      throw bad("malformed piece list");
-    pieces.emplace_back(off, len);
-    total += len;
-    c += n;
-    if (*c == ',') ++c;
+  {
+    std::lock_guard lock(impl_->mutex);
+    (void)impl_->device(device, "import_memory");
   }
-  if (pieces.empty()) throw bad("no pieces");
-  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-  const int file = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (file < 0) {
+  std::string why;
+  const std::optional<ipc::SimShare> share = ipc::decode_sim(handle, host_pages(1), &why);
+  if (!share) throw bad("not a handle of backend:sim: " + why);
+  const std::string path = "/proc/" + std::to_string(share->pid) + "/fd/" + std::to_string(share->fd);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {  // (follows the link without opening what it names)
+    const int err = errno;
+    throw bad(errno_text(("stat " + path).c_str(), err) +
+              " (the exporting process ended, has no such descriptor, or belongs to another user)");
+  }
+  if (!S_ISREG(st.st_mode)) throw bad(path + " is not backend:sim's device memory (not a memfd)");
+  struct File {
+    int fd;
+    ~File() {
+      if (fd >= 0) ::close(fd);
+    }
+  } file{::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)};
+  if (file.fd < 0) {
     const int err = errno;
     throw bad(errno_text(("open " + path).c_str(), err) +
               " (the exporting process ended, or belongs to another user)");
   }
+  // What was opened (the descriptor may have changed since the stat): a device memfd of
+  // backend:sim, and how long it is.
+  char target[128] = {};
+  const std::string self = "/proc/self/fd/" + std::to_string(file.fd);
+  const ssize_t n = ::readlink(self.c_str(), target, sizeof target - 1);
+  constexpr std::string_view kMemfd = "/memfd:stitch-sim-device";
+  if (n <= 0 || std::string_view(target, static_cast<std::size_t>(n)).substr(0, kMemfd.size()) != kMemfd)
+    throw bad(path + " is not backend:sim's device memory (it is " +
+              (n > 0 ? std::string(target, static_cast<std::size_t>(n)) : std::string("unreadable")) + ")");
+  if (::fstat(file.fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 0) throw bad("fstat of " + path + " failed");
+  const auto size = static_cast<std::size_t>(st.st_size);
+  for (const ipc::SimPiece& p : share->pieces)
+    if (!ipc::lies_within(p.offset, p.length, size))
+      throw bad("piece " + std::to_string(p.offset) + "+" + std::to_string(p.length) +
+                " runs past the exporter's device memory (" + std::to_string(size) + " bytes)");
   std::lock_guard lock(impl_->mutex);
   Device& d = impl_->device(device, "import_memory");
+  const std::size_t total = share->total;
   void* base = ::mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) {
     const int err = errno;
-    ::close(file);
     throw bad(errno_text("mmap", err));
   }
   std::size_t at = 0;
-  for (const auto& [off, len] : pieces) {
-    void* p = ::mmap(static_cast<char*>(base) + at, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, file,
-                     static_cast<off_t>(off));
-    if (p == MAP_FAILED) {
+  for (const ipc::SimPiece& p : share->pieces) {
+    void* q = ::mmap(static_cast<char*>(base) + at, p.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, file.fd,
+                     static_cast<off_t>(p.offset));
+    if (q == MAP_FAILED) {
       const int err = errno;
       ::munmap(base, total);
-      ::close(file);
       throw bad(errno_text("mmap", err));
     }
-    at += len;
+    at += p.length;
   }
-  ::close(file);
-  d.imports.emplace(addr(base), total);
+  try {
+    d.imports.emplace(addr(base), total);
+  } catch (...) {
+    ::munmap(base, total);
+    throw;
+  }
   *bytes = total;
   return base;
 }
