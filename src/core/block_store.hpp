@@ -310,6 +310,12 @@ class BlockStore::FreeBlocks {
     using value_type = Block*;
     using difference_type = std::ptrdiff_t;
     iterator() = default;
+    /// At the first block of `pool` (then of the shards after `shard`, when it is not null).
+    iterator(const BlockPool* pool, StreamShard* shard, bool small) noexcept
+        : pool_(pool), shard_(shard), small_(small) {
+      if (pool_ != nullptr) it_ = pool_->index.begin();
+      skip_empty();
+    }
     Block* operator*() const noexcept { return *it_; }
     iterator& operator++() noexcept {
       ++it_;
@@ -326,13 +332,6 @@ class BlockStore::FreeBlocks {
     }
 
    private:
-    friend class FreeBlocks;
-    /// At the first block of `pool` (then of the shards after `shard`, when it is not null).
-    iterator(const BlockPool* pool, StreamShard* shard, bool small) noexcept
-        : pool_(pool), shard_(shard), small_(small) {
-      if (pool_ != nullptr) it_ = pool_->index.begin();
-      skip_empty();
-    }
     /// Past the end of a pool: on to the next shard's, or the end.
     void skip_empty() noexcept {
       while (pool_ != nullptr && it_ == pool_->index.end()) {

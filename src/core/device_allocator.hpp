@@ -39,6 +39,7 @@
 #include "core/cache_hit.hpp"
 #include "core/compactor.hpp"
 #include "core/device_lock.hpp"
+#include "core/device_view.hpp"
 #include "core/expandable_ranges.hpp"
 #include "core/hot_stats.hpp"
 #include "core/kv_pools.hpp"
@@ -67,7 +68,7 @@ namespace stitch {
 /// Result of a free attempt on one device.
 enum class FreeStatus { freed, not_found, wrong_size };
 
-class DeviceAllocator {
+class DeviceAllocator final : private detail::DeviceUpkeep {
  public:
   DeviceAllocator(int device, Backend& backend, const Config& config);
   ~DeviceAllocator();
@@ -161,16 +162,11 @@ class DeviceAllocator {
   [[nodiscard]] detail::Placement& placement() noexcept { return placement_; }
 
  private:
-  friend class detail::Residency;  // the tags' entry points use the lock, cache and events
-  friend class detail::Placement;  // places blocks under the lock, as live ones
-  friend class detail::Reports;    // reads the statistics and the store under the lock
-  friend class detail::PoolRoutes; // routes allocations, with the cache hit closed meanwhile
-  friend class detail::KvPools;    // maps pools' pages under the lock, climbs the ladder
   using Block = detail::Block;
   using BlockPool = detail::BlockPool;
 
   /// Marks the allocated `block` as serving a request of `requested` bytes and counts it.
-  [[gnu::always_inline]] inline void activate(Block* block, std::size_t requested) noexcept;
+  [[gnu::always_inline]] inline void activate(Block* block, std::size_t requested) noexcept override;
   /// malloc() from the tagged `pool` (a region tag's, or a tagged graph pool's): refused while the
   /// tag is asleep.
   Allocation malloc_in_tagged_pool(BlockPool& pool, std::size_t size, std::size_t rounded,
@@ -183,22 +179,22 @@ class DeviceAllocator {
   [[gnu::always_inline]] inline Allocation allocate_from(BlockPool& pool, std::size_t size,
                                                          std::size_t rounded, stream_t stream);
   /// A pending block's last event completed: it becomes free.
-  void complete_pending(Block* block);
+  void complete_pending(Block* block) override;
   /// Retires the completed events, when the device may be touched: for an allocation on
   /// `*stream` (also recording the deferred events), or for a reader (`stream` null: only when
   /// no stream with events outstanding captures).
-  void poll_events(const stream_t* stream);
+  void poll_events(const stream_t* stream) override;
   /// Records the deferred events of the blocks none of whose streams captures any more.
-  void record_deferred_events();
+  void record_deferred_events() override;
   /// Closes the cache hit while the history is recorded, a private-pool route is underway or
   /// events are outstanding or deferred, and opens it when none is.
-  void note_hit_rules() noexcept {
+  void note_hit_rules() noexcept override {
     hits_.set_closed(detail::CacheHit::kRecording, recorder_.active());
     hits_.set_closed(detail::CacheHit::kRouting, pools_.routing());
     hits_.set_closed(detail::CacheHit::kEvents, events_.outstanding() != 0 || events_.deferred() != 0);
   }
   /// DeviceStats with the fast path's counters expanded in (the lock is held).
-  [[nodiscard]] DeviceStats stats_locked() const noexcept;
+  [[nodiscard]] DeviceStats stats_locked() const noexcept override;
 
   // the out-of-memory ladder (device_growth.cpp)
   /// New memory for a request the cache cannot serve, through the out-of-memory ladder; nullptr
@@ -210,9 +206,9 @@ class DeviceAllocator {
   /// Waits for every outstanding event and returns every free segment and page to the device,
   /// and the memory of the private pools without uses; with `keep`, stops once reserved memory
   /// is at most `keep` bytes.
-  void release_cached_blocks(std::size_t keep = 0);
+  void release_cached_blocks(std::size_t keep = 0) override;
   /// Returns the memory of the private pools without uses whose blocks are all free.
-  void release_unused_pools();
+  void release_unused_pools() override;
 
   /// Counts a failed request and captures its facts (and a what-if check's input) in failed_
   /// (device_oom.cpp).
@@ -241,11 +237,15 @@ class DeviceAllocator {
   detail::Stitcher stitcher_{store_, pages_, ledger_, stats_};
   detail::ExpandableRanges ranges_{config_, store_, pages_, ledger_, stitcher_};
   detail::Compactor compactor_{config_, store_, pages_, ledger_, stitcher_, stats_};
-  detail::Residency residency_{*this};  ///< the tags: sleep, wake, trim (a friend)
-  detail::Placement placement_{*this};  ///< recorded start states, exact addresses (a friend)
-  detail::Reports reports_{*this};      ///< statistics, snapshots, the observer (a friend)
-  detail::PoolRoutes pool_routes_{*this};  ///< private pools' routes (a friend)
-  detail::KvPools kv_{*this};             ///< the KV pools (a friend)
+  /// What the collaborators below reach of the device (core/device_view.hpp).
+  const detail::DeviceView view_{device_, backend_, config_, stats_, recorder_, ledger_, hot_, store_,
+                                 live_,   mutex_,   pages_,  events_, pools_,   plain_,  ranges_,
+                                 stitcher_, *this};
+  detail::Residency residency_{view_, kv_};  ///< the tags: sleep, wake, trim, spill
+  detail::Placement placement_{view_};       ///< recorded start states, exact addresses
+  detail::Reports reports_{view_, residency_};  ///< statistics, snapshots, the observer
+  detail::PoolRoutes pool_routes_{view_};    ///< private pools' routes
+  detail::KvPools kv_{view_, residency_};    ///< the KV pools
   const void* owner_ = nullptr;          ///< the Allocator whose regions tag (set_owner)
   std::atomic<bool> python_frames_{false};  ///< the history takes Python frames
   /// The failure of the request in progress, until malloc hands it to its caller.

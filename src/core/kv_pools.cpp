@@ -8,7 +8,11 @@
 #include <exception>
 #include <mutex>
 
-#include "core/device_allocator.hpp"
+#include "core/device_lock.hpp"
+#include "core/ledger.hpp"
+#include "core/page_mapper.hpp"
+#include "core/private_pools.hpp"
+#include "core/residency.hpp"
 #include "core/constants.hpp"
 #include "core/undo.hpp"
 #include "stitch/errors.hpp"
@@ -21,7 +25,7 @@ KvPools::~KvPools() {
     for (std::size_t p = 0; p < k->pages; ++p)
       if (k->handle[p * static_cast<std::size_t>(k->buffers)] != 0) unmap_page(*k, p);
     drop_zero(*k);
-    for (char* b : k->base) d_.pages_.release_or_keep_reservation(b, k->span);
+    for (char* b : k->base) d_.pages.release_or_keep_reservation(b, k->span);
     drop_backup(*k);
   }
 }
@@ -29,7 +33,7 @@ KvPools::~KvPools() {
 KvPool& KvPools::get(int pool) {
   const auto it = pools_.find(pool);
   if (it == pools_.end())
-    throw invalid_argument(fmt::format("KV pool {} does not exist on device {} (destroyed?)", pool, d_.device_));
+    throw invalid_argument(fmt::format("KV pool {} does not exist on device {} (destroyed?)", pool, d_.device));
   return *it->second;
 }
 
@@ -41,11 +45,11 @@ int KvPools::create(int buffers, std::size_t block_bytes, std::size_t max_blocks
   if (max_blocks > (std::size_t{1} << 40) / block_bytes || buffers > 65536)
     throw invalid_argument(fmt::format("stitch_kv_create: {} buffers of {} blocks of {} bytes is more address "
                                        "space than a device has", buffers, max_blocks, block_bytes));
-  std::lock_guard lock(d_.mutex_);
-  if (!d_.pages_.supported())
+  std::lock_guard lock(d_.lock);
+  if (!d_.pages.supported())
     throw backend_error(fmt::format(
         "stitch_kv_create: device {}: backend:{} has no virtual-memory API here; a KV pool maps "
-        "pages under reserved ranges", d_.device_, d_.backend_.name()));
+        "pages under reserved ranges", d_.device, d_.backend.name()));
   auto k = std::make_unique<KvPool>();
   k->id = next_id_;
   k->tag = tag;
@@ -54,11 +58,11 @@ int KvPools::create(int buffers, std::size_t block_bytes, std::size_t max_blocks
   k->buffers = buffers;
   k->block_bytes = block_bytes;
   k->max_blocks = max_blocks;
-  const std::size_t g = d_.pages_.granularity();
-  k->page = round_up(std::max<std::size_t>(d_.config_.kv_page, 1), g);
+  const std::size_t g = d_.pages.granularity();
+  k->page = round_up(std::max<std::size_t>(d_.config.kv_page, 1), g);
   k->pages = (block_bytes * max_blocks + k->page - 1) / k->page;
   k->span = k->pages * k->page;
-  k->reserve = d_.config_.kv_reserve;
+  k->reserve = d_.config.kv_reserve;
   k->handle.assign(k->pages * static_cast<std::size_t>(buffers), 0);
   k->refs.assign(k->pages, 0);
   k->on_host.assign(k->pages * static_cast<std::size_t>(buffers), 0);
@@ -66,53 +70,53 @@ int KvPools::create(int buffers, std::size_t block_bytes, std::size_t max_blocks
   k->live.assign((max_blocks + 63) / 64, 0);
   try {
     for (int b = 0; b < buffers; ++b) {
-      char* va = d_.pages_.reserve(k->span, g);
+      char* va = d_.pages.reserve(k->span, g);
       if (va == nullptr)
         throw out_of_memory(fmt::format("stitch_kv_create: device {}: no address space left for {} "
-                                        "buffers of {} bytes", d_.device_, buffers, k->span));
+                                        "buffers of {} bytes", d_.device, buffers, k->span));
       k->base.push_back(va);
     }
   } catch (...) {
-    for (char* va : k->base) d_.pages_.release_or_keep_reservation(va, k->span);
+    for (char* va : k->base) d_.pages.release_or_keep_reservation(va, k->span);
     throw;
   }
-  if (d_.config_.kv_zero_page) {
+  if (d_.config.kv_zero_page) {
     try {
       (void)map_zero_everywhere(*k);  // (sets k->zero where the back end allows)
     } catch (...) {
-      for (char* va : k->base) d_.pages_.release_or_keep_reservation(va, k->span);
+      for (char* va : k->base) d_.pages.release_or_keep_reservation(va, k->span);
       throw;
     }
   }
   // The tag is used here from now on: stitch_sleep and stitch_wake name it (its name was given
   // to each device as a region's is).
   (void)tag_name;
-  d_.residency_.sleeper().note_used(tag);
+  residency_.sleeper().note_used(tag);
   const int id = next_id_++;
   pools_.emplace(id, std::move(k));
   return id;
 }
 
 void KvPools::destroy(int pool) {
-  std::lock_guard lock(d_.mutex_);
+  std::lock_guard lock(d_.lock);
   KvPool& k = get(pool);
   if (k.live_blocks != 0)
     throw invalid_argument(fmt::format("stitch_kv_destroy: KV pool {} still has {} live block(s); free them first",
                                        pool, k.live_blocks));
   if (k.mapped_pages + k.host_pages != 0) {
-    ++d_.stats_.num_device_syncs;
-    d_.pages_.synchronize_device(false);  // kernels may still read the freed blocks
+    ++d_.stats.num_device_syncs;
+    d_.pages.synchronize_device(false);  // kernels may still read the freed blocks
   }
   for (std::size_t p = 0; p < k.pages; ++p)
     if (k.handle[p * static_cast<std::size_t>(k.buffers)] != 0) unmap_page(k, p);
   drop_zero(k);
-  for (char* b : k.base) d_.pages_.release_or_keep_reservation(b, k.span);
+  for (char* b : k.base) d_.pages.release_or_keep_reservation(b, k.span);
   drop_backup(k);
   pools_.erase(pool);
 }
 
 char* KvPools::buffer(int pool, int buffer) {
-  std::lock_guard lock(d_.mutex_);
+  std::lock_guard lock(d_.lock);
   KvPool& k = get(pool);
   if (buffer < 0 || buffer >= k.buffers)
     throw invalid_argument(fmt::format("stitch_kv_buffer: buffer {} of a pool with {} buffers", buffer, k.buffers));
@@ -121,7 +125,7 @@ char* KvPools::buffer(int pool, int buffer) {
 
 bool KvPools::map_page(KvPool& k, std::size_t p) {
   const std::size_t nb = static_cast<std::size_t>(k.buffers);
-  if (!d_.ledger_.fits(k.page_set_bytes())) return false;
+  if (!d_.ledger.fits(k.page_set_bytes())) return false;
   // The zero page leaves the slot first (mapped back on a failure).
   auto zero_back = [&]() noexcept {
     for (std::size_t b = 0; b < nb; ++b)
@@ -130,7 +134,7 @@ bool KvPools::map_page(KvPool& k, std::size_t p) {
   for (std::size_t b = 0; b < nb; ++b) {
     if (k.zeroed[p * nb + b] == 0) continue;
     try {
-      d_.pages_.unmap(k.base[b] + p * k.page, k.page);
+      d_.pages.unmap(k.base[b] + p * k.page, k.page);
     } catch (...) {
       zero_back();
       throw;
@@ -140,27 +144,27 @@ bool KvPools::map_page(KvPool& k, std::size_t p) {
   std::size_t done = 0;
   try {
     for (; done < nb; ++done) {
-      const phys_handle_t h = d_.pages_.create(k.page);
+      const phys_handle_t h = d_.pages.create(k.page);
       if (h == 0) break;
       char* at = k.base[done] + p * k.page;
-      d_.pages_.unmap_strays_in(at, k.page);
+      d_.pages.unmap_strays_in(at, k.page);
       bool mapped = false;
       try {
-        mapped = d_.pages_.map_pieces(at, {MapPiece{h, k.page}});
+        mapped = d_.pages.map_pieces(at, {MapPiece{h, k.page}});
       } catch (...) {
-        d_.pages_.release_or_orphan(h);
+        d_.pages.release_or_orphan(h);
         throw;
       }
       if (!mapped) {
-        d_.pages_.release_or_orphan(h);
+        d_.pages.release_or_orphan(h);
         break;
       }
       k.handle[p * nb + done] = h;
     }
   } catch (...) {
     for (std::size_t b = 0; b < done; ++b) {
-      d_.pages_.unmap_or_stray(k.base[b] + p * k.page, k.page);
-      d_.pages_.release_or_orphan(k.handle[p * nb + b]);
+      d_.pages.unmap_or_stray(k.base[b] + p * k.page, k.page);
+      d_.pages.release_or_orphan(k.handle[p * nb + b]);
       k.handle[p * nb + b] = 0;
     }
     zero_back();
@@ -168,8 +172,8 @@ bool KvPools::map_page(KvPool& k, std::size_t p) {
   }
   if (done < nb) {
     for (std::size_t b = 0; b < done; ++b) {
-      d_.pages_.unmap_or_stray(k.base[b] + p * k.page, k.page);
-      d_.pages_.release_or_orphan(k.handle[p * nb + b]);
+      d_.pages.unmap_or_stray(k.base[b] + p * k.page, k.page);
+      d_.pages.release_or_orphan(k.handle[p * nb + b]);
       k.handle[p * nb + b] = 0;
     }
     zero_back();
@@ -178,7 +182,7 @@ bool KvPools::map_page(KvPool& k, std::size_t p) {
   ++k.mapped_pages;
   ++k.maps;
   k.peak_mapped_pages = std::max(k.peak_mapped_pages, k.mapped_pages);
-  d_.ledger_.kv_mapped(k.base[0] + p * k.page, k.page_set_bytes());
+  d_.ledger.kv_mapped(k.base[0] + p * k.page, k.page_set_bytes());
   return true;
 }
 
@@ -188,8 +192,8 @@ void KvPools::unmap_page(KvPool& k, std::size_t p) noexcept {
   for (std::size_t b = 0; b < nb; ++b) {
     phys_handle_t& h = k.handle[p * nb + b];
     if (h == 0) continue;
-    d_.pages_.unmap_or_stray(k.base[b] + p * k.page, k.page);
-    d_.pages_.release_or_orphan(h);
+    d_.pages.unmap_or_stray(k.base[b] + p * k.page, k.page);
+    d_.pages.release_or_orphan(h);
     h = 0;
     k.on_host[p * nb + b] = 0;
     if (k.zero) k.zeroed[p * nb + b] = map_zero(k, p, b) ? 1 : 0;  // (unmapped if that fails)
@@ -199,12 +203,12 @@ void KvPools::unmap_page(KvPool& k, std::size_t p) noexcept {
   if (hosts != 0) {  // a spilled page: host memory, not the device's (but for slots an undo left)
     --k.host_pages;
     k.host_slots -= hosts;
-    d_.ledger_.host_unmapped(at, hosts * k.page);
-    if (hosts < nb) d_.ledger_.kv_unmapped(at, (nb - hosts) * k.page);
+    d_.ledger.host_unmapped(at, hosts * k.page);
+    if (hosts < nb) d_.ledger.kv_unmapped(at, (nb - hosts) * k.page);
     return;
   }
   --k.mapped_pages;
-  d_.ledger_.kv_unmapped(at, k.page_set_bytes());
+  d_.ledger.kv_unmapped(at, k.page_set_bytes());
 }
 
 std::size_t KvPools::next_free(const KvPool& k, std::size_t from) noexcept {
@@ -219,13 +223,13 @@ std::size_t KvPools::next_free(const KvPool& k, std::size_t from) noexcept {
 }
 
 void KvPools::alloc(int pool, std::size_t n, std::int64_t* ids) {
-  std::lock_guard lock(d_.mutex_);
+  std::lock_guard lock(d_.lock);
   KvPool& k = get(pool);
   if (n == 0) return;
   if (ids == nullptr) throw invalid_argument("stitch_kv_alloc: ids is NULL");
   if (k.asleep)
     throw error(fmt::format("stitch_kv_alloc: KV pool {}'s tag '{}' is asleep on device {} (stitch_wake it first)",
-                            pool, d_.residency_.tag_name(k.tag), d_.device_));
+                            pool, residency_.tag_name(k.tag), d_.device));
   if (n > k.max_blocks - k.live_blocks)
     throw out_of_memory(fmt::format("CUDA out of memory. stitch_kv_alloc: KV pool {} has {} free block(s) of {}, "
                                     "fewer than the {} asked; nothing allocated",
@@ -270,16 +274,16 @@ void KvPools::alloc(int pool, std::size_t n, std::int64_t* ids) {
         continue;
       }
       undo();
-      if (released || !d_.pools_.may_touch_device({})) {
+      if (released || !d_.pools.may_touch_device({})) {
         throw out_of_memory(fmt::format(
             "CUDA out of memory. stitch_kv_alloc: device {} cannot give the {} page(s) of {} bytes KV pool {} "
             "needs ({} bytes free of {}; this process reserves {} bytes, {} of them in KV pools); the cache "
             "and every pool's unused pages were released first; nothing allocated",
-            d_.device_, fresh.size(), k.page_set_bytes(), pool, d_.pages_.device_free(),
-            d_.pages_.device_total(), d_.ledger_.reserved(), mapped_bytes()));
+            d_.device, fresh.size(), k.page_set_bytes(), pool, d_.pages.device_free(),
+            d_.pages.device_total(), d_.ledger.reserved(), mapped_bytes()));
       }
       released = true;
-      d_.release_cached_blocks();
+      d_.upkeep.release_cached_blocks(0);
       (void)release_unused(/*all=*/true);
       // Every page of the chosen blocks that is unmapped now (this pool's unused ones may have
       // gone too).
@@ -307,7 +311,7 @@ void KvPools::alloc(int pool, std::size_t n, std::int64_t* ids) {
 }
 
 void KvPools::free(int pool, const std::int64_t* ids, std::size_t n) {
-  std::lock_guard lock(d_.mutex_);
+  std::lock_guard lock(d_.lock);
   KvPool& k = get(pool);
   if (n == 0) return;
   if (ids == nullptr) throw invalid_argument("stitch_kv_free: ids is NULL");
@@ -335,16 +339,16 @@ void KvPools::free(int pool, const std::int64_t* ids, std::size_t n) {
 }
 
 void KvPools::set_limit(int pool, std::size_t bytes) {
-  std::lock_guard lock(d_.mutex_);
+  std::lock_guard lock(d_.lock);
   get(pool).limit = bytes;
 }
 
 std::size_t KvPools::available(int pool) {
-  std::lock_guard lock(d_.mutex_);
+  std::lock_guard lock(d_.lock);
   KvPool& k = get(pool);
   if (k.asleep) return 0;
   // Blocks in id order, as alloc takes them, while the device, the fraction and the limit allow.
-  std::size_t room = std::min(d_.pages_.device_free(), d_.ledger_.room());
+  std::size_t room = std::min(d_.pages.device_free(), d_.ledger.room());
   std::size_t used = k.used_pages;
   std::vector<std::uint8_t> taken(k.pages, 0);
   std::size_t n = 0;
@@ -379,13 +383,13 @@ std::size_t KvPools::unmap_unused(KvPool& k, std::size_t keep) noexcept {
 }
 
 void KvPools::trim(int pool) {
-  std::lock_guard lock(d_.mutex_);
+  std::lock_guard lock(d_.lock);
   KvPool& k = get(pool);
   if (k.unused_pages() == 0) return;
-  if (!d_.pools_.may_touch_device({}))
+  if (!d_.pools.may_touch_device({}))
     throw error("stitch_kv_trim: a CUDA graph capture is underway; pages cannot be unmapped now");
-  ++d_.stats_.num_device_syncs;
-  d_.pages_.synchronize_device(d_.config_.peer_access);  // kernels may still read freed blocks
+  ++d_.stats.num_device_syncs;
+  d_.pages.synchronize_device(d_.config.peer_access);  // kernels may still read freed blocks
   (void)unmap_unused(k, 0);
 }
 
@@ -397,8 +401,8 @@ std::size_t KvPools::release_unused(bool all) noexcept {
   }
   if (!any) return 0;
   try {
-    ++d_.stats_.num_device_syncs;
-    d_.pages_.synchronize_device(d_.config_.peer_access);
+    ++d_.stats.num_device_syncs;
+    d_.pages.synchronize_device(d_.config.peer_access);
   } catch (...) {
     return 0;  // nothing unmapped under work that may still run
   }
@@ -430,10 +434,10 @@ void KvPools::sleep(const std::vector<std::uint16_t>& tags, const std::vector<st
       for (std::size_t p = 0; p < k->pages; ++p)
         if (k->refs[p] != 0) saved.push_back(p);
       const std::size_t bytes = saved.size() * k->page_set_bytes();
-      char* host = static_cast<char*>(d_.backend_.allocate_host(d_.device_, bytes));
+      char* host = static_cast<char*>(d_.backend.allocate_host(d_.device, bytes));
       if (host == nullptr)
         throw out_of_memory(fmt::format("stitch_sleep: device {}: the host cannot give {} bytes for KV pool {}'s "
-                                        "backup; nothing was put to sleep", d_.device_, bytes, k->id));
+                                        "backup; nothing was put to sleep", d_.device, bytes, k->id));
       k->host = host;
       k->host_bytes = bytes;
       k->saved = std::move(saved);
@@ -441,10 +445,10 @@ void KvPools::sleep(const std::vector<std::uint16_t>& tags, const std::vector<st
       std::size_t off = 0;
       for (std::size_t p : k->saved)
         for (int b = 0; b < k->buffers; ++b, off += k->page)
-          d_.backend_.copy_to_host_async(d_.device_, host + off, k->base[static_cast<std::size_t>(b)] + p * k->page,
+          d_.backend.copy_to_host_async(d_.device, host + off, k->base[static_cast<std::size_t>(b)] + p * k->page,
                                          k->page, nullptr);
     }
-    if (!backed.empty()) d_.backend_.synchronize_stream(d_.device_, nullptr);
+    if (!backed.empty()) d_.backend.synchronize_stream(d_.device, nullptr);
   } catch (...) {
     for (KvPool* k : backed) drop_backup(*k);
     throw;
@@ -480,11 +484,11 @@ bool KvPools::wake(const std::vector<std::uint16_t>& tags) {
       for (std::size_t p : k->saved) {
         for (int b = 0; b < k->buffers; ++b, off += k->page)
           if (k->refs[p] != 0)  // (blocks freed while asleep: their pages stay unmapped)
-            d_.backend_.copy_from_host_async(d_.device_, k->base[static_cast<std::size_t>(b)] + p * k->page,
+            d_.backend.copy_from_host_async(d_.device, k->base[static_cast<std::size_t>(b)] + p * k->page,
                                              k->host + off, k->page, nullptr);
       }
     }
-    d_.backend_.synchronize_stream(d_.device_, nullptr);
+    d_.backend.synchronize_stream(d_.device, nullptr);
   } catch (...) {
     undo();
     throw;
@@ -499,7 +503,7 @@ bool KvPools::wake(const std::vector<std::uint16_t>& tags) {
 void KvPools::drop_backup(KvPool& k) noexcept {
   if (k.host != nullptr) {
     try {
-      d_.backend_.deallocate_host(d_.device_, k.host, k.host_bytes);
+      d_.backend.deallocate_host(d_.device, k.host, k.host_bytes);
     } catch (...) {  // the host memory is lost to the process, not to the device
     }
   }
@@ -514,7 +518,7 @@ bool KvPools::move_page(KvPool& k, std::size_t p, bool to_host, phys_handle_t* g
   for (std::size_t b = 0; b < nb; ++b)
     if ((k.on_host[p * nb + b] != 0) != to_host) todo.push_back(b);
   if (todo.empty()) return true;
-  if (!to_host && !d_.ledger_.fits(todo.size() * k.page)) return false;
+  if (!to_host && !d_.ledger.fits(todo.size() * k.page)) return false;
   const std::size_t before = k.hosted(p);
   // Buffer b's slot through the page mapper's remap, on a one-slot view of the buffer, onto
   // `fresh` (a host page) or, without it, a fresh device page.
@@ -527,7 +531,7 @@ bool KvPools::move_page(KvPool& k, std::size_t p, bool to_host, phys_handle_t* g
     view.pages.reset(k.pages);
     view.pages.make_room(p + 1);
     view.pages.set(p, 1, k.handle[p * nb + b]);
-    if (!d_.pages_.remap(Mapping{&view, p, 1}, {SlotRun{p, 1}}, false, fresh)) return false;
+    if (!d_.pages.remap(Mapping{&view, p, 1}, {SlotRun{p, 1}}, false, fresh)) return false;
     k.handle[p * nb + b] = view.pages.handle(p);
     k.on_host[p * nb + b] = fresh != nullptr ? 1 : 0;
     return true;
@@ -544,11 +548,11 @@ bool KvPools::move_page(KvPool& k, std::size_t p, bool to_host, phys_handle_t* g
     }
     phys_handle_t h = 0;
     try {
-      h = d_.pages_.create_host(k.page);
+      h = d_.pages.create_host(k.page);
       if (h != 0 && remap_one(b, &h)) return;
     } catch (...) {
     }
-    if (h != 0) d_.pages_.release_or_orphan(h);
+    if (h != 0) d_.pages.release_or_orphan(h);
   };
   std::vector<std::size_t> moved;
   moved.reserve(todo.size());
@@ -583,11 +587,11 @@ void KvPools::book_moved(KvPool& k, std::size_t p, std::size_t before) noexcept 
   k.host_slots = k.host_slots - before + after;
   char* at = k.base[0] + p * k.page;
   if (after > before) {
-    d_.ledger_.kv_unmapped(at, (after - before) * k.page);
-    d_.ledger_.host_mapped(at, (after - before) * k.page);
+    d_.ledger.kv_unmapped(at, (after - before) * k.page);
+    d_.ledger.host_mapped(at, (after - before) * k.page);
   } else {
-    d_.ledger_.host_unmapped(at, (before - after) * k.page);
-    d_.ledger_.kv_mapped(at, (before - after) * k.page);
+    d_.ledger.host_unmapped(at, (before - after) * k.page);
+    d_.ledger.kv_mapped(at, (before - after) * k.page);
   }
 }
 
@@ -596,7 +600,7 @@ std::size_t KvPools::spill(const std::vector<std::uint16_t>& tags, std::size_t r
   std::size_t need = 0;
   for (auto& [id, k] : pools_) {
     if (!k->spill || k->asleep || std::find(tags.begin(), tags.end(), k->tag) == tags.end()) continue;
-    const std::size_t host_granularity = d_.pages_.host_granularity();
+    const std::size_t host_granularity = d_.pages.host_granularity();
     if (host_granularity == 0 || k->page % host_granularity != 0) continue;
     for (std::size_t p = 0; p < k->pages; ++p) {
       const std::size_t device_slots = static_cast<std::size_t>(k->buffers) - k->hosted(p);
@@ -608,13 +612,13 @@ std::size_t KvPools::spill(const std::vector<std::uint16_t>& tags, std::size_t r
   if (plan.empty()) return 0;
   if (need > room)
     throw out_of_memory(fmt::format("spill: device {}: the KV pools' {} bytes would pass spill_limit_mb ({} more "
-                                    "allowed); nothing moved", d_.device_, need, room));
+                                    "allowed); nothing moved", d_.device, need, room));
   // 1. Every host page first: one per buffer of each page (0 where the slot is on one already).
   // Each page a move uses is zeroed here; whatever is left at the end is released, once.
   std::vector<phys_handle_t> host;
   Undo release_unused([&] {
     for (phys_handle_t h : host)
-      if (h != 0) d_.pages_.release_or_orphan(h);
+      if (h != 0) d_.pages.release_or_orphan(h);
   });
   for (const auto& [k, p] : plan)
     host.resize(host.size() + static_cast<std::size_t>(k->buffers), 0);
@@ -622,10 +626,10 @@ std::size_t KvPools::spill(const std::vector<std::uint16_t>& tags, std::size_t r
   for (const auto& [k, p] : plan) {
     for (std::size_t b = 0; b < static_cast<std::size_t>(k->buffers); ++b, ++at) {
       if (k->on_host[p * static_cast<std::size_t>(k->buffers) + b] != 0) continue;
-      host[at] = d_.pages_.create_host(k->page);
+      host[at] = d_.pages.create_host(k->page);
       if (host[at] == 0)
         throw out_of_memory(fmt::format("spill: device {}: the host cannot give {} bytes of host pages for the "
-                                        "KV pools; nothing moved", d_.device_, need));
+                                        "KV pools; nothing moved", d_.device, need));
     }
   }
   // 2. The moves; a failure moves back the pages moved.
@@ -636,7 +640,7 @@ std::size_t KvPools::spill(const std::vector<std::uint16_t>& tags, std::size_t r
       KvPool& k = *plan[done].first;
       if (!move_page(k, plan[done].second, true, host.data() + at))
         throw out_of_memory(fmt::format("spill: device {}: no room for a remap (address space for its scratch "
-                                        "range); nothing moved", d_.device_));
+                                        "range); nothing moved", d_.device));
       at += static_cast<std::size_t>(k.buffers);
     }
   } catch (...) {
@@ -716,9 +720,9 @@ std::vector<KvPoolInfo> KvPools::infos(const std::function<std::string(std::uint
 }
 
 KvPoolInfo KvPools::info(int pool) {
-  std::lock_guard lock(d_.mutex_);
+  std::lock_guard lock(d_.lock);
   (void)get(pool);
-  for (KvPoolInfo& i : infos([this](std::uint16_t t) { return d_.residency_.tag_name(t); }))
+  for (KvPoolInfo& i : infos([this](std::uint16_t t) { return residency_.tag_name(t); }))
     if (i.id == pool) return i;
   return {};
 }
@@ -726,16 +730,16 @@ KvPoolInfo KvPools::info(int pool) {
 bool KvPools::map_zero(KvPool& k, std::size_t p, std::size_t b) noexcept {
   char* at = k.base[b] + p * k.page;
   try {
-    d_.pages_.unmap_strays_in(at, k.page);
-    if (!d_.pages_.map_pieces(at, {MapPiece{zero_, k.page}})) return false;
+    d_.pages.unmap_strays_in(at, k.page);
+    if (!d_.pages.map_pieces(at, {MapPiece{zero_, k.page}})) return false;
   } catch (...) {
     return false;
   }
   try {
-    if (d_.pages_.protect_read_only(at, k.page)) return true;
+    if (d_.pages.protect_read_only(at, k.page)) return true;
   } catch (...) {
   }
-  d_.pages_.unmap_or_stray(at, k.page);
+  d_.pages.unmap_or_stray(at, k.page);
   return false;
 }
 
@@ -746,30 +750,30 @@ bool KvPools::map_zero_everywhere(KvPool& k) {
   if (made) {
     // One page of zeros, made once per device: mapped writable at the pool's first slot, zeroed,
     // then made read-only there; where the back end cannot, no zero page at all.
-    zero_ = d_.pages_.create(k.page);
+    zero_ = d_.pages.create(k.page);
     if (zero_ == 0) return false;
     zero_bytes_ = k.page;
     char* at = k.base[0];
     bool ok = false;
     try {
-      if (d_.pages_.map_pieces(at, {MapPiece{zero_, k.page}})) {
+      if (d_.pages.map_pieces(at, {MapPiece{zero_, k.page}})) {
         const std::vector<char> zeros(k.page, 0);
-        d_.backend_.copy_from_host(d_.device_, at, zeros.data(), k.page);
-        ok = d_.pages_.protect_read_only(at, k.page);
-        d_.pages_.unmap(at, k.page);
+        d_.backend.copy_from_host(d_.device, at, zeros.data(), k.page);
+        ok = d_.pages.protect_read_only(at, k.page);
+        d_.pages.unmap(at, k.page);
       }
     } catch (...) {
-      d_.pages_.unmap_or_stray(at, k.page);
-      d_.pages_.release_or_orphan(zero_);
+      d_.pages.unmap_or_stray(at, k.page);
+      d_.pages.release_or_orphan(zero_);
       zero_ = 0;
       throw;
     }
     if (!ok) {
-      d_.pages_.release_or_orphan(zero_);
+      d_.pages.release_or_orphan(zero_);
       zero_ = 0;
       return false;
     }
-    d_.ledger_.kv_mapped(at, k.page);  // counted once, as long as a pool maps it
+    d_.ledger.kv_mapped(at, k.page);  // counted once, as long as a pool maps it
   }
   ++zero_users_;
   k.zero = true;
@@ -781,7 +785,7 @@ bool KvPools::map_zero_everywhere(KvPool& k) {
       }
       drop_zero(k);
       throw backend_error(fmt::format("stitch_kv_create: device {}: mapping the shared zero page under slot {} of "
-                                      "buffer {} failed (kv_zero_page:True); nothing was created", d_.device_, p, b));
+                                      "buffer {} failed (kv_zero_page:True); nothing was created", d_.device, p, b));
     }
   return true;
 }
@@ -791,32 +795,32 @@ void KvPools::drop_zero(KvPool& k) noexcept {
   const std::size_t nb = static_cast<std::size_t>(k.buffers);
   for (std::size_t i = 0; i < k.zeroed.size(); ++i) {
     if (k.zeroed[i] == 0) continue;
-    d_.pages_.unmap_or_stray(k.base[i % nb] + (i / nb) * k.page, k.page);
+    d_.pages.unmap_or_stray(k.base[i % nb] + (i / nb) * k.page, k.page);
     k.zeroed[i] = 0;
   }
   k.zero = false;
   if (--zero_users_ == 0 && zero_ != 0) {
-    d_.pages_.release_or_orphan(zero_);
+    d_.pages.release_or_orphan(zero_);
     zero_ = 0;
-    d_.ledger_.kv_unmapped(nullptr, zero_bytes_);
+    d_.ledger.kv_unmapped(nullptr, zero_bytes_);
     zero_bytes_ = 0;
   }
 }
 
 std::vector<int> KvPools::ids() {
-  std::lock_guard lock(d_.mutex_);
+  std::lock_guard lock(d_.lock);
   std::vector<int> out;
   for (const auto& [id, k] : pools_) out.push_back(id);
   return out;
 }
 
 void KvPools::validate() const {
-  const std::vector<phys_handle_t>& orphans = d_.pages_.orphans();
+  const std::vector<phys_handle_t>& orphans = d_.pages.orphans();
   for (const auto& entry : pools_) {
     const int id = entry.first;
     const std::unique_ptr<KvPool>& k = entry.second;
     auto broken = [&](const char* what) {
-      throw error(fmt::format("stitch invariant broken on device {}: KV pool {}: {}", d_.device_, id, what));
+      throw error(fmt::format("stitch invariant broken on device {}: KV pool {}: {}", d_.device, id, what));
     };
     std::vector<std::uint32_t> refs(k->pages, 0);
     std::size_t live = 0;

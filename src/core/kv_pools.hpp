@@ -9,8 +9,8 @@
 // with the caching allocator's tags (its pages unmapped, the live blocks' pages kept in host
 // memory when the pool was made with backup).
 //
-// Each entry point takes the device lock; it reaches the device's lock, page mapper, ledger and
-// statistics through `device` (a friend of DeviceAllocator), so that DeviceAllocator keeps routing.
+// Each entry point takes the device lock, over the view of the device it is handed
+// (core/device_view.hpp) and the tags' residency (a spill of a pool's tag).
 #pragma once
 
 #include <cstddef>
@@ -21,13 +21,12 @@
 #include <string>
 #include <vector>
 
+#include "core/device_view.hpp"
 #include "stitch/backend.hpp"
 
-namespace stitch {
-class DeviceAllocator;
-}
-
 namespace stitch::detail {
+
+class Residency;
 
 /// One pool.
 struct KvPool {
@@ -104,7 +103,7 @@ struct KvPoolInfo {
 
 class KvPools {
  public:
-  explicit KvPools(DeviceAllocator& device) : d_(device) {}
+  KvPools(const DeviceView& device, Residency& residency) : d_(device), residency_(residency) {}
   ~KvPools();
   KvPools(const KvPools&) = delete;
   KvPools& operator=(const KvPools&) = delete;
@@ -198,7 +197,8 @@ class KvPools {
   /// Unmaps the zero page under every slot of `k` and gives the page back with its last user.
   void drop_zero(KvPool& k) noexcept;
 
-  DeviceAllocator& d_;
+  const DeviceView& d_;
+  Residency& residency_;
   std::map<int, std::unique_ptr<KvPool>> pools_;
   phys_handle_t zero_ = 0;       ///< the shared zero page (kv_zero_page), counted once in kv_bytes
   std::size_t zero_bytes_ = 0;

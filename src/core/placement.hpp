@@ -2,8 +2,8 @@
 // (plain segments and expandable ranges with their live blocks) and the release of one cached
 // segment, as a recording allocator's garbage collection or oversize release did; for PyTorch, a
 // block at an exact address (allocateWithAddress, cudagraph trees' checkpoints). The device's
-// entry points for them, each under the device lock, reached through `device` (a friend of
-// DeviceAllocator).
+// entry points for them, each under the device lock, over the view of the device it is handed
+// (core/device_view.hpp).
 #pragma once
 
 #include <cstddef>
@@ -11,17 +11,14 @@
 
 #include "core/block.hpp"
 #include "core/block_store.hpp"
+#include "core/device_view.hpp"
 #include "stitch/backend.hpp"
-
-namespace stitch {
-class DeviceAllocator;
-}
 
 namespace stitch::detail {
 
 class Placement {
  public:
-  explicit Placement(DeviceAllocator& device) noexcept : d_(device) {}
+  explicit Placement(const DeviceView& device) noexcept : d_(device) {}
   Placement(const Placement&) = delete;
   Placement& operator=(const Placement&) = delete;
 
@@ -51,7 +48,7 @@ class Placement {
   /// A placed block becomes live.
   void seeded(Block* block, const SeedBlock& seed);
 
-  DeviceAllocator& d_;
+  const DeviceView& d_;
 };
 
 }  // namespace stitch::detail

@@ -1,22 +1,19 @@
 // core/pool_routes.hpp — the device's entry points of private pools (CUDA graphs and MemPools,
 // core/private_pools.hpp): routes begun and ended, a pool's no-split rule, a use released. Each
-// takes the device lock and keeps the cache hit closed while a route is underway, reached
-// through `device` (a friend of DeviceAllocator).
+// takes the device lock and keeps the cache hit closed while a route is underway, over the view
+// of the device it is handed (core/device_view.hpp).
 #pragma once
 
 #include <cstdint>
 
+#include "core/device_view.hpp"
 #include "core/private_pool.hpp"
-
-namespace stitch {
-class DeviceAllocator;
-}
 
 namespace stitch::detail {
 
 class PoolRoutes {
  public:
-  explicit PoolRoutes(DeviceAllocator& device) noexcept : d_(device) {}
+  explicit PoolRoutes(const DeviceView& device) noexcept : d_(device) {}
   PoolRoutes(const PoolRoutes&) = delete;
   PoolRoutes& operator=(const PoolRoutes&) = delete;
 
@@ -36,7 +33,7 @@ class PoolRoutes {
   void release_pool(PoolId id);
 
  private:
-  DeviceAllocator& d_;
+  const DeviceView& d_;
 };
 
 }  // namespace stitch::detail

@@ -1,25 +1,25 @@
 // core/reports.hpp — what one device says about itself: its statistics and their resets, its
 // snapshot and segments, the trace observer, the largest request that would succeed now, and the
-// count of invalid frees. The device's entry points for them, each under the device lock,
-// reached through `device` (a friend of DeviceAllocator).
+// count of invalid frees. The device's entry points for them, each under the device lock, over
+// the view of the device it is handed (core/device_view.hpp) and the tags' names (Residency).
 #pragma once
 
 #include <cstddef>
 #include <functional>
 #include <vector>
 
+#include "core/device_view.hpp"
 #include "stitch/snapshot.hpp"
 #include "stitch/stats.hpp"
 
-namespace stitch {
-class DeviceAllocator;
-}
-
 namespace stitch::detail {
+
+class Residency;
 
 class Reports {
  public:
-  explicit Reports(DeviceAllocator& device) noexcept : d_(device) {}
+  Reports(const DeviceView& device, const Residency& residency) noexcept
+      : d_(device), residency_(residency) {}
   Reports(const Reports&) = delete;
   Reports& operator=(const Reports&) = delete;
 
@@ -42,7 +42,8 @@ class Reports {
   void count_failed_free();
 
  private:
-  DeviceAllocator& d_;
+  const DeviceView& d_;
+  const Residency& residency_;
 };
 
 }  // namespace stitch::detail

@@ -9,26 +9,33 @@
 #include <mutex>
 #include <set>
 
-#include "core/device_allocator.hpp"
+#include "core/block_store.hpp"
+#include "core/device_lock.hpp"
+#include "core/kv_pools.hpp"
+#include "core/ledger.hpp"
+#include "core/page_mapper.hpp"
+#include "core/private_pools.hpp"
+#include "core/stream_events.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch::detail {
 
-Residency::Residency(DeviceAllocator& device)
+Residency::Residency(const DeviceView& device, KvPools& kv)
     : d_(device),
-      sleeper_{device.backend_, device.device_, device.store_, device.pages_, device.ledger_, device.stats_},
-      spiller_{device.config_, device.device_, device.store_, device.pages_, device.ledger_, device.stats_,
-               device.ranges_} {}
+      kv_(kv),
+      sleeper_{device.backend, device.device, device.store, device.pages, device.ledger, device.stats},
+      spiller_{device.config, device.device, device.store, device.pages, device.ledger, device.stats,
+               device.ranges} {}
 
 void Residency::name_tag(std::uint16_t tag, const std::string& name, bool spill) {
-  std::lock_guard lock(d_.mutex_);
+  std::lock_guard lock(d_.lock);
   if (tag_names_.size() <= tag) tag_names_.resize(std::size_t{tag} + 1);
   tag_names_[tag] = name;
   if (spill) sleeper_.note_spillable(tag);
 }
 
 bool Residency::spillable(std::uint16_t tag) const {
-  std::lock_guard lock(d_.mutex_);
+  std::lock_guard lock(d_.lock);
   return sleeper_.spillable(tag);
 }
 
@@ -38,33 +45,33 @@ std::string Residency::tag_name(std::uint16_t tag) const {
 }
 
 bool Residency::asleep(std::uint16_t tag) const {
-  std::lock_guard lock(d_.mutex_);
+  std::lock_guard lock(d_.lock);
   return sleeper_.asleep(tag);
 }
 
 bool Residency::used(std::uint16_t tag) const {
-  std::lock_guard lock(d_.mutex_);
+  std::lock_guard lock(d_.lock);
   return sleeper_.used(tag);
 }
 
 void Residency::refuse_while_capturing(const char* what) {
-  if (d_.pools_.routing())
+  if (d_.pools.routing())
     throw error(fmt::format(
         "{}: device {}: a private-pool route (a CUDA graph capture) is underway; synchronizing "
-        "the device would break the capture", what, d_.device_));
+        "the device would break the capture", what, d_.device));
   std::set<stream_t> streams{nullptr};
-  for (const detail::Segment* s = d_.store_.segments(); s != nullptr; s = s->next)
+  for (const detail::Segment* s = d_.store.segments(); s != nullptr; s = s->next)
     streams.insert(s->stream);
   for (stream_t s : streams)
-    if (d_.backend_.is_capturing(d_.device_, s))
+    if (d_.backend.is_capturing(d_.device, s))
       throw error(fmt::format(
           "{}: device {}: stream {} is capturing a CUDA graph; synchronizing the device would "
-          "break the capture", what, d_.device_, fmt::ptr(s)));
+          "break the capture", what, d_.device, fmt::ptr(s)));
 }
 
 bool Residency::sleep(const std::vector<std::uint16_t>& tags,
                             const std::vector<std::uint16_t>& backup_tags) {
-  std::lock_guard lock(d_.mutex_);
+  std::lock_guard lock(d_.lock);
   std::vector<std::uint16_t> todo;
   for (std::uint16_t t : tags)
     if (sleeper_.used(t) && !sleeper_.asleep(t)) todo.push_back(t);
@@ -72,21 +79,21 @@ bool Residency::sleep(const std::vector<std::uint16_t>& tags,
   refuse_while_capturing("stitch_sleep");
   // A pinned block's pages are registered with a NIC or NCCL, or mapped by another process: they
   // stay where they are, so its tag cannot sleep (nothing was done yet).
-  for (detail::Segment* s = d_.store_.segments(); s != nullptr; s = s->next) {
+  for (detail::Segment* s = d_.store.segments(); s != nullptr; s = s->next) {
     if (std::find(todo.begin(), todo.end(), s->tag) == todo.end()) continue;
     for (const Block* b = s->head; b != nullptr; b = b->next)
       if (b->state == detail::BlockState::allocated && b->pins > 0)
         throw error(fmt::format("cannot put tag '{}' to sleep on device {}: its block at {} ({} bytes) is "
                                 "pinned (exported to another process, or pinned with stitch_pin) until "
                                 "it is freed or unpinned",
-                                tag_name(s->tag), d_.device_, fmt::ptr(b->ptr), b->size));
+                                tag_name(s->tag), d_.device, fmt::ptr(b->ptr), b->size));
   }
   // Kernels on any stream, of this process or a peer device's, may still use the pages: stitch
   // knows only the streams it was told about, so the whole device and its peers are waited for.
   settle_device(/*peers=*/true);
   // The KV pools of the tags first (their backups all or nothing), then the tags' ranges; a
   // failure before the ranges sleep wakes the pools again.
-  d_.kv_.sleep(todo, backup_tags);
+  kv_.sleep(todo, backup_tags);
   try {
     sleeper_.sleep(todo, [&](const Block* b) {
       return b->backup ||
@@ -95,7 +102,7 @@ bool Residency::sleep(const std::vector<std::uint16_t>& tags,
   } catch (...) {
     if (!sleeper_.asleep(todo.front())) {
       try {
-        (void)d_.kv_.wake(todo);
+        (void)kv_.wake(todo);
       } catch (...) {  // the pools stay asleep; a wake maps them
       }
     }
@@ -105,7 +112,7 @@ bool Residency::sleep(const std::vector<std::uint16_t>& tags,
 }
 
 std::string Residency::wake(const std::vector<std::uint16_t>& tags, const std::string& names) {
-  std::lock_guard lock(d_.mutex_);
+  std::lock_guard lock(d_.lock);
   std::vector<std::uint16_t> todo;
   for (std::uint16_t t : tags)
     if (sleeper_.asleep(t)) todo.push_back(t);
@@ -113,42 +120,42 @@ std::string Residency::wake(const std::vector<std::uint16_t>& tags, const std::s
   refuse_while_capturing("stitch_wake");
   // The KV pools of the tags, then the tags' ranges; all or nothing.
   auto wake_all = [&] {
-    if (!d_.kv_.wake(todo)) return false;
+    if (!kv_.wake(todo)) return false;
     if (sleeper_.wake(todo)) return true;
-    d_.kv_.sleep(todo, {});  // (the pools with backup keep it again)
+    kv_.sleep(todo, {});  // (the pools with backup keep it again)
     return false;
   };
   if (wake_all()) return {};
   // The cached memory of the awake pools goes first, as the out-of-memory ladder's last resort.
-  d_.release_cached_blocks();
-  d_.kv_.release_unused(/*all=*/true);
+  d_.upkeep.release_cached_blocks(0);
+  kv_.release_unused(/*all=*/true);
   if (wake_all()) return {};
   const std::size_t need = sleeper_.wake_bytes(todo);
   std::string cap;
-  if (d_.ledger_.cap())
-    cap = fmt::format("; the memory fraction caps it at {} bytes", *d_.ledger_.cap());
+  if (d_.ledger.cap())
+    cap = fmt::format("; the memory fraction caps it at {} bytes", *d_.ledger.cap());
   return fmt::format(
       "CUDA out of memory. stitch_wake could not wake tag(s) {} on device {}: they need {} bytes "
       "of fresh pages. The device has {} bytes free of {}; this process reserves {} bytes{} and "
       "holds {} bytes of live blocks. The cache was released and the wake tried again. Nothing "
       "was mapped: the tags stay asleep with their backups, and the wake may be retried once "
       "memory is free (stitch_trim, stitch_empty_cache, or another tag's sleep).",
-      names, d_.device_, need, d_.pages_.device_free(), d_.pages_.device_total(), d_.ledger_.reserved(), cap,
-      d_.stats_locked().allocated_bytes[kAll].current);
+      names, d_.device, need, d_.pages.device_free(), d_.pages.device_total(), d_.ledger.reserved(), cap,
+      d_.upkeep.stats_locked().allocated_bytes[kAll].current);
 }
 
 void Residency::settle_device(bool peers) {
-  ++d_.stats_.num_device_syncs;
-  d_.pages_.synchronize_device(peers);
+  ++d_.stats.num_device_syncs;
+  d_.pages.synchronize_device(peers);
   // The blocks freed on other streams are free now: their events have completed.
-  d_.record_deferred_events();
-  d_.events_.poll([this](Block* b) { d_.complete_pending(b); });
-  d_.note_hit_rules();
+  d_.upkeep.record_deferred_events();
+  d_.events.poll([this](Block* b) { d_.upkeep.complete_pending(b); });
+  d_.upkeep.note_hit_rules();
 }
 
 std::vector<Segment*> Residency::spill_order(Config::Spill mode, const std::vector<std::uint16_t>* tags) {
   std::vector<Segment*> tagged, untagged;
-  for (Segment* s = d_.store_.segments(); s != nullptr; s = s->next) {
+  for (Segment* s = d_.store.segments(); s != nullptr; s = s->next) {
     if (!s->expandable || s->asleep || s->private_pool != nullptr) continue;
     if (s->tag == 0) {
       if (mode == Config::Spill::all && tags == nullptr) untagged.push_back(s);
@@ -168,10 +175,10 @@ std::vector<Segment*> Residency::spill_order(Config::Spill mode, const std::vect
 
 std::size_t Residency::spill(const std::vector<std::uint16_t>& tags, std::size_t bytes,
                              const std::string& names) {
-  std::lock_guard lock(d_.mutex_);
-  if (!d_.pages_.supported() || spiller_.host_granularity() == 0)
+  std::lock_guard lock(d_.lock);
+  if (!d_.pages.supported() || spiller_.host_granularity() == 0)
     throw error(fmt::format("stitch_spill: device {}: backend:{} has no host pages to spill to",
-                            d_.device_, d_.backend_.name()));
+                            d_.device, d_.backend.name()));
   for (std::uint16_t t : tags)
     if (!sleeper_.spillable(t))
       throw invalid_argument(fmt::format(
@@ -179,7 +186,7 @@ std::size_t Residency::spill(const std::vector<std::uint16_t>& tags, std::size_t
           tag_name(t)));
   std::vector<Segment*> order = spill_order(Config::Spill::tags, &tags);
   bool pools = false;
-  for (std::uint16_t t : tags) pools = pools || d_.kv_.has_tag(t);
+  for (std::uint16_t t : tags) pools = pools || kv_.has_tag(t);
   if (order.empty() && !pools) return 0;
   refuse_while_capturing("stitch_spill");
   settle_device(/*peers=*/true);
@@ -194,15 +201,15 @@ std::size_t Residency::spill(const std::vector<std::uint16_t>& tags, std::size_t
   }
   // The KV pools of the tags move whole, first (all or nothing on their own); then the ranges.
   std::size_t pool_bytes = 0;
-  if (planned < bytes) planned += d_.kv_.spillable_bytes(tags);  // (the pools move whole)
+  if (planned < bytes) planned += kv_.spillable_bytes(tags);  // (the pools move whole)
   if (planned < bytes)
     throw out_of_memory(fmt::format(
         "stitch_spill: device {}: tag(s) {} have {} bytes of live memory that may move (pinned "
         "and exported blocks stay), fewer than the {} bytes asked; nothing moved",
-        d_.device_, names, planned, bytes));
-  if (pools) pool_bytes = d_.kv_.spill(tags, spiller_.room());
+        d_.device, names, planned, bytes));
+  if (pools) pool_bytes = kv_.spill(tags, spiller_.room());
   if (plan.empty()) {
-    if (pool_bytes != 0) ++d_.stats_.num_spills;
+    if (pool_bytes != 0) ++d_.stats.num_spills;
     return pool_bytes;
   }
   try {
@@ -210,29 +217,29 @@ std::size_t Residency::spill(const std::vector<std::uint16_t>& tags, std::size_t
   } catch (...) {
     if (pool_bytes != 0) {
       try {
-        (void)d_.kv_.unspill(tags, false);
+        (void)kv_.unspill(tags, false);
       } catch (...) {  // (what stays is on the host, usable)
       }
     }
     throw;
   }
-  ++d_.stats_.num_spills;
+  ++d_.stats.num_spills;
   return Spiller::host_bytes(plan) + pool_bytes;
 }
 
 std::string Residency::unspill(const std::vector<std::uint16_t>& tags, bool all) {
-  std::lock_guard lock(d_.mutex_);
+  std::lock_guard lock(d_.lock);
   auto selected = [&](const Segment* s) {
     return s->spilled != 0 && (all || std::find(tags.begin(), tags.end(), s->tag) != tags.end());
   };
   auto left = [&] {
     std::size_t n = 0;
-    for (Segment* s = d_.store_.segments(); s != nullptr; s = s->next)
+    for (Segment* s = d_.store.segments(); s != nullptr; s = s->next)
       if (selected(s)) n += Spiller::spilled_bytes(*s);
     if (all) {
-      n += d_.kv_.spilled_bytes();
+      n += kv_.spilled_bytes();
     } else {
-      for (std::uint16_t t : tags) n += d_.kv_.spilled_bytes(t);
+      for (std::uint16_t t : tags) n += kv_.spilled_bytes(t);
     }
     return n;
   };
@@ -241,41 +248,41 @@ std::string Residency::unspill(const std::vector<std::uint16_t>& tags, bool all)
   settle_device(/*peers=*/true);
   const std::size_t before = left();
   auto run = [&] {
-    bool back = d_.kv_.unspill(tags, all);
-    for (Segment* s = d_.store_.segments(); s != nullptr; s = s->next)
+    bool back = kv_.unspill(tags, all);
+    for (Segment* s = d_.store.segments(); s != nullptr; s = s->next)
       if (selected(s)) back = spiller_.unspill(*s) && back;
     return back;
   };
   bool back = run();
   if (!back) {
     // Like a wake: the cached memory goes first, then one more try.
-    d_.release_cached_blocks();
+    d_.upkeep.release_cached_blocks(0);
     back = run();
   }
-  if (left() < before) ++d_.stats_.num_unspills;
+  if (left() < before) ++d_.stats.num_unspills;
   if (back) return {};
   std::string stays;
   std::map<std::uint16_t, std::size_t> by_tag;
-  for (Segment* s = d_.store_.segments(); s != nullptr; s = s->next)
+  for (Segment* s = d_.store.segments(); s != nullptr; s = s->next)
     if (selected(s)) by_tag[s->tag] += Spiller::spilled_bytes(*s);
   for (const std::uint16_t t : sleeper_.used_tags())
     if (all || std::find(tags.begin(), tags.end(), t) != tags.end())
-      if (const std::size_t n = d_.kv_.spilled_bytes(t); n != 0) by_tag[t] += n;
+      if (const std::size_t n = kv_.spilled_bytes(t); n != 0) by_tag[t] += n;
   for (const auto& [tag, n] : by_tag)
     stays += fmt::format("{}{}: {} bytes", stays.empty() ? "" : ", ",
                          tag == 0 ? std::string("untagged memory") : "tag '" + tag_name(tag) + "'", n);
   std::string cap;
-  if (d_.ledger_.cap()) cap = fmt::format("; the memory fraction caps it at {} bytes", *d_.ledger_.cap());
+  if (d_.ledger.cap()) cap = fmt::format("; the memory fraction caps it at {} bytes", *d_.ledger.cap());
   return fmt::format(
       "CUDA out of memory. stitch_unspill could not bring everything back to device {}: {} stay on "
       "host pages (at the same addresses, still usable). The device has {} bytes free of {}; this "
       "process reserves {} bytes{}. The cache was released and the unspill tried again; it may be "
       "retried once memory is free.",
-      d_.device_, stays, d_.pages_.device_free(), d_.pages_.device_total(), d_.ledger_.reserved(), cap);
+      d_.device, stays, d_.pages.device_free(), d_.pages.device_total(), d_.ledger.reserved(), cap);
 }
 
 Block* Residency::spill_for_request(const std::function<Block*()>& retry) {
-  const Config::Spill mode = d_.config_.spill;
+  const Config::Spill mode = d_.config.spill;
   if (mode == Config::Spill::off || spiller_.host_granularity() == 0) return nullptr;
   std::vector<Segment*> order = spill_order(mode, nullptr);
   if (order.empty()) return nullptr;
@@ -287,7 +294,7 @@ Block* Residency::spill_for_request(const std::function<Block*()>& retry) {
     for (Spiller::Move& m : moves) {
       if (!settled) {
         // Kernels of any stream (of any device with peer access) may still use these pages.
-        settle_device(d_.config_.peer_access);
+        settle_device(d_.config.peer_access);
         settled = true;
       }
       if (!spiller_.idle_since_sync(*s, busy)) break;  // another thread's work: the range stays
@@ -295,7 +302,7 @@ Block* Residency::spill_for_request(const std::function<Block*()>& retry) {
         spiller_.spill({std::move(m)});
       } catch (const std::exception&) {
         // The host (or spill_limit_mb) refused, or the move failed whole: nothing more moves.
-        if (moved) ++d_.stats_.num_spills;
+        if (moved) ++d_.stats.num_spills;
         return nullptr;
       }
       moved = true;
@@ -304,7 +311,7 @@ Block* Residency::spill_for_request(const std::function<Block*()>& retry) {
     }
     if (block != nullptr) break;
   }
-  if (moved) ++d_.stats_.num_spills;
+  if (moved) ++d_.stats.num_spills;
   return block;
 }
 
@@ -316,20 +323,20 @@ void Residency::release_freed(Segment& segment) noexcept {
 }
 
 void Residency::unspill_with_room() noexcept {
-  if (d_.stats_.spilled_bytes.current == 0) return;
+  if (d_.stats.spilled_bytes.current == 0) return;
   try {
-    if (d_.pools_.routing()) return;
-    for (const Segment* s = d_.store_.segments(); s != nullptr; s = s->next)
-      if (d_.backend_.is_capturing(d_.device_, s->stream)) return;
+    if (d_.pools.routing()) return;
+    for (const Segment* s = d_.store.segments(); s != nullptr; s = s->next)
+      if (d_.backend.is_capturing(d_.device, s->stream)) return;
     settle_device(/*peers=*/true);
-    std::size_t before = static_cast<std::size_t>(d_.stats_.spilled_bytes.current);
-    (void)d_.kv_.unspill({}, /*all=*/true);
-    for (Segment* s = d_.store_.segments(); s != nullptr; s = s->next) {
+    std::size_t before = static_cast<std::size_t>(d_.stats.spilled_bytes.current);
+    (void)kv_.unspill({}, /*all=*/true);
+    for (Segment* s = d_.store.segments(); s != nullptr; s = s->next) {
       if (s->spilled == 0) continue;
       spiller_.release_freed(*s);
       if (!spiller_.unspill(*s)) break;  // the device is full: the rest stays
     }
-    if (static_cast<std::size_t>(d_.stats_.spilled_bytes.current) < before) ++d_.stats_.num_unspills;
+    if (static_cast<std::size_t>(d_.stats.spilled_bytes.current) < before) ++d_.stats.num_unspills;
   } catch (...) {  // what could not come back stays spilled, at its address
   }
 }
@@ -342,22 +349,22 @@ std::size_t Residency::spillable_bytes(Config::Spill mode) {
 }
 
 void Residency::trim(std::size_t keep) {
-  std::lock_guard lock(d_.mutex_);
-  if (d_.ledger_.reserved() <= keep) return;
-  if (!d_.pools_.may_touch_device({})) return;  // a stream may capture: nothing waited for or freed
-  d_.release_cached_blocks(keep);  // keep 0: empty_cache itself
+  std::lock_guard lock(d_.lock);
+  if (d_.ledger.reserved() <= keep) return;
+  if (!d_.pools.may_touch_device({})) return;  // a stream may capture: nothing waited for or freed
+  d_.upkeep.release_cached_blocks(keep);  // keep 0: empty_cache itself
 }
 
 std::string Residency::report(const std::function<std::string(std::uint16_t)>& tag_name) {
-  std::lock_guard lock(d_.mutex_);
-  d_.poll_events(nullptr);
+  std::lock_guard lock(d_.lock);
+  d_.upkeep.poll_events(nullptr);
   // Per owner: live bytes, cached (free, mapped) bytes, reserved (mapped) bytes.
   struct Sums {
     std::size_t live = 0, cached = 0, reserved = 0, spilled = 0, segments = 0;
   };
   Sums untagged, private_pools;
   std::map<std::uint16_t, Sums> tags;
-  for (const detail::Segment* s = d_.store_.segments(); s != nullptr; s = s->next) {
+  for (const detail::Segment* s = d_.store.segments(); s != nullptr; s = s->next) {
     Sums& sum = s->private_pool != nullptr ? private_pools
                 : s->tag != 0              ? tags[s->tag]
                                            : untagged;
@@ -398,7 +405,7 @@ std::string Residency::report(const std::function<std::string(std::uint16_t)>& t
                             sleeper_.asleep(t) ? s.live : 0, sleeper_.host_bytes(t));
   }
   std::string kv_list;
-  for (const KvPoolInfo& k : d_.kv_.infos([this](std::uint16_t t) { return this->tag_name(t); })) {
+  for (const KvPoolInfo& k : kv_.infos([this](std::uint16_t t) { return this->tag_name(t); })) {
     if (!kv_list.empty()) kv_list += ", ";
     kv_list += fmt::format(
         R"({{"pool": {}, "tag": {}, "state": "{}", "buffers": {}, "block_bytes": {}, "max_blocks": {}, )"
@@ -408,13 +415,13 @@ std::string Residency::report(const std::function<std::string(std::uint16_t)>& t
         k.block_bytes, k.max_blocks, k.page, k.live_blocks, k.mapped_bytes, k.used_bytes, k.reserve, k.limit,
         k.peak_bytes, k.spilled_bytes, k.maps, k.unmaps);
   }
-  const MemoryInfo info{d_.pages_.device_free(), d_.pages_.device_total()};
+  const MemoryInfo info{d_.pages.device_free(), d_.pages.device_total()};
   return fmt::format(
       R"({{"device": {}, "reserved_bytes": {}, "allocated_bytes": {}, "sleeping_bytes": {}, )"
       R"("spilled_bytes": {}, "kv_bytes": {}, "host_backup_bytes": {}, "device_free_bytes": {}, "device_total_bytes": {}, )"
       R"("untagged": {{{}}}, "private_pools": {{{}}}, "tags": [{}], "kv_pools": [{}]}})",
-      d_.device_, d_.ledger_.reserved(), d_.stats_locked().allocated_bytes[kAll].current,
-      d_.stats_.sleeping_bytes.current, d_.stats_.spilled_bytes.current, d_.stats_.kv_bytes.current,
+      d_.device, d_.ledger.reserved(), d_.upkeep.stats_locked().allocated_bytes[kAll].current,
+      d_.stats.sleeping_bytes.current, d_.stats.spilled_bytes.current, d_.stats.kv_bytes.current,
       sleeper_.host_bytes(), info.free, info.total, object(untagged), object(private_pools), tag_list, kv_list);
 }
 

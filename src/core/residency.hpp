@@ -2,9 +2,9 @@
 // pages are on the device, on the host and mapped (spilled), in a host backup and unmapped
 // (asleep), or nowhere. The tags (names, used, asleep, spillable, when last used), sleep and wake
 // of their ranges (core/sleeper.hpp does the pages and the backups), spill and unspill of tagged
-// and untagged ranges (core/spiller.hpp), trim, and the residency report. The device's entry points for them, each
-// under the device lock; it reaches the device's lock, cache and events through `device` (a
-// friend of DeviceAllocator), so that DeviceAllocator keeps routing only.
+// and untagged ranges (core/spiller.hpp), trim, and the residency report. The device's entry
+// points for them, each under the device lock, over the view of the device it is handed
+// (core/device_view.hpp) and its KV pools (whose pages sleep, wake and spill with their tags).
 #pragma once
 
 #include <cstddef>
@@ -13,18 +13,17 @@
 #include <string>
 #include <vector>
 
+#include "core/device_view.hpp"
 #include "core/sleeper.hpp"
 #include "core/spiller.hpp"
 
-namespace stitch {
-class DeviceAllocator;
-}
-
 namespace stitch::detail {
+
+class KvPools;
 
 class Residency {
  public:
-  explicit Residency(DeviceAllocator& device);
+  Residency(const DeviceView& device, KvPools& kv);
   Residency(const Residency&) = delete;
   Residency& operator=(const Residency&) = delete;
 
@@ -91,7 +90,8 @@ class Residency {
   /// Waits for the device (and its peers) and retires the events that completed.
   void settle_device(bool peers);
 
-  DeviceAllocator& d_;
+  const DeviceView& d_;
+  KvPools& kv_;
   Sleeper sleeper_;
   Spiller spiller_;
   std::vector<std::string> tag_names_;  ///< [tag]: names for messages (name_tag)
