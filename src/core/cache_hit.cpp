@@ -81,6 +81,9 @@ CacheHit::Decision CacheHit::decide(StreamShard& shard, BlockPool& pool, Block* 
   std::size_t max_size = merged - keep;
   // No pair may pass a room (HotStats): the take's rises, and the free's rise back to the held
   // state, stay within them, so neither can make a new peak.
+  // (Rooms stale since another shard moved the board: no verdict, rather than the other shards'
+  // ceilings read from here; the plain path recomputes them only when a rise needs it.)
+  if (hot_.board() != shard.stats.seen) return Decision::none;
   std::int64_t slack[kHotCounters];
   hot_.slack(shard.stats, held->small, slack, v.other);
   if (slack[kAllocations] < 1 || slack[kAllocatedBytes] < static_cast<std::int64_t>(kMinBlockSize) ||

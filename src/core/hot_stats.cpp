@@ -85,7 +85,6 @@ void HotStats::refresh(ShardStats& st) noexcept {
 
 void HotStats::slack(ShardStats& st, bool small, std::int64_t (&out)[kHotCounters],
                      std::int64_t (&other)[kHotCounters]) noexcept {
-  if (version_.load(std::memory_order_acquire) != st.seen) refresh(st);
   const int p = small ? 0 : 1;
   for (int c = 0; c < kHotCounters; ++c) {
     const std::int64_t v = st.cur[c][p].get();

@@ -171,8 +171,8 @@ class HotStats {
   /// The board's version: a shard's rooms hold while it equals the shard's `seen`.
   [[nodiscard]] std::uint64_t board() const noexcept { return version_.load(std::memory_order_relaxed); }
   /// How far each counter of `st` in pool `small` may rise before the rise could make a new peak
-  /// of the pool's or the device's (room - value, the smaller of the two; negative when past),
-  /// the rooms recomputed first when the board changed.
+  /// of the pool's or the device's (room - value, the smaller of the two; negative when past), by
+  /// rooms that hold while the board is unchanged (board() == st.seen).
   /// `other`: the other pool's values.
   void slack(ShardStats& st, bool small, std::int64_t (&out)[kHotCounters],
              std::int64_t (&other)[kHotCounters]) noexcept;
