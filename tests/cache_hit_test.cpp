@@ -324,14 +324,23 @@ TEST(CacheHitUnit, PairsCountExactlyWhatTheDeviceLockCounts) {
 
 // A pair's verdict assumes the other pool of its stream counts no more than when it was decided:
 // a block that stays live there makes the next pair's total a new peak, which it must count.
-TEST(CacheHitUnit, APlainChangeInTheOtherPoolVoidsAPairsVerdict) {
-  FixedSide on("backend:sim", 4096 * MiB);
-  FixedSide off("backend:sim", 4096 * MiB);
-  off.alloc->device(0).set_cache_hit(false);
-  auto both = [&](auto&& fn) {
+/// Two allocators, the cache hit on and off, given the same calls (`both`).
+struct OnOff {
+  FixedSide on{"backend:sim", 4096 * MiB};
+  FixedSide off{"backend:sim", 4096 * MiB};
+  OnOff() { off.alloc->device(0).set_cache_hit(false); }
+  template <typename Fn>
+  void both(Fn&& fn) {
     fn(*on.alloc);
     fn(*off.alloc);
-  };
+  }
+};
+
+TEST(CacheHitUnit, APlainChangeInTheOtherPoolVoidsAPairsVerdict) {
+  OnOff s;
+  FixedSide& on = s.on;
+  FixedSide& off = s.off;
+  auto both = [&](auto&& fn) { s.both(fn); };
   both([](Allocator& a) {  // the large pool's memory, cached
     void* x = a.allocate(8 * MiB);
     void* y = a.allocate(8 * MiB);
@@ -363,13 +372,10 @@ TEST(CacheHitUnit, APlainChangeInTheOtherPoolVoidsAPairsVerdict) {
 // While a pair's block is taken, the other pool's pairs wait: their verdicts assumed this pool at
 // its held state, and the taken block and the other pair's together make a new peak.
 TEST(CacheHitUnit, APairTakenKeepsTheOtherPoolsPairsWaiting) {
-  FixedSide on("backend:sim", 4096 * MiB);
-  FixedSide off("backend:sim", 4096 * MiB);
-  off.alloc->device(0).set_cache_hit(false);
-  auto both = [&](auto&& fn) {
-    fn(*on.alloc);
-    fn(*off.alloc);
-  };
+  OnOff s;
+  FixedSide& on = s.on;
+  FixedSide& off = s.off;
+  auto both = [&](auto&& fn) { s.both(fn); };
   for (int i = 0; i < 4; ++i) {
     both([](Allocator& a) { a.deallocate(a.allocate(4096)); });
     both([](Allocator& a) { a.deallocate(a.allocate(8 * MiB)); });

@@ -185,9 +185,9 @@ class CacheHit {
     const auto bytes = static_cast<std::int64_t>(rounded);
     const auto asked = static_cast<std::int64_t>(size);
     if (held->small) {
-      HotStats::pair_taken<0>(shard.stats, bytes, asked, v.split, static_cast<std::int64_t>(v.merged));
+      HotStats::pair<0, 1>(shard.stats, bytes, asked, v.split, static_cast<std::int64_t>(v.merged));
     } else {
-      HotStats::pair_taken<1>(shard.stats, bytes, asked, v.split, static_cast<std::int64_t>(v.merged));
+      HotStats::pair<1, 1>(shard.stats, bytes, asked, v.split, static_cast<std::int64_t>(v.merged));
     }
     ++shard.stats.hits;
     shard.taken = held;
@@ -202,9 +202,9 @@ class CacheHit {
     const auto bytes = static_cast<std::int64_t>(block->size);
     const auto asked = static_cast<std::int64_t>(requested);
     if (block->small) {
-      HotStats::pair_given<0>(shard.stats, bytes, asked, v.split, static_cast<std::int64_t>(v.merged));
+      HotStats::pair<0, -1>(shard.stats, bytes, asked, v.split, static_cast<std::int64_t>(v.merged));
     } else {
-      HotStats::pair_given<1>(shard.stats, bytes, asked, v.split, static_cast<std::int64_t>(v.merged));
+      HotStats::pair<1, -1>(shard.stats, bytes, asked, v.split, static_cast<std::int64_t>(v.merged));
     }
     block->requested = 0;
     block->pins = 0;  // a pin lasts until the free

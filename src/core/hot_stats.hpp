@@ -100,11 +100,7 @@ class HotStats {
   /// A block of `bytes` became allocated for `requested` bytes (the device lock is held).
   [[gnu::always_inline]] void allocated_block(ShardStats& st, bool small, std::int64_t bytes,
                                               std::int64_t requested) noexcept {
-    if (small) {
-      allocated_in<0>(st, bytes, requested);
-    } else {
-      allocated_in<1>(st, bytes, requested);
-    }
+    hit_allocated(st, small, bytes, requested);
     if (pending_.total() != 0) [[unlikely]] note_active(small);
   }
   /// allocated_block() for the cache hit (the shard's lock is held): nothing is pending while
@@ -190,34 +186,20 @@ class HotStats {
     fresh,   ///< the rest becomes a new split block: (+1, merged - bytes)
     shrink,  ///< the free block, already split, shrinks: (0, -bytes)
   };
-  /// A pair's take in pool P (0 small, 1 large): a block of `bytes` allocated for `requested`,
-  /// the inactive-split counters changed as `split` says, with no look at the peaks (the pair's
-  /// verdict ruled out a new one).
-  template <int P>
-  [[gnu::always_inline]] static void pair_taken(ShardStats& st, std::int64_t bytes, std::int64_t requested,
-                                                PairSplit split, std::int64_t merged) noexcept {
-    rise<P>(st, kAllocations, 1);
-    rise<P>(st, kAllocatedBytes, bytes);
-    rise<P>(st, kRequestedBytes, requested);
+  /// A pair's take (Sign +1) in pool P (0 small, 1 large): a block of `bytes` allocated for
+  /// `requested`, the inactive-split counters changed as `split` says, with no look at the peaks
+  /// (the pair's verdict ruled out a new one); or (Sign -1) the pair's free, which undoes it.
+  template <int P, int Sign>
+  [[gnu::always_inline]] static void pair(ShardStats& st, std::int64_t bytes, std::int64_t requested,
+                                          PairSplit split, std::int64_t merged) noexcept {
+    move<P, Sign>(st, kAllocations, 1);
+    move<P, Sign>(st, kAllocatedBytes, bytes);
+    move<P, Sign>(st, kRequestedBytes, requested);
     if (split == PairSplit::fresh) {
-      rise<P>(st, kInactiveSplits, 1);
-      rise<P>(st, kInactiveSplitBytes, merged - bytes);
+      move<P, Sign>(st, kInactiveSplits, 1);
+      move<P, Sign>(st, kInactiveSplitBytes, merged - bytes);
     } else if (split == PairSplit::shrink) {
-      fall<P>(st, kInactiveSplitBytes, bytes);
-    }
-  }
-  /// A pair's free: the take's changes undone (the inactive-split ones as the filing makes them).
-  template <int P>
-  [[gnu::always_inline]] static void pair_given(ShardStats& st, std::int64_t bytes, std::int64_t requested,
-                                                PairSplit split, std::int64_t merged) noexcept {
-    fall<P>(st, kAllocations, 1);
-    fall<P>(st, kAllocatedBytes, bytes);
-    fall<P>(st, kRequestedBytes, requested);
-    if (split == PairSplit::fresh) {
-      fall<P>(st, kInactiveSplits, 1);
-      fall<P>(st, kInactiveSplitBytes, merged - bytes);
-    } else if (split == PairSplit::shrink) {
-      rise<P>(st, kInactiveSplitBytes, bytes);
+      move<P, -Sign>(st, kInactiveSplitBytes, bytes);
     }
   }
 
@@ -280,10 +262,14 @@ class HotStats {
       observe(st, kInactiveSplitBytes, P);
     }
   }
-  /// Counter `c` of pool P fell by n >= 0.
-  template <int P>
-  [[gnu::always_inline]] static void fall(ShardStats& st, int c, std::int64_t n) noexcept {
-    st.cur[c][P].set(st.cur[c][P].get() - n);
+  /// Counter `c` of pool P rises (Sign +1, its running sum too) or falls by n >= 0.
+  template <int P, int Sign>
+  [[gnu::always_inline]] static void move(ShardStats& st, int c, std::int64_t n) noexcept {
+    if constexpr (Sign > 0) {
+      rise<P>(st, c, n);
+    } else {
+      st.cur[c][P].set(st.cur[c][P].get() - n);
+    }
   }
   /// The slow half of a rise: a room passed, or the board changed since the rooms were computed.
   void observe(ShardStats& st, int c, int p) noexcept;
