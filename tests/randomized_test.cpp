@@ -486,14 +486,18 @@ void run_stress(const std::string& conf, std::uint64_t default_ops, Devices& dev
   EXPECT_GT(c.frees_other_stream.load(), 0u);
   EXPECT_GT(c.cross_thread_frees.load(), 0u);
   EXPECT_GT(c.holds.load(), 0u);
+  std::int64_t borrows = 0;
   for (int d = 0; d < kDevices; ++d) {
     EXPECT_GT(stress.a().stat(d, "num_device_alloc").value_or(0), 0) << d;
     EXPECT_EQ(stress.a().stat(d, "num_invalid_frees").value_or(-1), 0) << d;
     if (conf.find("stitching:True") != std::string::npos) {  // the fine machinery ran too
       EXPECT_GT(stress.a().stat(d, "num_stitches").value_or(0), 0) << d;
-      EXPECT_GT(stress.a().stat(d, "num_page_borrows").value_or(0), 0) << d;
+      borrows += stress.a().stat(d, "num_page_borrows").value_or(0);
     }
   }
+  // Borrows need a stitch to find a partly used coarse page: which device the four threads'
+  // interleaving gives them to varies (a run under load gave device 0 none, 37 stitches).
+  if (conf.find("stitching:True") != std::string::npos) EXPECT_GT(borrows, 0);
 }
 
 TEST(Randomized, MillionOperationsOnTwoDevicesKeepEveryInvariant) {

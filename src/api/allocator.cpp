@@ -63,7 +63,19 @@ void Allocator::throw_bad_device(int device) const {
 DeviceAllocator& Allocator::device(int device) const { return checked_device(device); }
 
 void* Allocator::allocate(std::size_t bytes, stream_t stream, int device) {
-  const DeviceAllocator::Allocation a = checked_device(device).malloc(bytes, stream);
+  DeviceAllocator& d = checked_device(device);
+  // A pair of the cache hit first, without waiting for a lock another thread holds (so that a
+  // pair calls nothing); then the hit's plain path in the shard it locked; then all of malloc().
+  const detail::CacheHit::Taken t = d.hits().take<false>(bytes, stream);
+  if (t.ptr != nullptr) [[likely]] return t.ptr;
+  DeviceAllocator::Allocation a{nullptr, nullptr};
+  if (t.shard == nullptr) {
+    a = d.malloc(bytes, stream);
+  } else if (void* p = d.hits().allocate_plain(*t.shard, bytes, stream)) {
+    return p;
+  } else {
+    a = d.malloc_locked(bytes, stream);
+  }
   if (a.failure != nullptr) [[unlikely]] fail_allocation(a.failure);
   return a.ptr;
 }
@@ -130,8 +142,20 @@ void Allocator::free_any_device(void* ptr, const stream_t* stream) {
 void Allocator::deallocate(void* ptr, std::size_t bytes, int device, stream_t stream) {
   if (ptr == nullptr) return;
   DeviceAllocator& home = checked_device(device);
+  // As allocate(): a pair's free, then the hit's plain path for the block it found, then free().
+  const detail::CacheHit::Given g = home.hits().give<false>(ptr, &bytes, &stream);
+  if (g.done) [[likely]] return;
   std::size_t actual = 0;
-  const FreeStatus status = home.free(ptr, &bytes, &stream, &actual);
+  FreeStatus status = FreeStatus::freed;
+  if (g.found == nullptr) {
+    status = home.free(ptr, &bytes, &stream, &actual);
+  } else {
+    switch (home.hits().free_plain(*g.found, ptr, &bytes, &stream, &actual)) {
+      case detail::CacheHit::Freed::yes: return;
+      case detail::CacheHit::Freed::wrong_size: status = FreeStatus::wrong_size; break;
+      case detail::CacheHit::Freed::elsewhere: status = home.free_locked(ptr, &bytes, &stream, &actual);
+    }
+  }
   if (status != FreeStatus::freed) [[unlikely]]
     reject_sized_free(home, status == FreeStatus::wrong_size, ptr, bytes, device, actual);
 }

@@ -80,14 +80,21 @@ class CacheHit {
     void* ptr;
     StreamShard* shard;
   };
-  /// A pair's take (core/pair_verdict.hpp) of `size` bytes for `stream`.
+  /// A pair's take (core/pair_verdict.hpp) of `size` bytes for `stream`. Without `kWait`, a
+  /// shard lock another thread holds is not waited for: neither pointer (the caller's full path
+  /// waits), so that the pair calls nothing.
+  template <bool kWait = true>
   [[gnu::always_inline]] Taken take(std::size_t size, stream_t stream) noexcept {
     if (size - 1 >= kMaxRequest - 1 || t_open_regions != 0 ||
         g_fork_generation.load(std::memory_order_relaxed) != generation_)
       return {nullptr, nullptr};
     StreamShard* shard = shards_.find(stream);
     if (shard == nullptr) return {nullptr, nullptr};
-    shard->lock.lock();
+    if constexpr (kWait) {
+      shard->lock.lock();
+    } else if (!shard->lock.try_lock()) {
+      return {nullptr, nullptr};
+    }
     const std::size_t rounded = plain_rounding_ ? round_up(size, kMinBlockSize)
                                                 : round_size(size, config_.roundup_power2_divisions);
     BlockPool& pool = shard->pool(is_small(rounded));
@@ -117,14 +124,19 @@ class CacheHit {
     bool done;
   };
   /// A pair's free of `ptr` (`expected_size`, if not null, must be the requested size; `stream`,
-  /// if not null, the block's own).
+  /// if not null, the block's own). Without `kWait`, as take().
+  template <bool kWait = true>
   [[gnu::always_inline]] Given give(void* ptr, const std::size_t* expected_size,
                                     const stream_t* stream) noexcept {
     if (g_fork_generation.load(std::memory_order_relaxed) != generation_) return {nullptr, false};
     Block* block = live_.find(LiveTable::key_of(ptr));
     if (block == nullptr) return {nullptr, false};
     StreamShard* shard = block->shard;
-    shard->lock.lock();
+    if constexpr (kWait) {
+      shard->lock.lock();
+    } else if (!shard->lock.try_lock()) {
+      return {nullptr, false};
+    }
     // The shard's taken block (allocated), freed as asked, under its standing verdict.
     const std::size_t requested = block->requested;
     if (block == shard->taken && block->ptr == ptr &&
