@@ -8,6 +8,7 @@
 #include <exception>
 #include <mutex>
 
+#include "core/backup_files.hpp"
 #include "core/device_allocator.hpp"
 #include "core/constants.hpp"
 #include "core/undo.hpp"
@@ -430,7 +431,7 @@ void KvPools::sleep(const std::vector<std::uint16_t>& tags, const std::vector<st
       for (std::size_t p = 0; p < k->pages; ++p)
         if (k->refs[p] != 0) saved.push_back(p);
       const std::size_t bytes = saved.size() * k->page_set_bytes();
-      char* host = static_cast<char*>(d_.backend_.allocate_host(d_.device_, bytes));
+      char* host = static_cast<char*>(allocate_backup_host(d_.backend_, d_.device_, bytes, d_.config_.backup_host_bytes));
       if (host == nullptr)
         throw out_of_memory(fmt::format("stitch_sleep: device {}: the host cannot give {} bytes for KV pool {}'s "
                                         "backup; nothing was put to sleep", d_.device_, bytes, k->id));
@@ -497,12 +498,7 @@ bool KvPools::wake(const std::vector<std::uint16_t>& tags) {
 }
 
 void KvPools::drop_backup(KvPool& k) noexcept {
-  if (k.host != nullptr) {
-    try {
-      d_.backend_.deallocate_host(d_.device_, k.host, k.host_bytes);
-    } catch (...) {  // the host memory is lost to the process, not to the device
-    }
-  }
+  free_backup_host(d_.backend_, d_.device_, k.host, k.host_bytes);  // (within backup_host_mb)
   k.host = nullptr;
   k.host_bytes = 0;
   k.saved.clear();

@@ -20,7 +20,9 @@ std::vector<TraceEntry> Reports::snapshot(std::vector<SegmentSnapshot>& out) {
   std::lock_guard lock(d_.mutex_);
   d_.poll_events(nullptr);  // blocks whose streams are done are shown free
   d_.recorder_.trace(TraceAction::snapshot, nullptr, 0, nullptr);
+  const std::size_t from = out.size();
   d_.store_.snapshot(d_.device_, out, /*oldest_first=*/false, &d_.residency_.tag_names());
+  d_.residency_.sleeper().annotate(out, from);  // where the sleeping blocks' backups lie
   return d_.recorder_.entries();
 }
 

@@ -16,7 +16,8 @@ namespace stitch::detail {
 
 Residency::Residency(DeviceAllocator& device)
     : d_(device),
-      sleeper_{device.backend_, device.device_, device.store_, device.pages_, device.ledger_, device.stats_},
+      sleeper_{device.backend_, device.device_, device.config_, device.store_, device.pages_, device.ledger_,
+               device.stats_, &tag_names_},
       spiller_{device.config_, device.device_, device.store_, device.pages_, device.ledger_, device.stats_,
                device.ranges_} {}
 
@@ -114,7 +115,14 @@ std::string Residency::wake(const std::vector<std::uint16_t>& tags, const std::s
   // The KV pools of the tags, then the tags' ranges; all or nothing.
   auto wake_all = [&] {
     if (!d_.kv_.wake(todo)) return false;
-    if (sleeper_.wake(todo)) return true;
+    bool woken = false;
+    try {
+      woken = sleeper_.wake(todo);
+    } catch (...) {  // (a backup's read failed: the pools sleep again with the tags)
+      d_.kv_.sleep(todo, {});
+      throw;
+    }
+    if (woken) return true;
     d_.kv_.sleep(todo, {});  // (the pools with backup keep it again)
     return false;
   };
@@ -392,10 +400,12 @@ std::string Residency::report(const std::function<std::string(std::uint16_t)>& t
   for (std::uint16_t t : sleeper_.used_tags()) {
     const Sums& s = tags[t];
     if (!tag_list.empty()) tag_list += ", ";
-    tag_list += fmt::format(R"({{"tag": {}, "state": "{}", "spill": {}, {}, "sleeping_bytes": {}, "host_backup_bytes": {}}})",
+    tag_list += fmt::format(R"({{"tag": {}, "state": "{}", "spill": {}, {}, "sleeping_bytes": {}, "host_backup_bytes": {}, )"
+                            R"("backup_file_bytes": {}, "backup": "{}"}})",
                             quoted(tag_name(t)), sleeper_.asleep(t) ? "asleep" : s.spilled != 0 ? "spilled" : "awake",
                             sleeper_.spillable(t) ? "true" : "false", object(s),
-                            sleeper_.asleep(t) ? s.live : 0, sleeper_.host_bytes(t));
+                            sleeper_.asleep(t) ? s.live : 0, sleeper_.host_bytes(t), sleeper_.file_bytes(t),
+                            sleeper_.backup_place(t));
   }
   std::string kv_list;
   for (const KvPoolInfo& k : d_.kv_.infos([this](std::uint16_t t) { return this->tag_name(t); })) {
@@ -411,11 +421,13 @@ std::string Residency::report(const std::function<std::string(std::uint16_t)>& t
   const MemoryInfo info{d_.pages_.device_free(), d_.pages_.device_total()};
   return fmt::format(
       R"({{"device": {}, "reserved_bytes": {}, "allocated_bytes": {}, "sleeping_bytes": {}, )"
-      R"("spilled_bytes": {}, "kv_bytes": {}, "host_backup_bytes": {}, "device_free_bytes": {}, "device_total_bytes": {}, )"
+      R"("spilled_bytes": {}, "kv_bytes": {}, "host_backup_bytes": {}, "backup_file_bytes": {}, "backup_staging_bytes": {}, )"
+      R"("device_free_bytes": {}, "device_total_bytes": {}, )"
       R"("untagged": {{{}}}, "private_pools": {{{}}}, "tags": [{}], "kv_pools": [{}]}})",
       d_.device_, d_.ledger_.reserved(), d_.stats_locked().allocated_bytes[kAll].current,
       d_.stats_.sleeping_bytes.current, d_.stats_.spilled_bytes.current, d_.stats_.kv_bytes.current,
-      sleeper_.host_bytes(), info.free, info.total, object(untagged), object(private_pools), tag_list, kv_list);
+      sleeper_.host_bytes(), sleeper_.file_bytes(), sleeper_.staging_bytes(), info.free, info.total, object(untagged),
+      object(private_pools), tag_list, kv_list);
 }
 
 }  // namespace stitch::detail
