@@ -32,6 +32,7 @@
 #include "stitch/kv_pool.hpp"
 #include "stitch/sim_backend.hpp"
 #include "support/backup_dir.hpp"
+#include "support/disk_cycle.hpp"
 #include "support/sleep_configs.hpp"
 
 namespace stitch {
@@ -324,83 +325,24 @@ INSTANTIATE_TEST_SUITE_P(Configs, DiskTier, test::sleep_configs(), test::sleep_c
 
 // ---- the fault sweep ---------------------------------------------------------------------------
 
-struct SweepCounts {
-  int runs = 0;
-  int fired = 0;
-  int sleeps_failed = 0;
-  int wakes_failed = 0;
-  int reads_failed = 0;  ///< wakes failed by a backup's read (the message checked)
-};
-
-/// One sleep (and a freed sleeping block) and one wake with the fault armed; whatever fails,
-/// every byte of every backed-up block is intact afterwards and nothing of the disk tier stays.
 class DiskTierSweep : public DiskTierBase, public ::testing::Test {
  protected:
-  /// Runs the cycle with `arm` armed; false when no fault fired (the sweep of that kind ends).
-  bool cycle(const std::function<void()>& arm, SweepCounts& counts, const std::string& what) {
+  /// The cycle (support/disk_cycle.hpp) on a fresh allocator with `arm` armed; false when no
+  /// fault fired (the sweep of that kind ends).
+  bool cycle(const std::function<void()>& arm, test::DiskSweepCounts& counts, const std::string& what) {
     make("backend:sim,backup_host_mb:1");
-    auto weights = tagged("weights", true, {1536 * KiB + 7, 700 * KiB, 300 * KiB});
-    const auto other = tagged("optimizer", true, {640 * KiB + 1});
     const std::uint64_t fired = sim->faults_fired();
     arm();
-    ++counts.runs;
-    bool asleep = false;
-    try {
-      alloc->sleep();
-      asleep = true;
-    } catch (const error& e) {
-      ++counts.sleeps_failed;
-      EXPECT_NE(std::string(e.what()).find("nothing was put to sleep"), std::string::npos) << what << ": " << e.what();
-    } catch (const out_of_memory& e) {
-      ++counts.sleeps_failed;
-      EXPECT_NE(std::string(e.what()).find("nothing was put to sleep"), std::string::npos) << what << ": " << e.what();
-    }
-    alloc->validate();
-    if (!asleep) {
-      EXPECT_TRUE(intact(weights) && intact(other)) << what << ": a failed sleep lost a byte";
-      EXPECT_EQ(stat("sleeping_bytes.current"), 0) << what;
-      expect_nothing_held(what + ": a failed sleep");
-      sim->clear_faults();
-      alloc->sleep();  // the same sleep, without the fault
-    }
-    // A sleeping block freed: its file bytes go (a hole punched).
-    alloc->deallocate(weights[1].ptr);
-    weights.erase(weights.begin() + 1);
-    alloc->validate();
-    bool woken = false;
-    try {
-      alloc->wake();
-      woken = true;
-    } catch (const error& e) {
-      ++counts.wakes_failed;
-      // A backup's read names the file and the offset, and says the wake may be retried.
-      const std::string m = e.what();
-      if (m.find("reading the unnamed backup file") != std::string::npos && ++counts.reads_failed)
-        EXPECT_TRUE(m.find("at offset") != std::string::npos && m.find("wake may be retried") != std::string::npos)
-            << what << ": " << m;
-    }
-    alloc->validate();
-    if (!woken) {
-      EXPECT_GT(stat("sleeping_bytes.current"), 0) << what << ": a failed wake leaves the tags asleep";
-      EXPECT_EQ(dir.entries(), 0u) << what;
-      sim->clear_faults();
-      alloc->wake();  // retried
-    }
-    EXPECT_TRUE(intact(weights) && intact(other)) << what << ": a byte was lost";
-    expect_nothing_held(what + ": after the wake");
-    const bool any = sim->faults_fired() > fired;
-    counts.fired += any ? 1 : 0;
-    sim->clear_faults();
-    for (const Live& l : weights) alloc->deallocate(l.ptr);
-    for (const Live& l : other) alloc->deallocate(l.ptr);
-    alloc->validate();
+    test::disk_cycle(*alloc, [&] { sim->clear_faults(); }, [&](const std::string& where) { expect_nothing_held(where); },
+                     counts, what);
     alloc.reset();
-    return any;
+    return sim->faults_fired() > fired;
   }
 };
 
 TEST_F(DiskTierSweep, AFaultAtEveryCallOfTheDiskTierLosesNoByteAndLeavesNoFile) {
-  SweepCounts counts;
+  test::DiskSweepCounts counts;
+  int fired = 0;
   const std::pair<SimCall, SimFault> faults[] = {
       {SimCall::open_file, SimFault::no_space},      {SimCall::open_file, SimFault::io_error},
       {SimCall::write_file, SimFault::short_io},     {SimCall::write_file, SimFault::no_space},
@@ -415,6 +357,7 @@ TEST_F(DiskTierSweep, AFaultAtEveryCallOfTheDiskTierLosesNoByteAndLeavesNoFile) 
                                std::to_string(static_cast<int>(fault));
       SCOPED_TRACE(what);
       if (!cycle([&] { sim->inject_fault(call, nth, fault); }, counts, what)) break;
+      ++fired;
       if (HasFatalFailure()) return;
     }
   }
@@ -430,11 +373,13 @@ TEST_F(DiskTierSweep, AFaultAtEveryCallOfTheDiskTierLosesNoByteAndLeavesNoFile) 
             sim->inject_fault(call, nth + 1, second);
           }, counts, what))
         break;
+      ++fired;
+      if (HasFatalFailure()) return;
     }
   }
   std::printf("disk tier fault sweep (simulated device): %d runs, %d with a fault fired, %d sleeps and %d wakes "
               "failed (%d by a backup's read), every byte intact and no file left after each\n",
-              counts.runs, counts.fired, counts.sleeps_failed, counts.wakes_failed, counts.reads_failed);
+              counts.runs, fired, counts.sleeps_failed, counts.wakes_failed, counts.reads_failed);
   EXPECT_GT(counts.sleeps_failed, 20);
   EXPECT_GT(counts.wakes_failed, 10);
   EXPECT_GT(counts.reads_failed, 5);
