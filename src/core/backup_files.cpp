@@ -7,8 +7,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
 #include <limits>
+#include <mutex>
+#include <thread>
+#include <utility>
 
 #include "stitch/errors.hpp"
 
@@ -136,6 +143,92 @@ void in_chunk(const std::vector<Extent>& extents, std::size_t* first, std::uint6
       fn(e.device + (from - e.file_offset), static_cast<std::size_t>(from - lo), static_cast<std::size_t>(to - from));
   }
 }
+
+/// The file half of a pipeline: the writes or reads, in the order given, on a thread of its own,
+/// so that the copies of other chunks (the calling thread's) run meanwhile, even on a back end
+/// whose copies take the calling thread (the simulated device); a job queued while the one
+/// before runs starts when it ends, without waiting for the caller. Without a thread (none could
+/// be made), each job runs at once on the caller's. After a failure the jobs queued are dropped
+/// and wait() throws it. The destructor waits for the job in flight.
+class FileThread {
+ public:
+  FileThread() noexcept {
+    try {
+      thread_ = std::thread([this] { loop(); });
+    } catch (...) {  // no thread: inline
+    }
+  }
+  ~FileThread() {
+    {
+      std::lock_guard lock(mutex_);
+      quit_ = true;
+      jobs_.clear();
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  FileThread(const FileThread&) = delete;
+  FileThread& operator=(const FileThread&) = delete;
+
+  /// Queues `job` (runs it at once without a thread; a failure is kept for wait()).
+  void submit(std::function<void()> job) {
+    if (!thread_.joinable()) {
+      if (failure_) return;
+      try {
+        job();
+      } catch (...) {
+        failure_ = std::current_exception();
+      }
+      ++done_;
+      return;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      if (failure_) return;  // (wait() reports it)
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_all();
+  }
+  /// Waits until the first `n` jobs submitted are done; throws the first failure.
+  void wait(std::uint64_t n) {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return done_ >= n || failure_; });
+    if (failure_) std::rethrow_exception(failure_);
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [&] { return !jobs_.empty() || quit_; });
+      if (jobs_.empty()) return;  // quit, nothing left
+      std::function<void()> job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      std::exception_ptr failed;
+      try {
+        job();
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      lock.lock();
+      if (failed && !failure_) {
+        failure_ = failed;
+        jobs_.clear();  // the rest depends on this one
+      }
+      ++done_;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::uint64_t done_ = 0;
+  bool quit_ = false;
+  std::exception_ptr failure_;
+  std::thread thread_;  // last: started once the rest exists
+};
 
 /// Waits for the copies in flight before a failure leaves (their host side may be freed next).
 void settle(Backend& backend, int device) noexcept {
@@ -278,23 +371,25 @@ void Staging::write(Backend& backend, int device, const std::vector<Extent>& ext
   const std::uint64_t end = extents.back().file_offset + extents.back().bytes;
   const std::uint64_t chunks = (end + chunk_ - 1) / chunk_;
   std::size_t first = 0;
-  auto gather = [&](std::uint64_t k) {
-    char* buf = buffer_[k % 2];
-    const std::uint64_t lo = k * chunk_;
-    in_chunk(extents, &first, lo, std::min<std::uint64_t>(lo + chunk_, end), [&](char* dev, std::size_t at, std::size_t n) {
-      backend.copy_to_host_async(device, buf + at, dev, n, nullptr);
-    });
-  };
   try {
-    gather(0);
+    FileThread files;  // (gone, its writes done, before the handler below runs)
     for (std::uint64_t k = 0; k < chunks; ++k) {
-      backend.synchronize_stream(device, nullptr);  // chunk k is in its buffer
-      if (k + 1 < chunks) gather(k + 1);             // runs while chunk k is written
+      // Chunk k goes into the buffer chunk k-2's write has left (waited for), is copied there
+      // while chunk k-1 is written, and its write is queued behind that one.
+      if (k >= 2) files.wait(k - 1);
+      char* buf = buffer_[k % 2];
       const std::uint64_t lo = k * chunk_;
       const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_, end - lo));
-      write_all(backend, device, file, buffer_[k % 2], static_cast<std::size_t>(align_up(n)), lo, what);
-      progress.add(n);
+      in_chunk(extents, &first, lo, lo + n, [&](char* dev, std::size_t at, std::size_t len) {
+        backend.copy_to_host_async(device, buf + at, dev, len, nullptr);
+      });
+      backend.synchronize_stream(device, nullptr);
+      files.submit([&, buf, lo, n] {
+        write_all(backend, device, file, buf, static_cast<std::size_t>(align_up(n)), lo, what);
+        progress.add(n);
+      });
     }
+    files.wait(chunks);
   } catch (...) {
     settle(backend, device);
     throw;
@@ -312,26 +407,27 @@ void Staging::read(Backend& backend, int device, const std::vector<Extent>& exte
       if (wanted.empty() || wanted.back() < k) wanted.push_back(k);
   }
   std::size_t first = 0;
-  auto fetch = [&](std::size_t i) {
+  auto fetch = [&](std::size_t i) {  // the read of chunk wanted[i] into its buffer
     const std::uint64_t lo = wanted[i] * chunk_;
     const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_, file.size - std::min(lo, file.size)));
-    read_all(backend, device, file, buffer_[i % 2], n, lo, what);
-  };
-  auto scatter = [&](std::size_t i) {
-    const std::uint64_t lo = wanted[i] * chunk_;
-    in_chunk(extents, &first, lo, lo + chunk_, [&](char* dev, std::size_t at, std::size_t n) {
-      backend.copy_from_host_async(device, dev, buffer_[i % 2] + at, n, nullptr);
-      progress.add(n);
-    });
+    char* buf = buffer_[i % 2];
+    return [&, buf, lo, n] { read_all(backend, device, file, buf, n, lo, what); };
   };
   try {
-    if (!wanted.empty()) fetch(0);
+    FileThread files;
+    for (std::size_t i = 0; i < wanted.size() && i < 2; ++i) files.submit(fetch(i));
     for (std::size_t i = 0; i < wanted.size(); ++i) {
-      if (i > 0) backend.synchronize_stream(device, nullptr);  // the copy of chunk i-1 is done
-      scatter(i);
-      if (i + 1 < wanted.size()) fetch(i + 1);  // while the copy of chunk i runs
+      // Chunk i, read, is copied to the device while chunk i+1 is read; then its buffer takes
+      // chunk i+2, whose read is queued behind chunk i+1's.
+      files.wait(i + 1);
+      const std::uint64_t lo = wanted[i] * chunk_;
+      in_chunk(extents, &first, lo, lo + chunk_, [&](char* dev, std::size_t at, std::size_t n) {
+        backend.copy_from_host_async(device, dev, buffer_[i % 2] + at, n, nullptr);
+        progress.add(n);
+      });
+      backend.synchronize_stream(device, nullptr);
+      if (i + 2 < wanted.size()) files.submit(fetch(i + 2));
     }
-    backend.synchronize_stream(device, nullptr);
   } catch (...) {
     settle(backend, device);
     throw;

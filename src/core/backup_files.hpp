@@ -1,8 +1,10 @@
 // core/backup_files.hpp — sleep's disk tier (backup_dir, docs/sleep.md): the process's budget
 // for backups (pinned host memory within backup_host_mb, file bytes within backup_dir_mb or the
 // file system's free space), a backup file, one device's staging buffers, and the streaming of
-// device memory to a file through them and back: the copy of chunk n+1 is queued before chunk n
-// is written, and chunk n+1 is read while the copy of chunk n runs. The Sleeper
+// device memory to a file through them and back: chunk n is written while chunk n+1 is copied
+// out, and chunk n+1 is read while chunk n is copied back (the file calls on a thread of their
+// own, for the length of the call, so that the two overlap even where the back end's copies
+// take the calling thread, as the simulated device's do). The Sleeper
 // (core/sleeper.hpp) decides what goes where; the KV pools take their pinned backups through the
 // same budget. Every file call goes through the Backend (its file calls return -errno), so the
 // simulator's fault injection reaches each one.
@@ -99,15 +101,17 @@ class Staging {
   bool make(Backend& backend, int device, std::size_t bytes, std::size_t cap);
   void free(Backend& backend, int device) noexcept;
   /// Writes `extents` (device memory; by file offset, the file's data covered from 0) to
-  /// `file` chunk by chunk, the copy of chunk n+1 queued before chunk n is written. Every copy
-  /// has completed when it returns or throws. Throws out_of_memory when the file system is full
-  /// (ENOSPC, EDQUOT, EFBIG), backend_error for another failure, each naming the file, the
-  /// offset and the size; the file then holds part of the data.
+  /// `file` chunk by chunk: chunk n is written (on a thread of its own) while chunk n+1 is
+  /// copied into the other buffer. Every copy and write has completed when it returns or
+  /// throws. Throws out_of_memory when the file system is full (ENOSPC, EDQUOT, EFBIG),
+  /// backend_error for another failure, each naming the file, the offset and the size; the file
+  /// then holds part of the data.
   void write(Backend& backend, int device, const std::vector<Extent>& extents, const BackupFile& file,
              BackupProgress& progress, const std::string& what);
-  /// Reads `extents` (by file offset) back from `file` to device memory, reading chunk n+1 while
-  /// the copy of chunk n runs; chunks without an extent are skipped. Every copy has completed
-  /// when it returns or throws. Throws backend_error naming the file, the offset and the size.
+  /// Reads `extents` (by file offset) back from `file` to device memory: chunk n+1 is read (on a
+  /// thread of its own) while chunk n is copied to the device; chunks without an extent are
+  /// skipped. Every copy and read has completed when it returns or throws. Throws backend_error
+  /// naming the file, the offset and the size.
   void read(Backend& backend, int device, const std::vector<Extent>& extents, const BackupFile& file,
             BackupProgress& progress, const std::string& what);
 

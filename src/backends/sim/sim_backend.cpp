@@ -312,6 +312,11 @@ struct SimBackend::Impl {
   std::map<std::uintptr_t, std::size_t> host_blocks;  ///< pinned host memory: address -> bytes
   std::size_t host_bytes = 0;
   std::size_t host_pages = 0;  ///< bytes of create_host_physical, live
+  /// The file calls' own lock (their counts, their faults and the open files): a file call never
+  /// waits for a copy that holds `mutex` (the disk tier writes one chunk while it copies the next).
+  mutable std::mutex file_mutex;
+  std::vector<Fault> file_faults;
+  std::uint64_t file_fired = 0;
   std::size_t files = 0;       ///< files of open_file, open
   /// Whether the host budget (sim_host_mb) has room for `bytes` more.
   [[nodiscard]] bool host_fits(std::size_t bytes) const {
@@ -451,18 +456,23 @@ struct SimBackend::Impl {
   }
 
   /// Counts a file call and returns the fault armed for it, if any (file calls never throw).
+  /// The caller holds file_mutex (file calls' counts and faults are under it, not `mutex`).
   std::optional<SimFault> enter_file(SimCall call, std::size_t bytes = 0) noexcept {
     const std::uint64_t n = ++calls[index_of_file(call)];
     call_bytes[index_of_file(call)] += bytes;
     auto armed = [&](const Fault& f) { return f.call == call && f.at == n; };
-    auto it = std::find_if(faults.begin(), faults.end(), armed);
-    if (it == faults.end()) return std::nullopt;
+    auto it = std::find_if(file_faults.begin(), file_faults.end(), armed);
+    if (it == file_faults.end()) return std::nullopt;
     const SimFault fault = it->fault;
-    std::erase_if(faults, armed);
-    ++fired;
+    std::erase_if(file_faults, armed);
+    ++file_fired;
     return fault;
   }
   static std::size_t index_of_file(SimCall call) noexcept { return static_cast<std::size_t>(call); }
+  static bool file_call(SimCall call) noexcept {
+    return call == SimCall::open_file || call == SimCall::write_file || call == SimCall::read_file ||
+           call == SimCall::discard_file || call == SimCall::close_file;
+  }
 
   /// Maps one piece at `va` (map_run's checks and mmap), counting nothing.
   void map_piece(Device& d, int device, char* va, const MapPiece& piece) {
@@ -1032,7 +1042,7 @@ std::size_t short_part(std::size_t bytes) noexcept {
 int SimBackend::open_file(int device, const char* dir, bool* direct) noexcept {
   std::optional<SimFault> fault;
   {
-    std::lock_guard lock(impl_->mutex);
+    std::lock_guard lock(impl_->file_mutex);
     fault = impl_->enter_file(SimCall::open_file);
     if (device < 0 || device >= static_cast<int>(impl_->devices.size())) return -EINVAL;
   }
@@ -1040,7 +1050,7 @@ int SimBackend::open_file(int device, const char* dir, bool* direct) noexcept {
   if (fault) return static_cast<int>(file_errno(*fault));
   const int fd = Backend::open_file(device, dir, direct);
   if (fd >= 0) {
-    std::lock_guard lock(impl_->mutex);
+    std::lock_guard lock(impl_->file_mutex);
     ++impl_->files;
   }
   return fd;
@@ -1050,7 +1060,7 @@ std::int64_t SimBackend::write_file(int device, int fd, const void* src, std::si
                                     std::uint64_t offset) noexcept {
   std::optional<SimFault> fault;
   {
-    std::lock_guard lock(impl_->mutex);
+    std::lock_guard lock(impl_->file_mutex);
     fault = impl_->enter_file(SimCall::write_file, bytes);
   }
   if (!fault) return Backend::write_file(device, fd, src, bytes, offset);
@@ -1062,7 +1072,7 @@ std::int64_t SimBackend::read_file(int device, int fd, void* dst, std::size_t by
                                    std::uint64_t offset) noexcept {
   std::optional<SimFault> fault;
   {
-    std::lock_guard lock(impl_->mutex);
+    std::lock_guard lock(impl_->file_mutex);
     fault = impl_->enter_file(SimCall::read_file, bytes);
   }
   if (!fault) return Backend::read_file(device, fd, dst, bytes, offset);
@@ -1073,7 +1083,7 @@ std::int64_t SimBackend::read_file(int device, int fd, void* dst, std::size_t by
 int SimBackend::discard_file(int device, int fd, std::uint64_t offset, std::uint64_t bytes) noexcept {
   std::optional<SimFault> fault;
   {
-    std::lock_guard lock(impl_->mutex);
+    std::lock_guard lock(impl_->file_mutex);
     fault = impl_->enter_file(SimCall::discard_file, static_cast<std::size_t>(bytes));
   }
   if (fault) return static_cast<int>(file_errno(*fault));
@@ -1082,7 +1092,7 @@ int SimBackend::discard_file(int device, int fd, std::uint64_t offset, std::uint
 
 void SimBackend::close_file(int device, int fd) noexcept {
   {
-    std::lock_guard lock(impl_->mutex);
+    std::lock_guard lock(impl_->file_mutex);
     ++impl_->calls[static_cast<std::size_t>(SimCall::close_file)];  // (no fault fires here)
     if (fd >= 0 && impl_->files > 0) --impl_->files;
   }
@@ -1119,16 +1129,24 @@ void SimBackend::inject_fault(SimCall call, std::uint64_t nth, SimFault fault) {
       throw invalid_argument(std::string("sim: inject_fault: short_io, no_space and io_error are for the file "
                                          "calls, not ") + to_string(call));
   }
+  if (Impl::file_call(call)) {
+    std::lock_guard files(impl_->file_mutex);
+    impl_->file_faults.push_back(Fault{call, impl_->calls[i] + nth, fault});
+    return;
+  }
   impl_->faults.push_back(Fault{call, impl_->calls[i] + nth, fault});
 }
 
 void SimBackend::clear_faults() {
   std::lock_guard lock(impl_->mutex);
   impl_->faults.clear();
+  std::lock_guard files(impl_->file_mutex);
+  impl_->file_faults.clear();
 }
 
 std::uint64_t SimBackend::call_count(SimCall call) const {
   std::lock_guard lock(impl_->mutex);
+  std::lock_guard files(impl_->file_mutex);
   return impl_->calls[index_of(call)];
 }
 
@@ -1139,12 +1157,14 @@ std::pair<std::uint64_t, std::uint64_t> SimBackend::bus_copies() const {
 
 std::uint64_t SimBackend::call_bytes(SimCall call) const {
   std::lock_guard lock(impl_->mutex);
+  std::lock_guard files(impl_->file_mutex);
   return impl_->call_bytes[index_of(call)];
 }
 
 std::uint64_t SimBackend::faults_fired() const {
   std::lock_guard lock(impl_->mutex);
-  return impl_->fired;
+  std::lock_guard files(impl_->file_mutex);
+  return impl_->fired + impl_->file_fired;
 }
 
 SimUsage SimBackend::usage(int device) const {
@@ -1161,7 +1181,10 @@ SimUsage SimBackend::usage(int device) const {
   u.host_bytes = impl_->host_bytes;
   u.host_allocations = impl_->host_blocks.size();
   u.host_pages = impl_->host_pages;
-  u.files = impl_->files;
+  {
+    std::lock_guard files(impl_->file_mutex);
+    u.files = impl_->files;
+  }
   return u;
 }
 
