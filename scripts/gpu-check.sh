@@ -6,8 +6,9 @@
 # cudaMalloc, cudaMallocAsync and PyTorch's allocator; raw VMM costs; the cost of a stitch, of
 # a compaction and of sleep and wake, their own step lines "stitch-cost", "compaction-cost" and
 # "sleep-cost", from the same run and JSON; the CUDA tests include a CUDA graph replayed over
-# tagged tensors before a sleep and after the wake) and writes OUTDIR/report.md next to the raw
-# numbers (gpu_bench*.json) and the logs.
+# tagged tensors before a sleep and after the wake; the "disk" step backs tagged memory up
+# through files of backup_dir and back, against the file system's own bandwidth) and writes
+# OUTDIR/report.md next to the raw numbers (gpu_bench*.json) and the logs.
 # Meant to finish within 8 minutes on an H200. It goes on past a failing step, records it in the
 # report, and exits non-zero at the end if any step failed (1) or no GPU was found (2).
 #
@@ -360,6 +361,28 @@ if [ $have_gpu = yes ] && [ -x "$SPILL_TESTS" ] && [ "$(remaining)" -gt 60 ]; th
 else
   record spill skipped 0 "needs a GPU and stitch_cuda_tests"
   record kv skipped 0 "needs a GPU and stitch_cuda_tests"
+fi
+
+# ---- 7a'. sleep's disk tier: tagged GPU memory backed up through files and back, every byte
+# counted by a kernel, against the file system's own bandwidth and host-only backups in the same
+# run (tests/cuda/cuda_disk_test.cu; its RESULT line goes into the report) --------------------------
+if [ $have_gpu = yes ] && [ -x "$SPILL_TESTS" ] && [ "$(remaining)" -gt 60 ]; then
+  t0=$SECONDS
+  mkdir -p "$WORK/disk"
+  echo "== disk tier (CudaDisk.*)" >>"$OUT/spill.log"
+  STITCH_GPU_DISK_DIR=${STITCH_GPU_DISK_DIR:-$WORK/disk} timeout --kill-after=10 "$(limit 120 40)" \
+    "$SPILL_TESTS" --gtest_filter='CudaDisk.*' >"$WORK/disk.log" 2>&1
+  rc=$?
+  cat "$WORK/disk.log" >>"$OUT/spill.log"
+  disk_result=$(grep -m1 '^RESULT disk ' "$WORK/disk.log" | sed 's/^RESULT disk //')
+  skipped=$(grep -m1 -o 'skipped:.*' "$WORK/disk.log" | head -c 200)
+  if [ $rc -eq 0 ] && [ -z "$disk_result" ] && [ -n "$skipped" ]; then
+    record disk skipped $((SECONDS - t0)) "$skipped"
+  else
+    record disk "$(status_of_rc $rc)" $((SECONDS - t0)) "${disk_result:-no RESULT line (rc=$rc); see spill.log}"
+  fi
+else
+  record disk skipped 0 "needs a GPU and stitch_cuda_tests"
 fi
 
 # ---- 7b. PyTorch end to end: the example trains with each allocator; a deliberate OOM ---------------
