@@ -110,6 +110,19 @@ limit() {
   [ "$r" -lt "$1" ] && echo $((r > 10 ? r : 10)) || echo "$1"
 }
 status_of_rc() { case "$1" in 0) echo ok ;; 124|137) echo timeout ;; *) echo failed ;; esac; }
+# record_result STEP LOG T0 RC: records STEP (a test program's step that began at T0 and ended
+# with RC) with the JSON of its "RESULT STEP {...}" line in LOG as the detail, or as skipped when
+# it skipped itself without one.
+record_result() {
+  local result skipped
+  result=$(grep -m1 "^RESULT $1 " "$2" | sed "s/^RESULT $1 //")
+  skipped=$(grep -m1 -o -i 'skipped.*' "$2" | head -c 200)
+  if [ "$4" -eq 0 ] && [ -z "$result" ] && [ -n "$skipped" ]; then
+    record "$1" skipped $((SECONDS - $3)) "$skipped"
+  else
+    record "$1" "$(status_of_rc "$4")" $((SECONDS - $3)) "${result:-no RESULT line (rc=$4); see spill.log}"
+  fi
+}
 
 say "stitch GPU check: output in $OUT, build in $BUILD, budget ${BUDGET}s, $JOBS jobs"
 
@@ -347,13 +360,7 @@ if [ $have_gpu = yes ] && [ -x "$SPILL_TESTS" ] && [ "$(remaining)" -gt 60 ]; th
   t0=$SECONDS
   timeout --kill-after=10 "$(limit 120 40)" "$SPILL_TESTS" --gtest_filter='CudaSpill.*:CudaKv.*' >"$OUT/spill.log" 2>&1
   rc=$?
-  spill_result=$(grep -m1 '^RESULT spill ' "$OUT/spill.log" | sed 's/^RESULT spill //')
-  skipped=$(grep -m1 -o 'Skipped.*' "$OUT/spill.log" | head -c 200)
-  if [ $rc -eq 0 ] && [ -z "$spill_result" ] && [ -n "$skipped" ]; then
-    record spill skipped $((SECONDS - t0)) "$skipped"
-  else
-    record spill "$(status_of_rc $rc)" $((SECONDS - t0)) "${spill_result:-no RESULT line (rc=$rc); see spill.log}"
-  fi
+  record_result spill "$OUT/spill.log" $t0 $rc
   # The KV pools' kernels and alloc/free latency ran in the same binary (tests/cuda/cuda_kv_test.cu).
   kv_result=$(grep -m1 '^RESULT kv ' "$OUT/spill.log" | sed 's/^RESULT kv //')
   kv_failed=$(grep -c '^\[  FAILED  \] CudaKv\.' "$OUT/spill.log")
@@ -374,13 +381,7 @@ if [ $have_gpu = yes ] && [ -x "$SPILL_TESTS" ] && [ "$(remaining)" -gt 60 ]; th
     "$SPILL_TESTS" --gtest_filter='CudaDisk.*' >"$WORK/disk.log" 2>&1
   rc=$?
   cat "$WORK/disk.log" >>"$OUT/spill.log"
-  disk_result=$(grep -m1 '^RESULT disk ' "$WORK/disk.log" | sed 's/^RESULT disk //')
-  skipped=$(grep -m1 -o 'skipped:.*' "$WORK/disk.log" | head -c 200)
-  if [ $rc -eq 0 ] && [ -z "$disk_result" ] && [ -n "$skipped" ]; then
-    record disk skipped $((SECONDS - t0)) "$skipped"
-  else
-    record disk "$(status_of_rc $rc)" $((SECONDS - t0)) "${disk_result:-no RESULT line (rc=$rc); see spill.log}"
-  fi
+  record_result disk "$WORK/disk.log" $t0 $rc
 else
   record disk skipped 0 "needs a GPU and stitch_cuda_tests"
 fi

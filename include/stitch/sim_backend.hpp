@@ -206,6 +206,9 @@ class STITCH_EXPORT SimBackend : public Backend {
   void set_capacity(int device, std::size_t bytes);
 
  private:
+  /// write_file or read_file (`call`) with the faults armed for it.
+  std::int64_t file_io(SimCall call, int device, int fd, void* buf, std::size_t bytes, std::uint64_t offset) noexcept;
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

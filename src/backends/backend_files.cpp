@@ -66,6 +66,22 @@ int open_private(const char* dir, bool* direct) noexcept {
   return fd;
 }
 
+/// pwrite or pread, EINTR retried; O_DIRECT refused at the first call (a device whose block is
+/// larger than 4 KiB) turns the file buffered and the call is made again.
+std::int64_t transfer(int fd, void* buf, std::size_t bytes, std::uint64_t offset, bool write) noexcept {
+  for (bool retried = false;;) {
+    const ssize_t n = write ? ::pwrite(fd, buf, bytes, static_cast<off_t>(offset))
+                            : ::pread(fd, buf, bytes, static_cast<off_t>(offset));
+    if (n >= 0) return n;
+    if (errno == EINTR) continue;
+    if (errno == EINVAL && !retried && (::fcntl(fd, F_GETFL) & O_DIRECT) != 0 && !set_direct(fd, false)) {
+      retried = true;
+      continue;
+    }
+    return -errno;
+  }
+}
+
 }  // namespace
 
 void check_backup_dir(const std::string& path) {
@@ -95,30 +111,11 @@ void check_backup_dir(const std::string& path) {
 int Backend::open_file(int, const char* dir, bool* direct) noexcept { return open_private(dir, direct); }
 
 std::int64_t Backend::write_file(int, int fd, const void* src, std::size_t bytes, std::uint64_t offset) noexcept {
-  for (bool retried = false;;) {
-    const ssize_t n = ::pwrite(fd, src, bytes, static_cast<off_t>(offset));
-    if (n >= 0) return n;
-    if (errno == EINTR) continue;
-    // O_DIRECT refused at the first write (the device's block is larger than 4 KiB): buffered.
-    if (errno == EINVAL && !retried && (::fcntl(fd, F_GETFL) & O_DIRECT) != 0 && !set_direct(fd, false)) {
-      retried = true;
-      continue;
-    }
-    return -errno;
-  }
+  return transfer(fd, const_cast<void*>(src), bytes, offset, /*write=*/true);
 }
 
 std::int64_t Backend::read_file(int, int fd, void* dst, std::size_t bytes, std::uint64_t offset) noexcept {
-  for (bool retried = false;;) {
-    const ssize_t n = ::pread(fd, dst, bytes, static_cast<off_t>(offset));
-    if (n >= 0) return n;
-    if (errno == EINTR) continue;
-    if (errno == EINVAL && !retried && (::fcntl(fd, F_GETFL) & O_DIRECT) != 0 && !set_direct(fd, false)) {
-      retried = true;
-      continue;
-    }
-    return -errno;
-  }
+  return transfer(fd, dst, bytes, offset, /*write=*/false);
 }
 
 int Backend::discard_file(int, int fd, std::uint64_t offset, std::uint64_t bytes) noexcept {

@@ -83,46 +83,29 @@ bool full(int e) noexcept { return e == ENOSPC || e == EDQUOT || e == EFBIG; }
   throw backend_error(std::move(text));
 }
 
-/// Writes all of [buf, buf + bytes) at `offset`; a short write goes on from where it stopped
-/// (on a 4 KiB boundary with O_DIRECT: a few bytes may be written twice).
-void write_all(Backend& backend, int device, const BackupFile& file, const char* buf, std::size_t bytes,
-               std::uint64_t offset, const std::string& what) {
+/// Writes all of [buf, buf + bytes) at `offset`, or reads all of it; a short write or read goes
+/// on from where it stopped (on a 4 KiB boundary with O_DIRECT: a few bytes may move twice). The
+/// end of the file before the bytes asked is a failure.
+void move_all(Backend& backend, int device, const BackupFile& file, char* buf, std::size_t bytes,
+              std::uint64_t offset, const std::string& what, bool write) {
+  const char* verb = write ? "writing" : "reading";
   std::size_t done = 0;
   for (int stalls = 0; done < bytes;) {
-    const std::int64_t n = backend.write_file(device, file.fd, buf + done, bytes - done, offset + done);
+    const std::int64_t n = write ? backend.write_file(device, file.fd, buf + done, bytes - done, offset + done)
+                                 : backend.read_file(device, file.fd, buf + done, bytes - done, offset + done);
     if (n < 0) {
       const int e = static_cast<int>(-n);
-      io_failed(what, "writing", file, offset + done, bytes - done, errno_text(e), full(e));
+      io_failed(what, verb, file, offset + done, bytes - done, errno_text(e), write && full(e));
     }
-    std::size_t step = std::min(static_cast<std::size_t>(n), bytes - done);
-    if (file.direct) step -= step % kAlign;
-    if (step == 0) {
-      if (++stalls == kMaxStalls)
-        io_failed(what, "writing", file, offset + done, bytes - done,
-                  fmt::format("{} writes in a row wrote nothing", kMaxStalls), false);
-      continue;
-    }
-    stalls = 0;
-    done += step;
-  }
-}
-
-/// Reads all of `bytes` at `offset` into `buf`; the end of the file before them is an error.
-void read_all(Backend& backend, int device, const BackupFile& file, char* buf, std::size_t bytes,
-              std::uint64_t offset, const std::string& what) {
-  std::size_t done = 0;
-  for (int stalls = 0; done < bytes;) {
-    const std::int64_t n = backend.read_file(device, file.fd, buf + done, bytes - done, offset + done);
-    if (n < 0) io_failed(what, "reading", file, offset + done, bytes - done, errno_text(static_cast<int>(-n)), false);
-    if (n == 0)
-      io_failed(what, "reading", file, offset + done, bytes - done,
+    if (n == 0 && !write)
+      io_failed(what, verb, file, offset + done, bytes - done,
                 fmt::format("the file ends there ({} bytes were written to it)", file.size), false);
     std::size_t step = std::min(static_cast<std::size_t>(n), bytes - done);
     if (file.direct) step -= step % kAlign;
     if (step == 0) {
       if (++stalls == kMaxStalls)
-        io_failed(what, "reading", file, offset + done, bytes - done,
-                  fmt::format("{} reads in a row read nothing", kMaxStalls), false);
+        io_failed(what, verb, file, offset + done, bytes - done,
+                  fmt::format("{} calls in a row moved nothing", kMaxStalls), false);
       continue;
     }
     stalls = 0;
@@ -385,7 +368,7 @@ void Staging::write(Backend& backend, int device, const std::vector<Extent>& ext
       });
       backend.synchronize_stream(device, nullptr);
       files.submit([&, buf, lo, n] {
-        write_all(backend, device, file, buf, static_cast<std::size_t>(align_up(n)), lo, what);
+        move_all(backend, device, file, buf, static_cast<std::size_t>(align_up(n)), lo, what, /*write=*/true);
         progress.add(n);
       });
     }
@@ -411,7 +394,7 @@ void Staging::read(Backend& backend, int device, const std::vector<Extent>& exte
     const std::uint64_t lo = wanted[i] * chunk_;
     const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_, file.size - std::min(lo, file.size)));
     char* buf = buffer_[i % 2];
-    return [&, buf, lo, n] { read_all(backend, device, file, buf, n, lo, what); };
+    return [&, buf, lo, n] { move_all(backend, device, file, buf, n, lo, what, /*write=*/false); };
   };
   try {
     FileThread files;

@@ -1058,26 +1058,25 @@ int SimBackend::open_file(int device, const char* dir, bool* direct) noexcept {
 
 std::int64_t SimBackend::write_file(int device, int fd, const void* src, std::size_t bytes,
                                     std::uint64_t offset) noexcept {
-  std::optional<SimFault> fault;
-  {
-    std::lock_guard lock(impl_->file_mutex);
-    fault = impl_->enter_file(SimCall::write_file, bytes);
-  }
-  if (!fault) return Backend::write_file(device, fd, src, bytes, offset);
-  if (*fault != SimFault::short_io) return file_errno(*fault);
-  return Backend::write_file(device, fd, src, short_part(bytes), offset);
+  return file_io(SimCall::write_file, device, fd, const_cast<void*>(src), bytes, offset);
 }
 
 std::int64_t SimBackend::read_file(int device, int fd, void* dst, std::size_t bytes,
                                    std::uint64_t offset) noexcept {
+  return file_io(SimCall::read_file, device, fd, dst, bytes, offset);
+}
+
+std::int64_t SimBackend::file_io(SimCall call, int device, int fd, void* buf, std::size_t bytes,
+                                 std::uint64_t offset) noexcept {
   std::optional<SimFault> fault;
   {
     std::lock_guard lock(impl_->file_mutex);
-    fault = impl_->enter_file(SimCall::read_file, bytes);
+    fault = impl_->enter_file(call, bytes);
   }
-  if (!fault) return Backend::read_file(device, fd, dst, bytes, offset);
-  if (*fault != SimFault::short_io) return file_errno(*fault);
-  return Backend::read_file(device, fd, dst, short_part(bytes), offset);
+  if (fault && *fault != SimFault::short_io) return file_errno(*fault);
+  const std::size_t n = fault ? short_part(bytes) : bytes;
+  return call == SimCall::write_file ? Backend::write_file(device, fd, buf, n, offset)
+                                     : Backend::read_file(device, fd, buf, n, offset);
 }
 
 int SimBackend::discard_file(int device, int fd, std::uint64_t offset, std::uint64_t bytes) noexcept {
