@@ -216,6 +216,8 @@ TEST(DiskTierRoom, WithoutACapTheFileSystemsFreeSpaceIsTheLimit) {
   struct statvfs v {};
   ASSERT_EQ(::statvfs(dir.path().c_str(), &v), 0);
   const std::size_t free_bytes = static_cast<std::size_t>(v.f_bavail) * v.f_frsize;
+  if (free_bytes > (std::size_t{16} << 40))
+    GTEST_SKIP() << "skipped: " << dir.path() << " has more than 16 TiB free, more than a simulated device here maps";
   const std::size_t need = (free_bytes / (64 * MiB) + 16) * (64 * MiB);  // 1 GiB or so past it
   auto sim = std::make_shared<SimBackend>(SimBackend::Options{1, need + 256 * MiB});
   Allocator a(Config::parse("backend:sim,backup_host_mb:1,backup_dir:" + dir.path()), sim);
@@ -369,7 +371,7 @@ TEST_F(DiskTierSweep, AFaultAtEveryCallOfTheDiskTierLosesNoByteAndLeavesNoFile) 
       const std::string what = std::string(to_string(call)) + " #" + std::to_string(nth) + " fault " +
                                std::to_string(static_cast<int>(fault));
       SCOPED_TRACE(what);
-      if (!cycle([&] { sim->inject_fault(call, nth, fault); }, counts, what)) break;
+      if (!cycle([&, call = call, fault = fault] { sim->inject_fault(call, nth, fault); }, counts, what)) break;
       ++fired;
       if (HasFatalFailure()) return;
     }
