@@ -6,8 +6,9 @@
 # cudaMalloc, cudaMallocAsync and PyTorch's allocator; raw VMM costs; the cost of a stitch, of
 # a compaction and of sleep and wake, their own step lines "stitch-cost", "compaction-cost" and
 # "sleep-cost", from the same run and JSON; the CUDA tests include a CUDA graph replayed over
-# tagged tensors before a sleep and after the wake) and writes OUTDIR/report.md next to the raw
-# numbers (gpu_bench*.json) and the logs.
+# tagged tensors before a sleep and after the wake; the "disk" step backs tagged memory up
+# through files of backup_dir and back, against the file system's own bandwidth) and writes
+# OUTDIR/report.md next to the raw numbers (gpu_bench*.json) and the logs.
 # Meant to finish within 8 minutes on an H200. It goes on past a failing step, records it in the
 # report, and exits non-zero at the end if any step failed (1) or no GPU was found (2).
 #
@@ -109,6 +110,19 @@ limit() {
   [ "$r" -lt "$1" ] && echo $((r > 10 ? r : 10)) || echo "$1"
 }
 status_of_rc() { case "$1" in 0) echo ok ;; 124|137) echo timeout ;; *) echo failed ;; esac; }
+# record_result STEP LOG T0 RC: records STEP (a test program's step that began at T0 and ended
+# with RC) with the JSON of its "RESULT STEP {...}" line in LOG as the detail, or as skipped when
+# it skipped itself without one.
+record_result() {
+  local result skipped
+  result=$(grep -m1 "^RESULT $1 " "$2" | sed "s/^RESULT $1 //")
+  skipped=$(grep -m1 -o -i 'skipped.*' "$2" | head -c 200)
+  if [ "$4" -eq 0 ] && [ -z "$result" ] && [ -n "$skipped" ]; then
+    record "$1" skipped $((SECONDS - $3)) "$skipped"
+  else
+    record "$1" "$(status_of_rc "$4")" $((SECONDS - $3)) "${result:-no RESULT line (rc=$4); see spill.log}"
+  fi
+}
 
 say "stitch GPU check: output in $OUT, build in $BUILD, budget ${BUDGET}s, $JOBS jobs"
 
@@ -346,13 +360,7 @@ if [ $have_gpu = yes ] && [ -x "$SPILL_TESTS" ] && [ "$(remaining)" -gt 60 ]; th
   t0=$SECONDS
   timeout --kill-after=10 "$(limit 120 40)" "$SPILL_TESTS" --gtest_filter='CudaSpill.*:CudaKv.*' >"$OUT/spill.log" 2>&1
   rc=$?
-  spill_result=$(grep -m1 '^RESULT spill ' "$OUT/spill.log" | sed 's/^RESULT spill //')
-  skipped=$(grep -m1 -o 'Skipped.*' "$OUT/spill.log" | head -c 200)
-  if [ $rc -eq 0 ] && [ -z "$spill_result" ] && [ -n "$skipped" ]; then
-    record spill skipped $((SECONDS - t0)) "$skipped"
-  else
-    record spill "$(status_of_rc $rc)" $((SECONDS - t0)) "${spill_result:-no RESULT line (rc=$rc); see spill.log}"
-  fi
+  record_result spill "$OUT/spill.log" $t0 $rc
   # The KV pools' kernels and alloc/free latency ran in the same binary (tests/cuda/cuda_kv_test.cu).
   kv_result=$(grep -m1 '^RESULT kv ' "$OUT/spill.log" | sed 's/^RESULT kv //')
   kv_failed=$(grep -c '^\[  FAILED  \] CudaKv\.' "$OUT/spill.log")
@@ -360,6 +368,22 @@ if [ $have_gpu = yes ] && [ -x "$SPILL_TESTS" ] && [ "$(remaining)" -gt 60 ]; th
 else
   record spill skipped 0 "needs a GPU and stitch_cuda_tests"
   record kv skipped 0 "needs a GPU and stitch_cuda_tests"
+fi
+
+# ---- 7a'. sleep's disk tier: tagged GPU memory backed up through files and back, every byte
+# counted by a kernel, against the file system's own bandwidth and host-only backups in the same
+# run (tests/cuda/cuda_disk_test.cu; its RESULT line goes into the report) --------------------------
+if [ $have_gpu = yes ] && [ -x "$SPILL_TESTS" ] && [ "$(remaining)" -gt 60 ]; then
+  t0=$SECONDS
+  mkdir -p "$WORK/disk"
+  echo "== disk tier (CudaDisk.*)" >>"$OUT/spill.log"
+  STITCH_GPU_DISK_DIR=${STITCH_GPU_DISK_DIR:-$WORK/disk} timeout --kill-after=10 "$(limit 120 40)" \
+    "$SPILL_TESTS" --gtest_filter='CudaDisk.*' >"$WORK/disk.log" 2>&1
+  rc=$?
+  cat "$WORK/disk.log" >>"$OUT/spill.log"
+  record_result disk "$WORK/disk.log" $t0 $rc
+else
+  record disk skipped 0 "needs a GPU and stitch_cuda_tests"
 fi
 
 # ---- 7b. PyTorch end to end: the example trains with each allocator; a deliberate OOM ---------------

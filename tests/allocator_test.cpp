@@ -477,7 +477,8 @@ std::vector<std::string> all_pytorch_keys() {
     for (const char* pool : {"all", "small_pool", "large_pool"})
       for (const char* part : {"current", "peak", "allocated", "freed"})
         keys.push_back(std::string(name) + "." + pool + "." + part);
-  for (const char* name : {"oversize_allocations", "oversize_segments", "sleeping_bytes", "spilled_bytes", "kv_bytes"})
+  for (const char* name : {"oversize_allocations", "oversize_segments", "sleeping_bytes", "spilled_bytes", "kv_bytes",
+                           "backup_file_bytes"})
     for (const char* part : {"current", "peak", "allocated", "freed"})
       keys.push_back(std::string(name) + "." + part);
   for (const char* name : {"num_alloc_retries", "num_ooms", "num_sync_all_streams",

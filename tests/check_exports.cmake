@@ -11,7 +11,7 @@ foreach(fn stitch_malloc stitch_free stitch_configure stitch_record_stream stitc
            stitch_clear_error stitch_record_history stitch_dump_snapshot stitch_memory_summary
            stitch_config stitch_device_count stitch_reset_accumulated_stats stitch_memory_fraction stitch_torch_malloc
            stitch_torch_begin_allocate_to_pool stitch_torch_end_allocate_to_pool
-           stitch_torch_release_pool)
+           stitch_torch_release_pool stitch_sleep stitch_wake stitch_backup_progress)
   if(NOT symbols MATCHES " T ${fn}\n")
     message(FATAL_ERROR "${LIB} does not export ${fn}")
   endif()

@@ -390,7 +390,8 @@ TEST(ConfigTable, EveryKeyParsesItsOwnPrintedValue) {
   const Config c = Config::parse(
       "max_split_size_mb:64,garbage_collection_threshold:0.5,expandable_segments:True,"
       "stitching:True,stitch_before_grow_mb:8,stitch_compact:True,oom_snapshot:/tmp/x.pickle,"
-      "peer_access:True,ipc:False,sim_host_mb:64,spill:all,spill_limit_mb:16,kv_reserve_mb:8,kv_zero_page:True");
+      "peer_access:True,ipc:False,sim_host_mb:64,spill:all,spill_limit_mb:16,kv_reserve_mb:8,kv_zero_page:True,"
+      "backup_dir:/tmp/a dir:1,backup_dir_mb:4,backup_host_mb:2");
   for (const detail::KeySpec& key : detail::config_keys()) {
     SCOPED_TRACE(std::string(key.name));
     const std::string value = key.print(c);

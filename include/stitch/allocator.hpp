@@ -145,17 +145,31 @@ class STITCH_EXPORT Allocator {
   };
   /// Puts the tags in `tags` (comma-separated; nullopt: every tag) to sleep on `device` (-1: every
   /// device): synchronizes the device and its peers, copies the live blocks of regions with
-  /// backup, and of the tags in `backup_tags`, to pinned host memory, then unmaps every page of
-  /// the tags' ranges and gives it back; the addresses stay reserved. A tag asleep already is
-  /// left alone. Throws invalid_argument for a tag never used, stitch::error while a graph is
-  /// being captured on the device, out_of_memory when the host cannot hold the backups, and
-  /// backend_error; each device is all or nothing, and the message says which devices sleep.
+  /// backup, and of the tags in `backup_tags`, to pinned host memory (what the host or
+  /// backup_host_mb does not take, to files of backup_dir), then unmaps every page of the tags'
+  /// ranges and gives it back; the addresses stay reserved. A tag asleep already is left alone.
+  /// Throws invalid_argument for a tag never used, stitch::error while a graph is being captured
+  /// on the device, out_of_memory when the host (and the backup files' room) cannot hold the
+  /// backups, and backend_error (a file that cannot be written, named with the offset); each
+  /// device is all or nothing, and the message says which devices sleep.
   void sleep(int device = -1, std::optional<std::string_view> tags = std::nullopt,
              std::string_view backup_tags = {});
   /// Wakes the tags in `tags` (nullopt: every sleeping tag) on `device` (-1: every device): fresh
   /// pages at the same addresses, the backups copied back. Throws out_of_memory with the report
-  /// when the device cannot give the pages: nothing changed on that device, the tags stay asleep.
+  /// when the device cannot give the pages, backend_error when a backup file cannot be read
+  /// (naming it, the offset and the size): nothing changed on that device, the tags stay asleep
+  /// with their backups, and the wake may be retried.
   void wake(int device = -1, std::optional<std::string_view> tags = std::nullopt);
+  /// How far the sleep or wake running on a device is: `op` 1 a sleep, 2 a wake, 0 none; the
+  /// bytes of backups copied out or back so far, of `total`.
+  struct BackupProgress {
+    int op = 0;
+    std::uint64_t done = 0;
+    std::uint64_t total = 0;
+  };
+  /// The progress of the sleep or wake running on `device` now (read without waiting for it:
+  /// from another thread while stitch_sleep runs).
+  [[nodiscard]] BackupProgress backup_progress(int device) const;
   /// Moves the live memory of the tags in `tags` (comma-separated; nullopt: every tag opened with
   /// kRegionSpill) on `device` (-1: every device) to host pages under the same addresses: all of
   /// it (`bytes` 0) or at least `bytes` per device, coldest tag first; the free device pages of

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace stitch {
 
@@ -165,6 +166,33 @@ class STITCH_EXPORT Backend {
   /// Before memory moves under live addresses. By default it throws backend_error, so that a
   /// wrapper that does not forward it cannot skip the sync silently.
   virtual void synchronize_device(int device);
+  // ---- files: sleep's disk tier (backup_dir, docs/sleep.md) ----------------------------------
+  // Unlike the calls above, these never throw: they return -errno, so that the caller can say
+  // which file, offset and size failed. By default they are the POSIX calls
+  // (src/backends/backend_files.cpp); a back end overrides them to count or fail them (the
+  // simulator's fault injection) or to move the bytes another way.
+  /// A new file for `device`'s backups in directory `dir`, private to the process: unnamed
+  /// (O_TMPFILE) where the file system allows it, else created with mode 0600 and unlinked at
+  /// once, so that nothing stays in `dir` once it is closed or the process ends. Close-on-exec.
+  /// Opened with O_DIRECT where the file system accepts it: then `*direct` is set, and every
+  /// write_file / read_file must use host memory, an offset and a size aligned to 4 KiB
+  /// (kFileAlignment). Returns the descriptor, or -errno.
+  [[nodiscard]] virtual int open_file(int device, const char* dir, bool* direct) noexcept;
+  /// Writes `bytes` of host memory at `src` to `fd` at `offset` (pwrite). Returns the bytes
+  /// written (fewer is a short write: the caller writes the rest) or -errno.
+  [[nodiscard]] virtual std::int64_t write_file(int device, int fd, const void* src, std::size_t bytes,
+                                                std::uint64_t offset) noexcept;
+  /// Reads up to `bytes` at `offset` of `fd` into host memory at `dst` (pread). Returns the
+  /// bytes read (fewer is a short read; 0 at the end of the file) or -errno.
+  [[nodiscard]] virtual std::int64_t read_file(int device, int fd, void* dst, std::size_t bytes,
+                                               std::uint64_t offset) noexcept;
+  /// Gives [offset, offset + bytes) of `fd` back to the file system (a hole); 0 or -errno
+  /// (where the file system has no holes, the bytes go back when the file is closed).
+  virtual int discard_file(int device, int fd, std::uint64_t offset, std::uint64_t bytes) noexcept;
+  /// Closes a file of open_file(): its bytes go back to the file system.
+  virtual void close_file(int device, int fd) noexcept;
+  /// Alignment of memory, offsets and sizes for a file opened with O_DIRECT.
+  static constexpr std::size_t kFileAlignment = 4096;
   /// Whether `stream` is capturing a CUDA graph (cuStreamIsCapturing); true also when the back
   /// end cannot tell. The core asks before recording the events of a cross-stream free, before
   /// polling events and before the slow path, so that a capture it was not told about (no
@@ -178,6 +206,12 @@ class STITCH_EXPORT Backend {
 };
 
 struct Config;
+
+/// Checks that `path` (backup_dir, sleep's disk tier) can hold backup files: a directory,
+/// created with mode 0700 (and its missing parents) when it does not exist, in which this
+/// process can create a private file (one is made and closed at once, as Backend::open_file
+/// makes them). Throws stitch::config_error naming the path and why not.
+STITCH_EXPORT void check_backup_dir(const std::string& path);
 
 /// Creates the backend a configuration names (`backend:sim` or `backend:cuda`).
 /// Throws stitch::backend_error if it is unavailable (e.g. "no CUDA device"); never substitutes

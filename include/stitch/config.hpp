@@ -106,6 +106,21 @@ struct STITCH_EXPORT Config {
   /// and pinned host memory (sleep's backups) may take together, all devices; 0: no bound.
   /// Tests run out of host memory with it.
   std::uint64_t sim_host_mb = 0;
+  /// backup_dir:PATH (none): sleep's disk tier (docs/sleep.md). Backups that pinned host memory
+  /// cannot take (the host refuses, or backup_host_mb is reached) go to files in this directory,
+  /// private to the process and gone when it ends; without it such a sleep fails. An absolute
+  /// path: everything up to the next ',' (it may hold ':', brackets and spaces, not ',' or
+  /// control characters); `none`: no disk tier. The allocator checks it when it is given (Allocator,
+  /// stitch_configure: check_backup_dir in stitch/backend.hpp): a directory, created (0700) when
+  /// missing, in which this process can create a file.
+  std::string backup_dir;
+  /// backup_dir_mb:N (0: the file system's free space): bytes the backup files of the process
+  /// may hold, all devices together.
+  std::size_t backup_dir_bytes = 0;
+  /// backup_host_mb:N (0: no cap, what the host gives): pinned host memory the backups of the
+  /// process (and their staging buffers) may take, all devices together; past it they go to
+  /// backup_dir.
+  std::size_t backup_host_bytes = 0;
   double per_process_memory_fraction = 1.0;         ///< [0,1]; 1 = no limit
   InvalidFreePolicy on_invalid_free = InvalidFreePolicy::error;  ///< on_invalid_free:error|abort
 

@@ -50,6 +50,13 @@ enum class SimCall : int {
   copy_to_host_async,    ///< cuMemcpyDtoHAsync
   copy_from_host_async,  ///< cuMemcpyHtoDAsync
   create_host_physical,  ///< host pages for mapping (cuMemCreate, HOST_NUMA); `out_of_memory` returns 0
+  // Files (sleep's disk tier): real files, through Backend's POSIX calls; a fault makes the call
+  // return -errno (SimFault below: `out_of_memory` is ENOSPC, `error` EIO) instead of throwing.
+  open_file,     ///< a backup file in backup_dir
+  write_file,    ///< pwrite
+  read_file,     ///< pread
+  discard_file,  ///< a hole punched (a sleeping block freed)
+  close_file,    ///< close (counted; never fails)
   count_  ///< number of kinds (not a call)
 };
 
@@ -59,8 +66,13 @@ STITCH_EXPORT const char* to_string(SimCall call) noexcept;
 /// How an injected fault fails a call.
 enum class SimFault : int {
   out_of_memory,  ///< the call reports out-of-memory (only for allocate, reserve, create_physical
-                  ///< and map; other kinds treat it like `error`)
-  error           ///< the call throws stitch::backend_error
+                  ///< and map; other kinds treat it like `error`; a file call returns -ENOSPC)
+  error,          ///< the call throws stitch::backend_error (a file call returns -EIO)
+  // File calls only (open_file, write_file, read_file, discard_file):
+  short_io,  ///< write_file / read_file move half the bytes (rounded down to 4 KiB where that
+             ///< leaves any; else half) and return that count; other file calls: -EIO
+  no_space,  ///< -ENOSPC, nothing written
+  io_error   ///< -EIO, nothing moved
 };
 
 /// Per-device usage figures, for tests and leak checks.
@@ -75,6 +87,7 @@ struct SimUsage {
   std::size_t host_bytes = 0;       ///< pinned host memory of allocate_host (all devices)
   std::size_t host_allocations = 0; ///< live allocate_host blocks (all devices)
   std::size_t host_pages = 0;       ///< host pages of create_host_physical, in bytes (all devices)
+  std::size_t files = 0;            ///< files of open_file not yet closed (all devices)
 };
 
 /// The simulated device. Thread-safe.
@@ -136,6 +149,14 @@ class STITCH_EXPORT SimBackend : public Backend {
   void copy_from_host_async(int device, void* dst, const void* src, std::size_t bytes,
                             stream_t stream) override;
   [[nodiscard]] bool is_capturing(int device, stream_t stream) override;
+  /// The file calls are Backend's own (real files), counted and made to fail by inject_fault.
+  [[nodiscard]] int open_file(int device, const char* dir, bool* direct) noexcept override;
+  [[nodiscard]] std::int64_t write_file(int device, int fd, const void* src, std::size_t bytes,
+                                        std::uint64_t offset) noexcept override;
+  [[nodiscard]] std::int64_t read_file(int device, int fd, void* dst, std::size_t bytes,
+                                       std::uint64_t offset) noexcept override;
+  int discard_file(int device, int fd, std::uint64_t offset, std::uint64_t bytes) noexcept override;
+  void close_file(int device, int fd) noexcept override;
   /// Every device memory is a range of the device's memfd: the handle names the exporting
   /// process, its memfd and the pieces; the importer reopens /proc/<pid>/fd/<fd>, which works
   /// where ptrace is restricted (Yama ptrace_scope 1 refuses pidfd_getfd, not this) for processes
@@ -165,7 +186,8 @@ class STITCH_EXPORT SimBackend : public Backend {
   /// Number of times a synchronize call had to complete work on a held stream.
   [[nodiscard]] std::uint64_t forced_completions() const;
   /// Makes the `nth` call of kind `call` counted from now (1 = the next one) fail with `fault`.
-  /// Several faults may be armed at once, on the same or different kinds.
+  /// Several faults may be armed at once, on the same or different kinds. short_io, no_space and
+  /// io_error are for the file calls only (invalid_argument elsewhere).
   void inject_fault(SimCall call, std::uint64_t nth, SimFault fault);
   /// Disarms every pending fault.
   void clear_faults();
@@ -184,6 +206,9 @@ class STITCH_EXPORT SimBackend : public Backend {
   void set_capacity(int device, std::size_t bytes);
 
  private:
+  /// write_file or read_file (`call`) with the faults armed for it.
+  std::int64_t file_io(SimCall call, int device, int fd, void* buf, std::size_t bytes, std::uint64_t offset) noexcept;
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -44,6 +44,11 @@ struct SegmentSnapshot {
   /// stitch only: bytes of it on host pages (spilled, stitch_spill; written as "spilled_bytes"
   /// when not 0). The memory stays at its addresses; reserved memory does not count it.
   std::size_t spilled_bytes = 0;
+  /// stitch only: for a sleeping segment, the bytes of its blocks' backups in pinned host memory
+  /// and in files of backup_dir (written as "backup_host_bytes" and "backup_file_bytes" when not
+  /// 0; docs/sleep.md).
+  std::size_t backup_host_bytes = 0;
+  std::size_t backup_file_bytes = 0;
   std::vector<BlockSnapshot> blocks;
 };
 

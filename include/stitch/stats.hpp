@@ -59,6 +59,9 @@ struct STITCH_EXPORT DeviceStats {
   /// Bytes of pages the KV pools (stitch_kv_create) map: device memory stitch holds, part of the
   /// large pool's reserved_bytes; their blocks are not allocations (not in allocated_bytes).
   Stat kv_bytes;
+  /// Bytes of sleeping blocks' backups in files (backup_dir, sleep's disk tier): the part of
+  /// their backups that pinned host memory did not take (docs/sleep.md).
+  Stat backup_file_bytes;
 
   std::int64_t num_alloc_retries = 0;     ///< allocations that succeeded only after a cache flush
   std::int64_t num_ooms = 0;              ///< out-of-memory failures

@@ -66,18 +66,27 @@ STITCH_API int stitch_region_begin(const char* tag, int flags);
 STITCH_API int stitch_region_end(void);
 /** Puts the tags in `tags` (comma-separated; NULL: every tag) to sleep on `device` (-1: every
  *  device): synchronizes the device and its peers, copies the live blocks of regions with backup
- *  and of the tags in `backup_tags` (comma-separated; NULL: none more) to pinned host memory,
- *  then unmaps every page of the tags' ranges and gives its physical memory back to the device.
- *  The addresses stay reserved; other blocks' contents are lost. A tag asleep already is left
- *  alone. Fails for a tag never used, while a graph is being captured on the device, or when the
- *  host cannot hold the backups; each device is all or nothing and the error says which devices
- *  sleep. 0 on success. */
+ *  and of the tags in `backup_tags` (comma-separated; NULL: none more) to pinned host memory —
+ *  what the host (or backup_host_mb) does not take goes to files of backup_dir — then unmaps
+ *  every page of the tags' ranges and gives its physical memory back to the device. The
+ *  addresses stay reserved; other blocks' contents are lost. A tag asleep already is left alone.
+ *  Fails for a tag never used, while a graph is being captured on the device, or when the host
+ *  and the backup files cannot hold the backups (or a file cannot be written: the error names it
+ *  and the offset); each device is all or nothing (what was written is removed) and the error
+ *  says which devices sleep. 0 on success. */
 STITCH_API int stitch_sleep(int device, const char* tags, const char* backup_tags);
 /** Wakes the tags in `tags` (NULL: every sleeping tag) on `device` (-1: every device): fresh
- *  physical memory at the same addresses, the backups copied back, their host memory freed.
- *  When the device cannot give the memory, fails with the out-of-memory report and nothing
- *  changes on that device: the tags stay asleep, and the wake may be retried. 0 on success. */
+ *  physical memory at the same addresses, the backups copied back, their host memory freed and
+ *  their files closed. When the device cannot give the memory, fails with the out-of-memory
+ *  report, and when a backup file cannot be read, with an error naming it, the offset and the
+ *  size; either way nothing changes on that device: the tags stay asleep with their backups,
+ *  and the wake may be retried. 0 on success. */
 STITCH_API int stitch_wake(int device, const char* tags);
+/** How far the stitch_sleep or stitch_wake running on `device` is, for another thread to show
+ *  (the call itself holds the device): the bytes of backups copied out or back so far in *done
+ *  and of how many in *total (either may be NULL). Returns 1 while a sleep runs, 2 while a wake
+ *  runs, 0 when neither does, -1 for a bad device (stitch_last_error). */
+STITCH_API int stitch_backup_progress(int device, uint64_t* done, uint64_t* total);
 /* ---- spill to host pages (docs/spill.md) ---------------------------------------------------- */
 /** Moves the live memory of `tags` (comma-separated; NULL: every tag opened with
  *  STITCH_REGION_SPILL) on `device` (-1: every device) to host pages mapped under the same

@@ -26,7 +26,7 @@ import sys as _sys
 import threading as _threading
 from typing import Any, Iterable, Iterator, Optional, Union
 
-from . import _lib
+from . import _lib, _progress
 from ._lib import LibraryNotFoundError, OutOfMemoryError, StitchError, library_path
 
 __version__ = "0.1.0"
@@ -58,6 +58,7 @@ __all__ = [
     "reset_accumulated_memory_stats",
     "get_memory_fraction",
     "region",
+    "backup_progress",
     "sleep",
     "wake",
     "trim",
@@ -463,7 +464,20 @@ def _suspended_regions() -> Iterator[None]:
             _region_begin(tag, flags)
 
 
-def sleep(tags: Tags = None, backup: Tags = None, device: Device = -1) -> "dict[str, Any]":
+def _devices_of(dev: int) -> "list[int]":
+    """The device indices a call on ``dev`` (-1: every device) runs on."""
+    return list(range(device_count())) if dev == -1 else [dev]
+
+
+def backup_progress(device: Device = 0) -> "_progress.BackupProgress":
+    """How far the sleep or wake running on ``device`` is (readable from another thread while
+    :func:`sleep` or :func:`wake` runs): ``op`` ("sleep", "wake" or None), the bytes of backups
+    copied out or back so far (``done``) and of how many (``total``)."""
+    return _progress.read(_device_index(device))
+
+
+def sleep(tags: Tags = None, backup: Tags = None, device: Device = -1,
+          progress: "_progress.Progress" = None) -> "dict[str, Any]":
     """Puts region tags to sleep; returns :func:`residency` of ``device`` afterwards.
 
     ``tags``: a tag, comma-separated tags, or an iterable of tags; None: every tag. ``backup``
@@ -476,25 +490,38 @@ def sleep(tags: Tags = None, backup: Tags = None, device: Device = -1) -> "dict[
     the device. A tag asleep already is left alone. Allocating under a sleeping tag raises
     StitchError until it wakes. Raises StitchError, and changes nothing on the device that
     failed, for a tag never used (the message names it), during a CUDA graph capture, or when the
-    host cannot hold the backups.
+    host cannot hold the backups. With ``backup_dir`` configured (the disk tier), what pinned
+    host memory (``backup_host_mb``) cannot take goes to files there; a file that cannot be
+    written fails the sleep with nothing changed and nothing left in the directory.
+
+    ``progress``: how a long sleep reports how far it is (the copies to host memory and files):
+    None logs to the ``stitch`` logger at INFO once it has run 2 s, True prints lines on stderr,
+    False says nothing, and a callable is called with (done_bytes, total_bytes) every half second
+    and once at the end.
     """
     dev = _device_index(device, default_all=True)
     fn = _lib.require("stitch_sleep")
-    rc = fn(dev, _tag_list(tags, "sleep"), _tag_list(backup, "sleep"))
+    names, backups = _tag_list(tags, "sleep"), _tag_list(backup, "sleep")
+    rc = _progress.run(lambda: fn(dev, names, backups), _devices_of(dev), "sleep", progress)
     _lib.check(rc != 0, "sleep")
     return residency(dev)
 
 
-def wake(tags: Tags = None, device: Device = -1) -> None:
+def wake(tags: Tags = None, device: Device = -1, progress: "_progress.Progress" = None) -> None:
     """Wakes sleeping tags (``tags`` as for :func:`sleep`; None: every sleeping tag) on ``device``
-    (-1 / None: every device): fresh memory at the same addresses, the backups copied back.
+    (-1 / None: every device): fresh memory at the same addresses, the backups copied back (from
+    host memory, and from files for the disk tier). ``progress`` as for :func:`sleep`.
 
     Wake the tags one at a time, largest need first (weights, then the KV cache), to keep the
     peak low. When the device cannot give the memory, raises OutOfMemoryError with stitch's
-    report, and the tags stay asleep on that device (free something and retry).
+    report, and the tags stay asleep on that device (free something and retry). A backup file
+    that cannot be read raises StitchError naming it and the offset; the tags stay asleep with
+    their backups, and the wake may be retried.
     """
     fn = _lib.require("stitch_wake")
-    rc = fn(_device_index(device, default_all=True), _tag_list(tags, "wake"))
+    dev = _device_index(device, default_all=True)
+    names = _tag_list(tags, "wake")
+    rc = _progress.run(lambda: fn(dev, names), _devices_of(dev), "wake", progress)
     _lib.check(rc != 0, "wake")
 
 
@@ -541,8 +568,10 @@ def residency(device: Device = -1) -> "dict[str, Any]":
     """What is resident on ``device``, as a dict (the JSON of stitch_residency): reserved,
     allocated, sleeping and host-backup bytes, the device's free and total memory, the untagged
     memory, the private pools, and each tag (``state`` "awake", "spilled" or "asleep", ``spill``,
-    live, cached, reserved, spilled and sleeping bytes, segments, host backup). ``device`` -1 / None: every device, as
-    ``{"devices": [...]}``."""
+    live, cached, reserved, spilled and sleeping bytes, segments, host backup, ``backup_file_bytes``
+    and ``backup``: where its backup lies, "host", "file", "both" or "none"); the device's
+    ``backup_file_bytes`` and ``backup_staging_bytes`` (the disk tier). ``device`` -1 / None: every
+    device, as ``{"devices": [...]}``."""
     return _json.loads(_read_text("stitch_residency", _device_index(device, default_all=True)))
 
 

@@ -94,6 +94,8 @@ _OPTIONAL = {
     "stitch_sleep": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p]),
     "stitch_wake": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p]),
     "stitch_residency": (ctypes.c_size_t, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
+    "stitch_backup_progress": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_uint64),
+                                              ctypes.POINTER(ctypes.c_uint64)]),
     # KV pools (docs/kv.md).
     "stitch_kv_create": (ctypes.c_void_p, [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t,
                                            ctypes.c_char_p, ctypes.c_uint]),

@@ -40,6 +40,7 @@ Allocator::Allocator(const Config& config) : Allocator(config, make_backend(conf
 Allocator::Allocator(const Config& config, std::shared_ptr<Backend> backend)
     : config_(config), backend_(std::move(backend)) {
   if (!backend_) throw invalid_argument("stitch::Allocator needs a backend");
+  if (!config_.backup_dir.empty()) check_backup_dir(config_.backup_dir);
   device_count_ = backend_->device_count();
   if (device_count_ <= 0)
     throw backend_error(fmt::format("backend:{} reports no device", backend_->name()));
@@ -245,6 +246,8 @@ void Allocator::configure_locked(std::string_view conf) {
   }
   const bool fraction_given =
       std::find(given.begin(), given.end(), "per_process_memory_fraction") != given.end();
+  if (std::find(given.begin(), given.end(), "backup_dir") != given.end() && !next.backup_dir.empty())
+    check_backup_dir(next.backup_dir);
   for (int d = 0; d < device_count_; ++d)
     devices_[static_cast<std::size_t>(d)]->set_config(next, fraction_given);
   config_ = std::move(next);

@@ -227,6 +227,15 @@ void Allocator::trim(int device, std::size_t keep_bytes) {
   }
 }
 
+Allocator::BackupProgress Allocator::backup_progress(int device) const {
+  const detail::BackupProgress& p = checked_device(device).residency().sleeper().progress();
+  BackupProgress out;
+  out.op = p.op.load(std::memory_order_acquire);
+  out.done = p.done.load(std::memory_order_relaxed);
+  out.total = p.total.load(std::memory_order_relaxed);
+  return out;
+}
+
 std::string Allocator::residency(int device) const {
   auto name = [this](std::uint16_t id) { return tag_name(id); };
   if (device != -1) return checked_device(device).residency().report(name);

@@ -222,7 +222,9 @@ int stitch_configure(const char* conf) {
     }
     std::string& early = early_conf();
     std::string combined = early.empty() ? conf : early + "," + conf;
-    (void)stitch::Config::parse(combined, base_config());  // validate now, apply at first use
+    // Validated now (the backup directory too), applied at first use.
+    const stitch::Config next = stitch::Config::parse(combined, base_config());
+    if (!next.backup_dir.empty()) stitch::check_backup_dir(next.backup_dir);
     early = std::move(combined);
     return 0;
   }, 1);
@@ -308,6 +310,15 @@ int stitch_wake(int device, const char* tags) {
     allocator().wake(device, tags == nullptr ? std::nullopt : std::optional<std::string_view>(tags));
     return 0;
   }, 1);
+}
+
+int stitch_backup_progress(int device, uint64_t* done, uint64_t* total) {
+  return guarded([&] {
+    const stitch::Allocator::BackupProgress p = allocator().backup_progress(device);
+    if (done != nullptr) *done = p.done;
+    if (total != nullptr) *total = p.total;
+    return p.op;
+  }, -1);
 }
 
 size_t stitch_residency(int device, char* buf, size_t cap) {

@@ -24,7 +24,12 @@ namespace detail {
                                  accepted));
 }
 
-// Splits on ',' ':' '[' ']' keeping brackets as tokens; drops spaces.
+/// Keys whose value is a path: raw text up to the next ',' (':', brackets and spaces inside
+/// are kept; spaces around it are dropped).
+bool path_key(std::string_view key) { return key == "backup_dir"; }
+
+// Splits on ',' ':' '[' ']' keeping brackets as tokens; drops spaces. A path key's value is one
+// token, as written (path_key).
 std::vector<std::string> tokenize(std::string_view conf) {
   std::vector<std::string> tokens;
   std::string cur;
@@ -32,8 +37,22 @@ std::vector<std::string> tokenize(std::string_view conf) {
     if (!cur.empty()) tokens.push_back(std::move(cur));
     cur.clear();
   };
-  for (char c : conf) {
-    if (c == ' ' || c == '\t' || c == '\n') continue;
+  auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n'; };
+  for (std::size_t i = 0; i < conf.size(); ++i) {
+    const char c = conf[i];
+    if (space(c)) continue;
+    if (c == ':' && path_key(cur) && (tokens.empty() || tokens.back() == ",")) {
+      flush();
+      tokens.emplace_back(1, c);
+      std::size_t end = conf.find(',', i + 1);
+      if (end == std::string_view::npos) end = conf.size();
+      std::size_t b = i + 1, e = end;
+      while (b < e && space(conf[b])) ++b;
+      while (e > b && space(conf[e - 1])) --e;
+      tokens.emplace_back(conf.substr(b, e - b));  // (empty: refused by the key's parser)
+      i = end - 1;
+      continue;
+    }
     if (c == ',' || c == ':' || c == '[' || c == ']') {
       flush();
       tokens.emplace_back(1, c);
@@ -296,6 +315,27 @@ constexpr KeySpec kKeys[] = {
        if (c.record_python_stacks) return std::string(c.record_stacks ? "all" : "python");
        return std::string(py_bool(c.record_stacks));
      }},
+    {"backup_dir", false,
+     "an absolute directory path, everything up to the next ',' (no ',' or control characters), or "
+     "none (no disk tier)",
+     [](ConfigParser& p, Config& c, const KeySpec& k) {
+       const std::string v = p.value(k);
+       if (v == "none") {
+         c.backup_dir.clear();
+         return;
+       }
+       if (v.empty() || v.front() != '/' || v.size() > 4095) bad_value(k.name, v, k.accepted);
+       for (const char ch : v)
+         if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) bad_value(k.name, v, k.accepted);
+       c.backup_dir = v;
+     },
+     [](const Config& c) { return c.backup_dir; }},
+    {"backup_dir_mb", false, "an integer number of MiB (0: the file system's free space)",
+     [](ConfigParser& p, Config& c, const KeySpec& k) { c.backup_dir_bytes = uint_in(p, k, 0, kMaxMiB) << 20; },
+     [](const Config& c) { return c.backup_dir_bytes != 0 ? std::to_string(c.backup_dir_bytes >> 20) : std::string(); }},
+    {"backup_host_mb", false, "an integer number of MiB (0: no cap)",
+     [](ConfigParser& p, Config& c, const KeySpec& k) { c.backup_host_bytes = uint_in(p, k, 0, kMaxMiB) << 20; },
+     [](const Config& c) { return c.backup_host_bytes != 0 ? std::to_string(c.backup_host_bytes >> 20) : std::string(); }},
     {"oom_snapshot", false, "a file path (no ',', ':' or spaces)",
      [](ConfigParser& p, Config& c, const KeySpec& k) { c.oom_snapshot = p.value(k); },
      [](const Config& c) { return c.oom_snapshot; }},

@@ -8,6 +8,7 @@
 #include <exception>
 #include <mutex>
 
+#include "core/backup_files.hpp"
 #include "core/device_lock.hpp"
 #include "core/ledger.hpp"
 #include "core/page_mapper.hpp"
@@ -434,7 +435,7 @@ void KvPools::sleep(const std::vector<std::uint16_t>& tags, const std::vector<st
       for (std::size_t p = 0; p < k->pages; ++p)
         if (k->refs[p] != 0) saved.push_back(p);
       const std::size_t bytes = saved.size() * k->page_set_bytes();
-      char* host = static_cast<char*>(d_.backend.allocate_host(d_.device, bytes));
+      char* host = static_cast<char*>(allocate_backup_host(d_.backend, d_.device, bytes, d_.config.backup_host_bytes));
       if (host == nullptr)
         throw out_of_memory(fmt::format("stitch_sleep: device {}: the host cannot give {} bytes for KV pool {}'s "
                                         "backup; nothing was put to sleep", d_.device, bytes, k->id));
@@ -501,12 +502,7 @@ bool KvPools::wake(const std::vector<std::uint16_t>& tags) {
 }
 
 void KvPools::drop_backup(KvPool& k) noexcept {
-  if (k.host != nullptr) {
-    try {
-      d_.backend.deallocate_host(d_.device, k.host, k.host_bytes);
-    } catch (...) {  // the host memory is lost to the process, not to the device
-    }
-  }
+  free_backup_host(d_.backend, d_.device, k.host, k.host_bytes);  // (within backup_host_mb)
   k.host = nullptr;
   k.host_bytes = 0;
   k.saved.clear();

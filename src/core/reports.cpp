@@ -27,7 +27,9 @@ std::vector<TraceEntry> Reports::snapshot(std::vector<SegmentSnapshot>& out) {
   std::lock_guard lock(d_.lock);
   d_.upkeep.poll_events(nullptr);  // blocks whose streams are done are shown free
   d_.recorder.trace(TraceAction::snapshot, nullptr, 0, nullptr);
+  const std::size_t from = out.size();
   d_.store.snapshot(d_.device, out, /*oldest_first=*/false, &residency_.tag_names());
+  residency_.sleeper().annotate(out, from);  // where the sleeping blocks' backups lie
   return d_.recorder.entries();
 }
 

@@ -23,7 +23,8 @@ namespace stitch::detail {
 Residency::Residency(const DeviceView& device, KvPools& kv)
     : d_(device),
       kv_(kv),
-      sleeper_{device.backend, device.device, device.store, device.pages, device.ledger, device.stats},
+      sleeper_{device.backend, device.device, device.config, device.store, device.pages, device.ledger,
+               device.stats, &tag_names_},
       spiller_{device.config, device.device, device.store, device.pages, device.ledger, device.stats,
                device.ranges} {}
 
@@ -121,7 +122,14 @@ std::string Residency::wake(const std::vector<std::uint16_t>& tags, const std::s
   // The KV pools of the tags, then the tags' ranges; all or nothing.
   auto wake_all = [&] {
     if (!kv_.wake(todo)) return false;
-    if (sleeper_.wake(todo)) return true;
+    bool woken = false;
+    try {
+      woken = sleeper_.wake(todo);
+    } catch (...) {  // (a backup's read failed: the pools sleep again with the tags)
+      kv_.sleep(todo, {});
+      throw;
+    }
+    if (woken) return true;
     kv_.sleep(todo, {});  // (the pools with backup keep it again)
     return false;
   };
@@ -399,10 +407,12 @@ std::string Residency::report(const std::function<std::string(std::uint16_t)>& t
   for (std::uint16_t t : sleeper_.used_tags()) {
     const Sums& s = tags[t];
     if (!tag_list.empty()) tag_list += ", ";
-    tag_list += fmt::format(R"({{"tag": {}, "state": "{}", "spill": {}, {}, "sleeping_bytes": {}, "host_backup_bytes": {}}})",
+    tag_list += fmt::format(R"({{"tag": {}, "state": "{}", "spill": {}, {}, "sleeping_bytes": {}, "host_backup_bytes": {}, )"
+                            R"("backup_file_bytes": {}, "backup": "{}"}})",
                             quoted(tag_name(t)), sleeper_.asleep(t) ? "asleep" : s.spilled != 0 ? "spilled" : "awake",
                             sleeper_.spillable(t) ? "true" : "false", object(s),
-                            sleeper_.asleep(t) ? s.live : 0, sleeper_.host_bytes(t));
+                            sleeper_.asleep(t) ? s.live : 0, sleeper_.host_bytes(t), sleeper_.file_bytes(t),
+                            sleeper_.backup_place(t));
   }
   std::string kv_list;
   for (const KvPoolInfo& k : kv_.infos([this](std::uint16_t t) { return this->tag_name(t); })) {
@@ -418,11 +428,13 @@ std::string Residency::report(const std::function<std::string(std::uint16_t)>& t
   const MemoryInfo info{d_.pages.device_free(), d_.pages.device_total()};
   return fmt::format(
       R"({{"device": {}, "reserved_bytes": {}, "allocated_bytes": {}, "sleeping_bytes": {}, )"
-      R"("spilled_bytes": {}, "kv_bytes": {}, "host_backup_bytes": {}, "device_free_bytes": {}, "device_total_bytes": {}, )"
+      R"("spilled_bytes": {}, "kv_bytes": {}, "host_backup_bytes": {}, "backup_file_bytes": {}, "backup_staging_bytes": {}, )"
+      R"("device_free_bytes": {}, "device_total_bytes": {}, )"
       R"("untagged": {{{}}}, "private_pools": {{{}}}, "tags": [{}], "kv_pools": [{}]}})",
       d_.device, d_.ledger.reserved(), d_.upkeep.stats_locked().allocated_bytes[kAll].current,
       d_.stats.sleeping_bytes.current, d_.stats.spilled_bytes.current, d_.stats.kv_bytes.current,
-      sleeper_.host_bytes(), info.free, info.total, object(untagged), object(private_pools), tag_list, kv_list);
+      sleeper_.host_bytes(), sleeper_.file_bytes(), sleeper_.staging_bytes(), info.free, info.total, object(untagged),
+      object(private_pools), tag_list, kv_list);
 }
 
 }  // namespace stitch::detail

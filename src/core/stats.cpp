@@ -37,12 +37,13 @@ struct SingleKey {
   Stat DeviceStats::*field;
   Origin origin;
 };
-constexpr std::array<SingleKey, 5> kSingles{{
+constexpr std::array<SingleKey, 6> kSingles{{
     {"oversize_allocations", &DeviceStats::oversize_allocations, Origin::torch},
     {"oversize_segments", &DeviceStats::oversize_segments, Origin::torch},
     {"sleeping_bytes", &DeviceStats::sleeping_bytes, Origin::stitch},
     {"spilled_bytes", &DeviceStats::spilled_bytes, Origin::stitch},
     {"kv_bytes", &DeviceStats::kv_bytes, Origin::stitch},
+    {"backup_file_bytes", &DeviceStats::backup_file_bytes, Origin::stitch},
 }};
 constexpr std::array<ScalarKey, 22> kScalars{{
     {"num_alloc_retries", &DeviceStats::num_alloc_retries, Origin::torch},

@@ -192,6 +192,11 @@ std::string memory_summary(const DeviceStats& stats, int device, const SummaryEx
                      extras.sleeping_segments, extras.sleeping_segments == 1 ? "" : "s"));
     if (!tags.empty()) line("Sleeping tags", tags.size() > 45 ? tags.substr(0, 42) + "..." : tags);
   }
+  if (stats.backup_file_bytes.current > 0 || stats.backup_file_bytes.peak > 0) {
+    line("Backups in files",
+         fmt::format("{} now, peak {} (backup_dir)", format_size(static_cast<std::size_t>(stats.backup_file_bytes.current)),
+                     format_size(static_cast<std::size_t>(stats.backup_file_bytes.peak))));
+  }
   lines.push_back(rule('='));
 
   std::string out;

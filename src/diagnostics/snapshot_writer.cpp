@@ -242,6 +242,14 @@ void emit(Sink& w, const Snapshot& snap, const SnapshotMeta& meta) {
       w.key("spilled_bytes");
       w.uinteger(s.spilled_bytes);
     }
+    if (s.backup_host_bytes != 0) {
+      w.key("backup_host_bytes");
+      w.uinteger(s.backup_host_bytes);
+    }
+    if (s.backup_file_bytes != 0) {
+      w.key("backup_file_bytes");
+      w.uinteger(s.backup_file_bytes);
+    }
     w.key("frames");
     emit_frames(w, lookup(segment_frames, s.device, s.address), cache);
     w.key("blocks");

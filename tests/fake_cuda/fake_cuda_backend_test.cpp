@@ -25,7 +25,11 @@
 #include "stitch/config.hpp"
 #include "stitch/errors.hpp"
 #include "stitch/kv_pool.hpp"
+#include "stitch/sim_backend.hpp"
+#include "support/backup_dir.hpp"
 #include "support/cuda_driver.hpp"
+#include "support/disk_cycle.hpp"
+#include "support/file_fault_backend.hpp"
 
 namespace stitch {
 namespace {
@@ -526,6 +530,86 @@ TEST_F(FakeCuda, SleepAndWakeRunOnTheDriverInEveryMode) {
       a->deallocate(k);
       a->empty_cache();
     }
+    expect_nothing_held();
+  }
+}
+
+TEST_F(FakeCuda, TheDiskTierRunsOnTheDriverAndAFaultAtAnyCallLosesNoByteAndLeavesNoFile) {
+  // Sleep's disk tier (backup_dir) on backend:cuda: the staging buffers and host pieces from
+  // cuMemHostAlloc, the chunks through cuMemcpyDtoHAsync / cuMemcpyHtoDAsync and
+  // cuStreamSynchronize, the files through the simulator's file calls (FilesThroughSim), so that
+  // short writes, ENOSPC and EIO reach it too. A fault at every call of each kind, one at a time
+  // (support/disk_cycle.hpp): every byte intact, no file left, no pinned memory kept.
+  for (const char* conf : {"", ",expandable_segments:True,stitching:True"}) {
+    SCOPED_TRACE(conf);
+    test::BackupDir dir;
+    test::DiskSweepCounts counts;
+    int fired = 0;
+    std::shared_ptr<test::FilesThroughSim> backend;
+    std::unique_ptr<Allocator> a;
+    auto fresh = [&] {
+      a.reset();
+      backend = std::make_shared<test::FilesThroughSim>(make_backend(Config::parse(std::string("backend:cuda") + conf)));
+      a = std::make_unique<Allocator>(
+          Config::parse(std::string("backend:cuda") + conf + ",backup_host_mb:1,backup_dir:" + dir.path()), backend);
+    };
+    auto nothing_held = [&](const std::string& where) {
+      EXPECT_EQ(dir.entries(), 0u) << where;
+      EXPECT_EQ(dir.open_files(), 0u) << where;
+      EXPECT_EQ(backend->files().usage(0).files, 0u) << where;
+      EXPECT_EQ(f_->usage(0).live_host_allocations, baseline_[0].live_host_allocations) << where;
+      EXPECT_EQ(*a->stat(0, "backup_file_bytes.current"), 0) << where;
+    };
+    auto clear = [&] {
+      f_->clear_faults();
+      backend->files().clear_faults();
+    };
+    // Once without a fault: the files are really used.
+    fresh();
+    test::disk_cycle(*a, clear, nothing_held, counts, "no fault");
+    EXPECT_GT(backend->files().call_count(SimCall::write_file), 1u);
+    EXPECT_GT(backend->files().call_count(SimCall::read_file), 1u);
+    EXPECT_GT(f_->calls("cuMemcpyDtoHAsync"), 0u);
+    for (const auto& [entry, result] : {std::pair{"cuMemHostAlloc", CUDA_ERROR_OUT_OF_MEMORY},
+                                        std::pair{"cuMemHostAlloc", CUDA_ERROR_UNKNOWN},
+                                        std::pair{"cuMemcpyDtoHAsync", CUDA_ERROR_UNKNOWN},
+                                        std::pair{"cuStreamSynchronize", CUDA_ERROR_UNKNOWN},
+                                        std::pair{"cuMemcpyHtoDAsync", CUDA_ERROR_UNKNOWN}}) {
+      for (unsigned long long nth = 1; nth < 100; ++nth) {
+        const std::string what = std::string(entry) + " #" + std::to_string(nth);
+        SCOPED_TRACE(what);
+        fresh();
+        const unsigned long long before = f_->calls(entry);
+        ASSERT_EQ(f_->fail(entry, nth, result), 0);
+        test::disk_cycle(*a, clear, nothing_held, counts, what);
+        if (f_->calls(entry) - before < nth) break;  // the cycle made fewer calls: it never fired
+        ++fired;
+        if (HasFatalFailure()) return;
+      }
+    }
+    const std::pair<SimCall, SimFault> file_faults[] = {
+        {SimCall::open_file, SimFault::no_space}, {SimCall::write_file, SimFault::short_io},
+        {SimCall::write_file, SimFault::no_space}, {SimCall::write_file, SimFault::io_error},
+        {SimCall::read_file, SimFault::short_io}, {SimCall::read_file, SimFault::io_error}};
+    for (const auto& [call, fault] : file_faults) {
+      for (std::uint64_t nth = 1; nth < 100; ++nth) {
+        const std::string what = std::string(to_string(call)) + " #" + std::to_string(nth);
+        SCOPED_TRACE(what);
+        fresh();
+        const std::uint64_t before = backend->files().faults_fired();
+        backend->files().inject_fault(call, nth, fault);
+        test::disk_cycle(*a, clear, nothing_held, counts, what);
+        if (backend->files().faults_fired() == before) break;
+        ++fired;
+        if (HasFatalFailure()) return;
+      }
+    }
+    a.reset();
+    std::printf("disk tier fault sweep (backend:cuda on the fake driver%s): %d runs, %d with a fault fired, %d sleeps "
+                "and %d wakes failed (%d by a backup's read), every byte intact and no file left after each\n",
+                conf, counts.runs, fired, counts.sleeps_failed, counts.wakes_failed, counts.reads_failed);
+    EXPECT_GT(counts.sleeps_failed, 10);
+    EXPECT_GT(counts.reads_failed, 3);
     expect_nothing_held();
   }
 }

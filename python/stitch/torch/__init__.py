@@ -433,28 +433,31 @@ def region(tag: str, backup: bool = False, spill: bool = False):
     return stitch.region(tag, backup, spill)
 
 
-def sleep(tags: Any = None, backup: Any = None, device: Any = -1) -> "dict[str, Any]":
+def sleep(tags: Any = None, backup: Any = None, device: Any = -1, progress: Any = None) -> "dict[str, Any]":
     """``stitch.sleep`` for PyTorch: ``torch.cuda.synchronize()`` first (only if torch is imported
     and CUDA initialized), then the tags (None: every tag; a str, comma-separated str or iterable)
     go to sleep; ``backup`` names more tags whose contents are kept. Returns the residency dict.
 
     A sleeping tensor keeps its address (``data_ptr()``) but must not be touched until
-    :func:`wake`. Memory PyTorch has freed but stitch still caches for a tag goes back too.
+    :func:`wake`. Memory PyTorch has freed but stitch still caches for a tag goes back too. With
+    ``backup_dir`` (``--backup-dir``), backups beyond pinned host memory go to files;
+    ``progress`` reports a long sleep as :func:`stitch.sleep` says.
     """
     import stitch
 
     _synchronize(device)
-    return stitch.sleep(tags, backup=backup, device=device)
+    return stitch.sleep(tags, backup=backup, device=device, progress=progress)
 
 
-def wake(tags: Any = None, device: Any = -1) -> None:
+def wake(tags: Any = None, device: Any = -1, progress: Any = None) -> None:
     """``stitch.wake`` for PyTorch: the tags (None: every sleeping tag) get fresh memory at the
-    same addresses, backups restored. Wake one tag at a time, weights first, to keep the peak
-    low. Raises stitch.OutOfMemoryError (tags still asleep) when the device has no room."""
+    same addresses, backups restored (from host memory and files). Wake one tag at a time,
+    weights first, to keep the peak low. Raises stitch.OutOfMemoryError (tags still asleep) when
+    the device has no room. ``progress`` as for :func:`sleep`."""
     import stitch
 
     _synchronize(device)
-    stitch.wake(tags, device=device)
+    stitch.wake(tags, device=device, progress=progress)
 
 
 def trim(keep_bytes: int, device: Any = -1) -> None:

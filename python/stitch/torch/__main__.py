@@ -9,6 +9,11 @@ Options (before SCRIPT):
   --spill tags|all        when a request would run out of memory, move cold live memory to
                           host pages under the same addresses instead (adds spill:tags|all
                           and expandable_segments:True to the configuration; docs/spill.md)
+  --backup-dir DIR        sleep's disk tier: backups that pinned host memory cannot take go to
+                          files in DIR (created if missing; no ',' in it), private to the process
+                          (adds backup_dir:DIR; docs/sleep.md)
+  --backup-host-mb N      pinned host memory the backups may take, in MiB, before they go to
+                          --backup-dir (adds backup_host_mb:N)
   --no-oom-translation    leave stitch's out-of-memory errors as PyTorch raised them
                           (RuntimeError/MemoryError) instead of torch.OutOfMemoryError
                           (the pluggable hooks only: the native backend raises it itself)
@@ -39,6 +44,7 @@ _USAGE = __doc__ or ""
 def _parse(argv: List[str]):
     conf: Optional[str] = None
     spill: Optional[str] = None
+    backup: List[str] = []  # backup_dir / backup_host_mb items
     translate = True
     module: Optional[str] = None
     i = 0
@@ -57,6 +63,16 @@ def _parse(argv: List[str]):
             if spill not in ("tags", "all"):
                 raise SystemExit(f"stitch.torch: --spill takes tags or all, not {spill!r}")
             continue
+        if a == "--backup-dir" or a.startswith("--backup-dir="):
+            path, i = _value(argv, i, "--backup-dir", " (a directory)")
+            backup.append("backup_dir:" + _backup_dir(path))
+            continue
+        if a == "--backup-host-mb" or a.startswith("--backup-host-mb="):
+            mb, i = _value(argv, i, "--backup-host-mb", " (MiB)")
+            if not mb.isdigit():
+                raise SystemExit(f"stitch.torch: --backup-host-mb takes a number of MiB, not {mb!r}")
+            backup.append(f"backup_host_mb:{int(mb)}")
+            continue
         if a == "--no-oom-translation":
             translate, i = False, i + 1
             continue
@@ -64,13 +80,13 @@ def _parse(argv: List[str]):
             if i + 1 >= len(argv):
                 raise SystemExit("stitch.torch: -m needs a module name")
             module = argv[i + 1]
-            return _with_spill(conf, spill), translate, module, None, argv[i + 2:]
+            return _with_extras(conf, spill, backup), translate, module, None, argv[i + 2:]
         if a.startswith("-") and a != "-":
             raise SystemExit(f"stitch.torch: unknown option {a} (see --help)")
         break
     if i >= len(argv):
         raise SystemExit("stitch.torch: no script given (see --help)")
-    return _with_spill(conf, spill), translate, None, argv[i], argv[i + 1:]
+    return _with_extras(conf, spill, backup), translate, None, argv[i], argv[i + 1:]
 
 
 def _value(argv: List[str], i: int, option: str, what: str):
@@ -83,11 +99,25 @@ def _value(argv: List[str], i: int, option: str, what: str):
     return argv[i].split("=", 1)[1], i + 1
 
 
-def _with_spill(conf: Optional[str], spill: Optional[str]) -> Optional[str]:
-    """--conf with what --spill adds (after it: spill needs expandable segments)."""
-    if spill is None:
+def _backup_dir(path: str) -> str:
+    """--backup-dir's directory as backup_dir takes it: absolute; refused with a clear message
+    when the configuration syntax cannot carry it (a ',' or a control character)."""
+    if not path:
+        raise SystemExit("stitch.torch: --backup-dir needs a directory")
+    full = os.path.abspath(os.path.expanduser(path))
+    if "," in full or any(ord(c) < 0x20 or ord(c) == 0x7F for c in full):
+        raise SystemExit(f"stitch.torch: --backup-dir {path!r}: a directory whose path has a ',' or a "
+                         "control character cannot be given to stitch (its configuration is key:value,...)")
+    return full
+
+
+def _with_extras(conf: Optional[str], spill: Optional[str], backup: List[str]) -> Optional[str]:
+    """--conf with what --spill (spill needs expandable segments), --backup-dir and
+    --backup-host-mb add, after it."""
+    extras = ([f"expandable_segments:True,spill:{spill}"] if spill is not None else []) + backup
+    if not extras:
         return conf
-    extra = f"expandable_segments:True,spill:{spill}"
+    extra = ",".join(extras)
     return extra if conf is None else f"{conf},{extra}"
 
 

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <system_error>
@@ -285,6 +286,11 @@ const char* to_string(SimCall call) noexcept {
     case SimCall::copy_to_host_async: return "copy_to_host_async";
     case SimCall::copy_from_host_async: return "copy_from_host_async";
     case SimCall::create_host_physical: return "create_host_physical";
+    case SimCall::open_file: return "open_file";
+    case SimCall::write_file: return "write_file";
+    case SimCall::read_file: return "read_file";
+    case SimCall::discard_file: return "discard_file";
+    case SimCall::close_file: return "close_file";
     case SimCall::count_: return "count_";
   }
   return "unknown";
@@ -306,6 +312,12 @@ struct SimBackend::Impl {
   std::map<std::uintptr_t, std::size_t> host_blocks;  ///< pinned host memory: address -> bytes
   std::size_t host_bytes = 0;
   std::size_t host_pages = 0;  ///< bytes of create_host_physical, live
+  /// The file calls' own lock (their counts, their faults and the open files): a file call never
+  /// waits for a copy that holds `mutex` (the disk tier writes one chunk while it copies the next).
+  mutable std::mutex file_mutex;
+  std::vector<Fault> file_faults;
+  std::uint64_t file_fired = 0;
+  std::size_t files = 0;       ///< files of open_file, open
   /// Whether the host budget (sim_host_mb) has room for `bytes` more.
   [[nodiscard]] bool host_fits(std::size_t bytes) const {
     const std::size_t cap = options.host_capacity;
@@ -441,6 +453,25 @@ struct SimBackend::Impl {
                          call == SimCall::allocate_host || call == SimCall::create_host_physical;
     if (fault == SimFault::out_of_memory && can_oom) return true;
     throw backend_error(std::string("sim: injected fault in ") + to_string(call));
+  }
+
+  /// Counts a file call and returns the fault armed for it, if any (file calls never throw).
+  /// The caller holds file_mutex (file calls' counts and faults are under it, not `mutex`).
+  std::optional<SimFault> enter_file(SimCall call, std::size_t bytes = 0) noexcept {
+    const std::uint64_t n = ++calls[index_of_file(call)];
+    call_bytes[index_of_file(call)] += bytes;
+    auto armed = [&](const Fault& f) { return f.call == call && f.at == n; };
+    auto it = std::find_if(file_faults.begin(), file_faults.end(), armed);
+    if (it == file_faults.end()) return std::nullopt;
+    const SimFault fault = it->fault;
+    std::erase_if(file_faults, armed);
+    ++file_fired;
+    return fault;
+  }
+  static std::size_t index_of_file(SimCall call) noexcept { return static_cast<std::size_t>(call); }
+  static bool file_call(SimCall call) noexcept {
+    return call == SimCall::open_file || call == SimCall::write_file || call == SimCall::read_file ||
+           call == SimCall::discard_file || call == SimCall::close_file;
   }
 
   /// Maps one piece at `va` (map_run's checks and mmap), counting nothing.
@@ -992,6 +1023,81 @@ bool SimBackend::end_capture(stream_t stream) {
   return !s.invalidated;
 }
 
+namespace {
+
+/// What an injected fault does to a file call that is not a short one: its -errno.
+std::int64_t file_errno(SimFault fault) noexcept {
+  return fault == SimFault::out_of_memory || fault == SimFault::no_space ? -ENOSPC : -EIO;
+}
+
+/// A short read or write: half of `bytes`, rounded down to 4 KiB where that leaves any.
+std::size_t short_part(std::size_t bytes) noexcept {
+  const std::size_t half = bytes / 2;
+  const std::size_t aligned = half / Backend::kFileAlignment * Backend::kFileAlignment;
+  return aligned != 0 ? aligned : half;
+}
+
+}  // namespace
+
+int SimBackend::open_file(int device, const char* dir, bool* direct) noexcept {
+  std::optional<SimFault> fault;
+  {
+    std::lock_guard lock(impl_->file_mutex);
+    fault = impl_->enter_file(SimCall::open_file);
+    if (device < 0 || device >= static_cast<int>(impl_->devices.size())) return -EINVAL;
+  }
+  if (direct != nullptr) *direct = false;
+  if (fault) return static_cast<int>(file_errno(*fault));
+  const int fd = Backend::open_file(device, dir, direct);
+  if (fd >= 0) {
+    std::lock_guard lock(impl_->file_mutex);
+    ++impl_->files;
+  }
+  return fd;
+}
+
+std::int64_t SimBackend::write_file(int device, int fd, const void* src, std::size_t bytes,
+                                    std::uint64_t offset) noexcept {
+  return file_io(SimCall::write_file, device, fd, const_cast<void*>(src), bytes, offset);
+}
+
+std::int64_t SimBackend::read_file(int device, int fd, void* dst, std::size_t bytes,
+                                   std::uint64_t offset) noexcept {
+  return file_io(SimCall::read_file, device, fd, dst, bytes, offset);
+}
+
+std::int64_t SimBackend::file_io(SimCall call, int device, int fd, void* buf, std::size_t bytes,
+                                 std::uint64_t offset) noexcept {
+  std::optional<SimFault> fault;
+  {
+    std::lock_guard lock(impl_->file_mutex);
+    fault = impl_->enter_file(call, bytes);
+  }
+  if (fault && *fault != SimFault::short_io) return file_errno(*fault);
+  const std::size_t n = fault ? short_part(bytes) : bytes;
+  return call == SimCall::write_file ? Backend::write_file(device, fd, buf, n, offset)
+                                     : Backend::read_file(device, fd, buf, n, offset);
+}
+
+int SimBackend::discard_file(int device, int fd, std::uint64_t offset, std::uint64_t bytes) noexcept {
+  std::optional<SimFault> fault;
+  {
+    std::lock_guard lock(impl_->file_mutex);
+    fault = impl_->enter_file(SimCall::discard_file, static_cast<std::size_t>(bytes));
+  }
+  if (fault) return static_cast<int>(file_errno(*fault));
+  return Backend::discard_file(device, fd, offset, bytes);
+}
+
+void SimBackend::close_file(int device, int fd) noexcept {
+  {
+    std::lock_guard lock(impl_->file_mutex);
+    ++impl_->calls[static_cast<std::size_t>(SimCall::close_file)];  // (no fault fires here)
+    if (fd >= 0 && impl_->files > 0) --impl_->files;
+  }
+  Backend::close_file(device, fd);
+}
+
 bool SimBackend::is_capturing(int device, stream_t stream) {
   std::lock_guard lock(impl_->mutex);
   (void)impl_->device(device, "is_capturing");
@@ -1014,7 +1120,18 @@ void SimBackend::inject_fault(SimCall call, std::uint64_t nth, SimFault fault) {
   const std::size_t i = index_of(call);
   if (nth == 0) throw invalid_argument("sim: inject_fault: nth counts from 1");
   if (fault != SimFault::out_of_memory && fault != SimFault::error) {
-    throw invalid_argument("sim: inject_fault: invalid SimFault value");
+    const bool file_call = call == SimCall::open_file || call == SimCall::write_file ||
+                           call == SimCall::read_file || call == SimCall::discard_file;
+    const bool file_fault = fault == SimFault::short_io || fault == SimFault::no_space || fault == SimFault::io_error;
+    if (!file_fault) throw invalid_argument("sim: inject_fault: invalid SimFault value");
+    if (!file_call)
+      throw invalid_argument(std::string("sim: inject_fault: short_io, no_space and io_error are for the file "
+                                         "calls, not ") + to_string(call));
+  }
+  if (Impl::file_call(call)) {
+    std::lock_guard files(impl_->file_mutex);
+    impl_->file_faults.push_back(Fault{call, impl_->calls[i] + nth, fault});
+    return;
   }
   impl_->faults.push_back(Fault{call, impl_->calls[i] + nth, fault});
 }
@@ -1022,10 +1139,13 @@ void SimBackend::inject_fault(SimCall call, std::uint64_t nth, SimFault fault) {
 void SimBackend::clear_faults() {
   std::lock_guard lock(impl_->mutex);
   impl_->faults.clear();
+  std::lock_guard files(impl_->file_mutex);
+  impl_->file_faults.clear();
 }
 
 std::uint64_t SimBackend::call_count(SimCall call) const {
   std::lock_guard lock(impl_->mutex);
+  std::lock_guard files(impl_->file_mutex);
   return impl_->calls[index_of(call)];
 }
 
@@ -1036,12 +1156,14 @@ std::pair<std::uint64_t, std::uint64_t> SimBackend::bus_copies() const {
 
 std::uint64_t SimBackend::call_bytes(SimCall call) const {
   std::lock_guard lock(impl_->mutex);
+  std::lock_guard files(impl_->file_mutex);
   return impl_->call_bytes[index_of(call)];
 }
 
 std::uint64_t SimBackend::faults_fired() const {
   std::lock_guard lock(impl_->mutex);
-  return impl_->fired;
+  std::lock_guard files(impl_->file_mutex);
+  return impl_->fired + impl_->file_fired;
 }
 
 SimUsage SimBackend::usage(int device) const {
@@ -1058,6 +1180,10 @@ SimUsage SimBackend::usage(int device) const {
   u.host_bytes = impl_->host_bytes;
   u.host_allocations = impl_->host_blocks.size();
   u.host_pages = impl_->host_pages;
+  {
+    std::lock_guard files(impl_->file_mutex);
+    u.files = impl_->files;
+  }
   return u;
 }
 
