@@ -29,12 +29,12 @@ san_build_asan() {
   cmake --build "$dir" -j"$san_jobs"
 }
 
-# Runs the whole test suite from $1 (not the fuzz smoke tests, nor the Python package test:
-# python3 does not load the ASan runtime that libstitch.so then needs).
+# Runs the whole test suite from $1 (not the fuzz smoke tests, nor the tests labelled
+# python-loads-libstitch: python3 does not load the ASan runtime that libstitch.so then needs).
 san_run_tests() {
   local dir=$1
   san_say "test suite under AddressSanitizer + UndefinedBehaviorSanitizer"
-  ctest --test-dir "$dir" --output-on-failure -j"$san_jobs" --timeout 900 -LE fuzz-smoke -E '^(python_package|example_kv_serving)$'
+  ctest --test-dir "$dir" --output-on-failure -j"$san_jobs" --timeout 900 -LE 'fuzz-smoke|python-loads-libstitch'
 }
 
 # Runs every fuzzer from $1 for $2 seconds over its seed corpus (new inputs go to $1/corpus, not
