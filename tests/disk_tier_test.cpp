@@ -6,8 +6,9 @@
 // caps and the file system's room refuse a sleep with nothing changed; a fault at every file
 // call and every device call of the path (short writes and reads, ENOSPC, EIO, the host, the
 // copies, the waits) leaves every byte of every block intact and no file behind, a wake whose
-// read fails names the file and the offset and can be retried; a crash leaves no file; the KV
-// pools' backups count in backup_host_mb; the directory is checked when it is configured; the
+// read fails names the file and the offset and can be retried; a crash leaves no file; a KV
+// pool's backup goes to a file where the host refuses it (the sweep's cycle has a pool too); the
+// directory is checked when it is configured; the
 // statistic, the residency report, the snapshot and memory_summary say where backups lie.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -433,17 +434,75 @@ TEST(DiskTierProcess, ACrashWhileAsleepLeavesNoFileInTheDirectory) {
   }
 }
 
-TEST(DiskTierKv, TheKvPoolsBackupsCountInBackupHostMb) {
-  BackupDir dir;
-  Allocator a(Config::parse("backend:sim,sim_capacity_mb:256,backup_host_mb:2,backup_dir:" + dir.path()));
+// A KV pool of 2 buffers whose live blocks cover 2 pages of each (kv_page_mb:1), every byte of
+// each block patterned; backup_host_mb:1 leaves the pool's backup to a file.
+class DiskTierKv : public DiskTierBase, public ::testing::Test {
+ protected:
+  static constexpr std::size_t kBlock = 128 * KiB;
+  void make_pool() {
+    make("backend:sim,kv_page_mb:1,backup_host_mb:1");
+    pool = std::make_unique<KvPool>(*alloc, 0, 2, kBlock, 64, "kv", Allocator::kRegionBackup);
+    ids = pool->alloc(12);  // 1.5 MiB per buffer: 2 pages
+    for (std::int64_t id : ids)
+      for (int b = 0; b < 2; ++b) fill_every_byte(block(id, b), kBlock, seed_of(id, b));
+  }
+  char* block(std::int64_t id, int b) { return static_cast<char*>(pool->buffer(b)) + id * kBlock; }
+  static std::uint64_t seed_of(std::int64_t id, int b) { return 0xC0FFEEu + static_cast<std::uint64_t>(id) * 2 + b; }
+  bool intact() {
+    for (std::int64_t id : ids)
+      for (int b = 0; b < 2; ++b)
+        if (!every_byte_intact(block(id, b), kBlock, seed_of(id, b))) return false;
+    return true;
+  }
+  void free_last() {
+    pool->free(&ids.back(), 1);
+    ids.pop_back();
+  }
+  void TearDown() override {
+    if (pool != nullptr) pool->free(ids.data(), ids.size());
+    pool.reset();
+  }
+  std::unique_ptr<KvPool> pool;
+  std::vector<std::int64_t> ids;
+};
+
+TEST_F(DiskTierKv, APoolsBackupBeyondTheHostGoesToAFileAndComesBackByteForByte) {
+  make_pool();
+  const std::string before = alloc->residency(0);
+  const long long used = field(before, "used_bytes", before.find("\"kv_pools\""));
+  ASSERT_EQ(used, static_cast<long long>(2 * 2 * MiB));  // 2 pages in each of 2 buffers
+  alloc->sleep(-1, "kv");
+  EXPECT_EQ(stat("backup_file_bytes.current"), used);
+  EXPECT_EQ(dir.entries(), 0u) << "the backup file has no name";
+  EXPECT_EQ(dir.open_files(), 1u);
+  const std::string asleep = alloc->residency(0);
+  const std::size_t kv = asleep.find("\"kv_pools\"");
+  EXPECT_EQ(field(asleep, "backup_file_bytes", kv), used) << asleep;
+  EXPECT_EQ(field(asleep, "host_backup_bytes", kv), 0) << asleep;
+  EXPECT_NE(asleep.find("\"backup\": \"file\"", kv), std::string::npos) << asleep;
+  EXPECT_EQ(field(asleep, "backup_file_bytes"), used) << "the device's total counts the pools' files";
+  alloc->validate();
+  free_last();  // a block freed while asleep is not read back
+  alloc->wake(-1, "kv");
+  EXPECT_TRUE(intact());
+  expect_nothing_held("after the wake");
+  alloc->validate();
+}
+
+TEST(DiskTierKvHost, WithoutBackupDirThePoolsBackupCountsInBackupHostMbAndASleepBeyondItFails) {
+  Allocator a(Config::parse("backend:sim,sim_capacity_mb:256,backup_host_mb:2"));
   KvPool pool(a, 0, 2, 64 * KiB, 64, "kv", Allocator::kRegionBackup);
   std::vector<std::int64_t> ids = pool.alloc(48);  // 2 buffers x 3 MiB of pages, backed up
   try {
     a.sleep(-1, "kv");
     FAIL() << "the KV pool's backup passes backup_host_mb";
   } catch (const out_of_memory& e) {
-    EXPECT_NE(std::string(e.what()).find("KV pool"), std::string::npos) << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find("KV pool"), std::string::npos) << what;
+    EXPECT_NE(what.find("backup_dir"), std::string::npos) << what;
+    EXPECT_NE(what.find("nothing was put to sleep"), std::string::npos) << what;
   }
+  a.validate();
   a.configure("backup_host_mb:16");
   a.sleep(-1, "kv");
   a.wake(-1, "kv");

@@ -67,7 +67,7 @@ void DeviceAllocator::validate() const {
   check_stat(device_, "active_bytes", stats.active_bytes, c.active_bytes);
   check_stat(device_, "inactive_split_bytes", stats.inactive_split_bytes, c.inactive_bytes);
   check_stat(device_, "requested_bytes", stats.requested_bytes, c.requested);
-  residency_.sleeper().validate();
+  residency_.sleeper().validate(kv_.backup_file_bytes());
   // Allocated memory counts sleeping blocks, reserved memory does not.
   if (stats.reserved_bytes[kAll].current + stats.sleeping_bytes.current + stats.spilled_bytes.current <
       stats.allocated_bytes[kAll].current)

@@ -426,7 +426,9 @@ void KvPools::sleep(const std::vector<std::uint16_t>& tags, const std::vector<st
   std::vector<KvPool*> todo;
   for (auto& [id, k] : pools_)
     if (!k->asleep && listed(tags, k->tag)) todo.push_back(k.get());
-  // 1. Backups of the live pages (all or nothing), 2. every page unmapped.
+  // 1. Backups of the live pages (all or nothing): pinned host memory, else a file of backup_dir;
+  // 2. every page unmapped.
+  const std::string what = fmt::format("stitch_sleep: device {}", d_.device);
   std::vector<KvPool*> backed;
   try {
     for (KvPool* k : todo) {
@@ -435,14 +437,24 @@ void KvPools::sleep(const std::vector<std::uint16_t>& tags, const std::vector<st
       for (std::size_t p = 0; p < k->pages; ++p)
         if (k->refs[p] != 0) saved.push_back(p);
       const std::size_t bytes = saved.size() * k->page_set_bytes();
-      char* host = static_cast<char*>(allocate_backup_host(d_.backend, d_.device, bytes, d_.config.backup_host_bytes));
-      if (host == nullptr)
-        throw out_of_memory(fmt::format("stitch_sleep: device {}: the host cannot give {} bytes for KV pool {}'s "
-                                        "backup; nothing was put to sleep", d_.device, bytes, k->id));
-      k->host = host;
-      k->host_bytes = bytes;
       k->saved = std::move(saved);
       backed.push_back(k);
+      char* host = static_cast<char*>(allocate_backup_host(d_.backend, d_.device, bytes, d_.config.backup_host_bytes));
+      if (host == nullptr) {
+        if (d_.config.backup_dir.empty())
+          throw out_of_memory(fmt::format("{}: the host cannot give {} for KV pool {}'s backup{}; nothing was put to "
+                                          "sleep (backup_dir sends what the host cannot hold to files: docs/sleep.md)",
+                                          what, bytes_text(bytes), k->id,
+                                          d_.config.backup_host_bytes != 0
+                                              ? fmt::format(" (backup_host_mb caps the backups at {}, {} in use)",
+                                                            bytes_text(d_.config.backup_host_bytes),
+                                                            bytes_text(backup_host_in_use()))
+                                              : std::string()));
+        back_up_to_file(*k, bytes, what);
+        continue;
+      }
+      k->host = host;
+      k->host_bytes = bytes;
       std::size_t off = 0;
       for (std::size_t p : k->saved)
         for (int b = 0; b < k->buffers; ++b, off += k->page)
@@ -450,6 +462,18 @@ void KvPools::sleep(const std::vector<std::uint16_t>& tags, const std::vector<st
                                          k->page, nullptr);
     }
     if (!backed.empty()) d_.backend.synchronize_stream(d_.device, nullptr);
+  } catch (const std::exception& e) {
+    try {
+      d_.backend.synchronize_stream(d_.device, nullptr);  // no copy into memory about to be freed
+    } catch (...) {
+    }
+    for (KvPool* k : backed) drop_backup(*k);
+    const std::string message = e.what();
+    if (message.find("nothing was put to sleep") != std::string::npos) throw;
+    const std::string said = message + "; nothing was put to sleep: every KV pool is awake with its data";
+    if (dynamic_cast<const out_of_memory*>(&e) != nullptr) throw out_of_memory(said);
+    if (dynamic_cast<const backend_error*>(&e) != nullptr) throw backend_error(said);
+    throw;
   } catch (...) {
     for (KvPool* k : backed) drop_backup(*k);
     throw;
@@ -458,7 +482,44 @@ void KvPools::sleep(const std::vector<std::uint16_t>& tags, const std::vector<st
     for (std::size_t p = 0; p < k->pages; ++p)
       if (k->handle[p * static_cast<std::size_t>(k->buffers)] != 0) unmap_page(*k, p);
     k->asleep = true;
+    if (k->file.is_open()) {
+      k->file_data = k->saved.size() * k->page_set_bytes();
+      d_.stats.backup_file_bytes.increase(static_cast<std::int64_t>(k->file_data));
+    }
   }
+}
+
+void KvPools::back_up_to_file(KvPool& k, std::size_t bytes, const std::string& what) {
+  const std::string& dir = d_.config.backup_dir;
+  const std::uint64_t padded =
+      (bytes + Backend::kFileAlignment - 1) / Backend::kFileAlignment * Backend::kFileAlignment;
+  take_file_budget(dir, padded, d_.config.backup_dir_bytes,
+                   fmt::format("{}: KV pool {}'s backup of {} (pinned host memory took none)", what, k.id,
+                               bytes_text(bytes)));
+  try {
+    k.file.open(d_.backend, d_.device, dir, bytes, what);
+  } catch (...) {
+    give_file_budget(padded);
+    throw;
+  }
+  Sleeper& sleeper = residency_.sleeper();
+  sleeper.kv_file_opened();
+  Staging* staging = sleeper.kv_staging(bytes);
+  if (staging == nullptr)
+    throw out_of_memory(fmt::format("{}: the host gives neither {} for KV pool {}'s backup nor the staging buffers "
+                                    "its file in {} needs",
+                                    what, bytes_text(bytes), k.id, dir));
+  BackupProgress progress;
+  staging->write(d_.backend, d_.device, file_extents(k, false), k.file, progress, what);
+}
+
+std::vector<Extent> KvPools::file_extents(const KvPool& k, bool live) {
+  std::vector<Extent> out;
+  std::uint64_t off = 0;
+  for (std::size_t p : k.saved)
+    for (std::size_t b = 0; b < static_cast<std::size_t>(k.buffers); ++b, off += k.page)
+      if (!live || k.refs[p] != 0) out.push_back(Extent{k.base[b] + p * k.page, k.page, off});
+  return out;
 }
 
 bool KvPools::wake(const std::vector<std::uint16_t>& tags) {
@@ -468,6 +529,10 @@ bool KvPools::wake(const std::vector<std::uint16_t>& tags) {
   // Pages under the live blocks, mapped again; all or nothing.
   std::vector<std::pair<KvPool*, std::size_t>> mapped;
   auto undo = [&]() noexcept {
+    try {
+      d_.backend.synchronize_stream(d_.device, nullptr);  // no copy into pages about to go
+    } catch (...) {
+    }
     for (auto& [k, p] : mapped) unmap_page(*k, p);
   };
   try {
@@ -480,7 +545,14 @@ bool KvPools::wake(const std::vector<std::uint16_t>& tags) {
         }
         mapped.emplace_back(k, p);
       }
+    const std::string what = fmt::format("stitch_wake: device {}", d_.device);
     for (KvPool* k : todo) {
+      if (k->file.is_open()) {
+        BackupProgress progress;
+        residency_.sleeper().kv_staging(0)->read(d_.backend, d_.device, file_extents(*k, true), k->file, progress,
+                                                 fmt::format("{}: KV pool {}", what, k->id));
+        continue;
+      }
       std::size_t off = 0;
       for (std::size_t p : k->saved) {
         for (int b = 0; b < k->buffers; ++b, off += k->page)
@@ -490,6 +562,12 @@ bool KvPools::wake(const std::vector<std::uint16_t>& tags) {
       }
     }
     d_.backend.synchronize_stream(d_.device, nullptr);
+  } catch (const std::exception& e) {
+    undo();
+    const std::string said = std::string(e.what()) + "; nothing was mapped: the KV pools stay asleep with their backups, and the wake may be retried";
+    if (dynamic_cast<const out_of_memory*>(&e) != nullptr) throw out_of_memory(said);
+    if (dynamic_cast<const backend_error*>(&e) != nullptr) throw backend_error(said);
+    throw;
   } catch (...) {
     undo();
     throw;
@@ -505,7 +583,25 @@ void KvPools::drop_backup(KvPool& k) noexcept {
   free_backup_host(d_.backend, d_.device, k.host, k.host_bytes);  // (within backup_host_mb)
   k.host = nullptr;
   k.host_bytes = 0;
+  if (k.file_data != 0) d_.stats.backup_file_bytes.decrease(static_cast<std::int64_t>(k.file_data));
+  k.file_data = 0;
+  if (k.file.is_open()) {
+    k.file.close(d_.backend, d_.device);
+    residency_.sleeper().kv_file_closed();  // (the staging buffers go with the last file)
+  }
   k.saved.clear();
+}
+
+std::size_t KvPools::backup_host_bytes() const noexcept {
+  std::size_t n = 0;
+  for (const auto& [id, k] : pools_) n += k->host_bytes;
+  return n;
+}
+
+std::size_t KvPools::backup_file_bytes() const noexcept {
+  std::size_t n = 0;
+  for (const auto& [id, k] : pools_) n += k->file_data;
+  return n;
 }
 
 bool KvPools::move_page(KvPool& k, std::size_t p, bool to_host, phys_handle_t* given) {
@@ -705,6 +801,8 @@ std::vector<KvPoolInfo> KvPools::infos(const std::function<std::string(std::uint
     i.used_bytes = k->used_pages * k->page_set_bytes();
     i.peak_bytes = k->peak_mapped_pages * k->page_set_bytes();
     i.spilled_bytes = k->host_slots * k->page;
+    i.host_backup_bytes = k->host_bytes;
+    i.backup_file_bytes = k->file_data;
     i.reserve = k->reserve;
     i.limit = k->limit;
     i.maps = k->maps;
@@ -848,9 +946,18 @@ void KvPools::validate() const {
       if (!k->asleep && k->refs[p] != 0 && !m) broken("a page under a live block is unmapped");
     }
     if (k->asleep && mapped != 0) broken("a sleeping pool maps pages");
+    if (k->host != nullptr && k->file.is_open()) broken("a backup lies both in host memory and in a file");
+    if (!k->asleep && (k->host != nullptr || k->file.is_open())) broken("an awake pool keeps a backup");
+    if (k->file_data != (k->asleep && k->file.is_open() ? k->saved.size() * k->page_set_bytes() : 0))
+      broken("a backup's bytes in its file do not add up");
     if (mapped != k->mapped_pages || used != k->used_pages) broken("pages miscounted");
     if (hosted_pages != k->host_pages || hosted_slots != k->host_slots) broken("spilled pages miscounted");
   }
+  int files = 0;
+  for (const auto& entry : pools_) files += entry.second->file.is_open() ? 1 : 0;
+  if (files != residency_.sleeper().kv_files())
+    throw error(fmt::format("stitch invariant broken on device {}: {} KV backup files open, the staging buffers' "
+                            "count says {}", d_.device, files, residency_.sleeper().kv_files()));
 }
 
 }  // namespace stitch::detail

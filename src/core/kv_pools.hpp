@@ -6,8 +6,9 @@
 // keeps its pages mapped (it never waits, never unmaps), and pages without live blocks go back at
 // stitch_kv_trim, empty_cache / stitch_trim (beyond kv_reserve_mb) and in the out-of-memory
 // ladder (all of them), each after one device synchronization. The pool's tag sleeps and wakes
-// with the caching allocator's tags (its pages unmapped, the live blocks' pages kept in host
-// memory when the pool was made with backup).
+// with the caching allocator's tags (its pages unmapped, the live blocks' pages kept in pinned
+// host memory when the pool was made with backup, or in a file of backup_dir when the host
+// refuses: the disk tier, core/backup_files.hpp, through the Sleeper's staging buffers).
 //
 // Each entry point takes the device lock, over the view of the device it is handed
 // (core/device_view.hpp) and the tags' residency (a spill of a pool's tag).
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backup_files.hpp"
 #include "core/device_view.hpp"
 #include "stitch/backend.hpp"
 
@@ -58,10 +60,13 @@ struct KvPool {
   std::size_t peak_mapped_pages = 0;
   std::uint64_t maps = 0, unmaps = 0;      ///< page maps and unmaps (each over every buffer)
   bool asleep = false;
-  // A sleep with backup: the live pages' bytes in pinned host memory.
+  // A sleep with backup: the live pages' bytes in pinned host memory, or where the host refused
+  // them, in a file of backup_dir (file_data bytes, booked in backup_file_bytes while asleep).
   char* host = nullptr;
   std::size_t host_bytes = 0;
-  std::vector<std::size_t> saved;          ///< page indices saved, in host order
+  BackupFile file;
+  std::size_t file_data = 0;
+  std::vector<std::size_t> saved;          ///< page indices saved, in backup order
 
   [[nodiscard]] std::size_t first_page(std::size_t block) const noexcept { return block * block_bytes / page; }
   [[nodiscard]] std::size_t last_page(std::size_t block) const noexcept {
@@ -96,6 +101,7 @@ struct KvPoolInfo {
   int buffers = 0;
   std::size_t block_bytes = 0, max_blocks = 0, page = 0;
   std::size_t live_blocks = 0, mapped_bytes = 0, used_bytes = 0, peak_bytes = 0, spilled_bytes = 0;
+  std::size_t host_backup_bytes = 0, backup_file_bytes = 0;  ///< where a sleep's backup lies
   std::size_t reserve = 0, limit = 0;
   std::uint64_t maps = 0, unmaps = 0;
   bool asleep = false;
@@ -138,11 +144,13 @@ class KvPools {
   /// stays mapped).
   std::size_t release_unused(bool all) noexcept;
   /// The pools of `tags` go to sleep (their pages unmapped; live pages backed up for pools with
-  /// backup, or tags in `backup_tags`). The device is synchronized. Throws out_of_memory for the
-  /// host backup, nothing changed.
+  /// backup, or tags in `backup_tags`: in pinned host memory, else in a file of backup_dir). The
+  /// device is synchronized. Throws out_of_memory when neither the host nor backup_dir takes a
+  /// backup, backend_error for a failed copy or write, each with nothing changed.
   void sleep(const std::vector<std::uint16_t>& tags, const std::vector<std::uint16_t>& backup_tags);
-  /// The sleeping pools of `tags` wake (pages under live blocks mapped, backups copied back).
-  /// False when the device has no room: nothing changed. Throws backend_error, nothing changed.
+  /// The sleeping pools of `tags` wake (pages under live blocks mapped, backups copied or read
+  /// back). False when the device has no room: nothing changed. Throws backend_error (a read
+  /// names the file and the offset), the pools asleep with their backups: a retry may succeed.
   bool wake(const std::vector<std::uint16_t>& tags);
   /// Moves the pages under live blocks of the spillable pools of `tags` to host pages at the same
   /// addresses (core/spiller.hpp's model): every host page made first, all or nothing
@@ -158,6 +166,9 @@ class KvPools {
   [[nodiscard]] std::size_t spilled_bytes(std::uint16_t tag = 0) const noexcept;
   /// Whether any pool has `tag`.
   [[nodiscard]] bool has_tag(std::uint16_t tag) const noexcept;
+  /// Bytes of the sleeping pools' backups in pinned host memory and in files.
+  [[nodiscard]] std::size_t backup_host_bytes() const noexcept;
+  [[nodiscard]] std::size_t backup_file_bytes() const noexcept;
   /// Bytes of pages the pools hold (mapped), and the pools' facts.
   [[nodiscard]] std::size_t mapped_bytes() const noexcept;
   [[nodiscard]] std::vector<KvPoolInfo> infos(const std::function<std::string(std::uint16_t)>& tag_name) const;
@@ -181,7 +192,15 @@ class KvPools {
   bool move_page(KvPool& k, std::size_t p, bool to_host, phys_handle_t* given);
   /// Books page `p` after its slots moved: it had `before` slots on host pages.
   void book_moved(KvPool& k, std::size_t p, std::size_t before) noexcept;
-  /// Gives a sleep's host backup of `k` back.
+  /// Writes the live pages of `k` (`bytes` of them, in `k.saved`) to a new file of backup_dir
+  /// through the device's staging buffers (Sleeper::kv_staging). Throws out_of_memory (no room:
+  /// the budget, the file system, the staging buffers) or backend_error; drop_backup() closes
+  /// what it opened.
+  void back_up_to_file(KvPool& k, std::size_t bytes, const std::string& what);
+  /// The runs of device memory of `k`'s saved pages and where they lie in its file (`live`: only
+  /// the pages with live blocks, to read back).
+  [[nodiscard]] static std::vector<Extent> file_extents(const KvPool& k, bool live);
+  /// Gives a sleep's backup of `k` back (host memory, file).
   void drop_backup(KvPool& k) noexcept;
   /// Unmaps unused pages of `k` until at most `keep` bytes of unused pages stay.
   std::size_t unmap_unused(KvPool& k, std::size_t keep) noexcept;

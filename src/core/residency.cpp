@@ -420,10 +420,12 @@ std::string Residency::report(const std::function<std::string(std::uint16_t)>& t
     kv_list += fmt::format(
         R"({{"pool": {}, "tag": {}, "state": "{}", "buffers": {}, "block_bytes": {}, "max_blocks": {}, )"
         R"("page_bytes": {}, "live_blocks": {}, "mapped_bytes": {}, "used_bytes": {}, "reserve_bytes": {}, )"
-        R"("limit_bytes": {}, "peak_bytes": {}, "spilled_bytes": {}, "page_maps": {}, "page_unmaps": {}}})",
+        R"("limit_bytes": {}, "peak_bytes": {}, "spilled_bytes": {}, "page_maps": {}, "page_unmaps": {}, )"
+        R"("host_backup_bytes": {}, "backup_file_bytes": {}, "backup": "{}"}})",
         k.id, quoted(k.tag), k.asleep ? "asleep" : k.spilled_bytes != 0 ? "spilled" : "awake", k.buffers,
         k.block_bytes, k.max_blocks, k.page, k.live_blocks, k.mapped_bytes, k.used_bytes, k.reserve, k.limit,
-        k.peak_bytes, k.spilled_bytes, k.maps, k.unmaps);
+        k.peak_bytes, k.spilled_bytes, k.maps, k.unmaps, k.host_backup_bytes, k.backup_file_bytes,
+        k.backup_file_bytes != 0 ? "file" : k.host_backup_bytes != 0 ? "host" : "none");
   }
   const MemoryInfo info{d_.pages.device_free(), d_.pages.device_total()};
   return fmt::format(
@@ -433,7 +435,8 @@ std::string Residency::report(const std::function<std::string(std::uint16_t)>& t
       R"("untagged": {{{}}}, "private_pools": {{{}}}, "tags": [{}], "kv_pools": [{}]}})",
       d_.device, d_.ledger.reserved(), d_.upkeep.stats_locked().allocated_bytes[kAll].current,
       d_.stats.sleeping_bytes.current, d_.stats.spilled_bytes.current, d_.stats.kv_bytes.current,
-      sleeper_.host_bytes(), sleeper_.file_bytes(), sleeper_.staging_bytes(), info.free, info.total, object(untagged),
+      sleeper_.host_bytes() + kv_.backup_host_bytes(), sleeper_.file_bytes() + kv_.backup_file_bytes(),
+      sleeper_.staging_bytes(), info.free, info.total, object(untagged),
       object(private_pools), tag_list, kv_list);
 }
 

@@ -23,7 +23,18 @@ std::string Sleeper::tag_text(std::uint16_t tag) const {
   return fmt::format("tag {}", tag);
 }
 
+Staging* Sleeper::kv_staging(std::size_t bytes) {
+  if (staging_.ready() || staging_.make(backend_, device_, bytes, config_.backup_host_bytes)) return &staging_;
+  return nullptr;
+}
+
+void Sleeper::kv_file_closed() noexcept {
+  --kv_files_;
+  drop_staging_if_unused();
+}
+
 bool Sleeper::files_open() const noexcept {
+  if (kv_files_ != 0) return true;
   for (const Slept& s : slept_)
     if (s.file.is_open()) return true;
   return false;
@@ -518,7 +529,7 @@ std::size_t Sleeper::slept_bytes(std::uint16_t tag) const noexcept {
   return n;
 }
 
-void Sleeper::validate() const {
+void Sleeper::validate(std::size_t other_file_bytes) const {
   auto broken = [&](const char* what) {
     throw error(fmt::format("stitch invariant broken on device {}: {}", device_, what));
   };
@@ -549,7 +560,7 @@ void Sleeper::validate() const {
   if (asleep != slept_.size()) broken("a recorded sleeping range is awake or gone");
   std::size_t in_files = 0;
   for (const Slept& r : slept_) in_files += r.file_data;
-  if (static_cast<std::int64_t>(in_files) != stats_.backup_file_bytes.current)
+  if (static_cast<std::int64_t>(in_files + other_file_bytes) != stats_.backup_file_bytes.current)
     broken("backup_file_bytes is not the bytes of the backups in files");
   if (files_open() && !staging_.ready()) broken("backup files without staging buffers");
 }

@@ -108,6 +108,14 @@ class Sleeper {
   [[nodiscard]] const char* backup_place(std::uint16_t tag) const noexcept;
   /// Pinned host memory of the staging buffers (kept while backup files exist).
   [[nodiscard]] std::size_t staging_bytes() const noexcept { return staging_.bytes(); }
+  /// The staging buffers for the KV pools' backup files too (core/kv_pools.hpp): one set per
+  /// device, within backup_host_mb. kv_staging() makes them for `bytes` where there are none
+  /// (nullptr when the host or the cap refuses); they stay while a KV pool's file is open
+  /// (kv_file_opened / kv_file_closed) or a range's.
+  [[nodiscard]] Staging* kv_staging(std::size_t bytes);
+  void kv_file_opened() noexcept { ++kv_files_; }
+  void kv_file_closed() noexcept;
+  [[nodiscard]] int kv_files() const noexcept { return kv_files_; }
   /// How far the sleep or wake running on this device is (read without the device lock).
   [[nodiscard]] const BackupProgress& progress() const noexcept { return progress_; }
   /// Adds where the backups of the sleeping blocks lie to the snapshot segments out[from...]
@@ -118,7 +126,8 @@ class Sleeper {
 
   /// Checks the sleeping ranges against the store (each asleep segment is recorded once, maps
   /// nothing, and its backups lie on its live blocks). Throws stitch::error.
-  void validate() const;
+  /// `other_file_bytes`: the KV pools' bytes in files (backup_file_bytes counts both).
+  void validate(std::size_t other_file_bytes) const;
 
  private:
   struct TagState {
@@ -192,6 +201,7 @@ class Sleeper {
   DeviceStats& stats_;
   const std::vector<std::string>* tag_names_;
   Staging staging_;             ///< the disk tier's staging buffers (while files exist)
+  int kv_files_ = 0;            ///< the KV pools' open backup files
   BackupProgress progress_;
   std::vector<TagState> tags_;  ///< [tag]; tag 0 (untagged) never sleeps
   std::vector<Slept> slept_;    ///< the sleeping ranges
