@@ -58,6 +58,26 @@ def test_backups_beyond_the_host_go_to_files_and_come_back(disk_tier):
         stitch.free(p, 6 * MiB, 0)
 
 
+def test_a_kv_pools_backup_beyond_the_host_goes_to_a_file(disk_tier):
+    block = 128 * 1024
+    with stitch.kv.Pool(0, buffers=2, block_bytes=block, max_blocks=64, tag="py-kv-disk", backup=True) as pool:
+        ids = pool.alloc(12)
+        data = [bytes((b * 31 + i * 7) % 251 for i in range(12 * block)) for b in range(2)]
+        for b in range(2):
+            memoryview(pool.buffer(b))[: 12 * block] = data[b]
+        res = stitch.sleep("py-kv-disk", device=0)
+        entry = next(k for k in res["kv_pools"] if k["tag"] == "py-kv-disk")
+        assert entry["state"] == "asleep" and entry["backup"] == "file"
+        assert entry["host_backup_bytes"] == 0 and entry["backup_file_bytes"] == entry["used_bytes"] > 0
+        assert stitch.stat("backup_file_bytes.current", 0) == entry["backup_file_bytes"]
+        assert os.listdir(disk_tier) == [], "the file has no name"
+        stitch.wake("py-kv-disk", device=0)
+        for b in range(2):
+            assert bytes(memoryview(pool.buffer(b))[: 12 * block]) == data[b]
+        assert stitch.stat("backup_file_bytes.current", 0) == 0
+        pool.free(ids)
+
+
 def test_configure_refuses_an_unusable_directory_by_its_path(tmp_path):
     f = tmp_path / "plain"
     f.write_text("x")
