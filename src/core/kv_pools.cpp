@@ -334,9 +334,22 @@ void KvPools::free(int pool, const std::int64_t* ids, std::size_t n) {
     const auto i = static_cast<std::size_t>(id);
     k.live[i / 64] &= ~(std::uint64_t{1} << (i % 64));
     for (std::size_t p = k.first_page(i); p <= k.last_page(i); ++p)
-      if (--k.refs[p] == 0) --k.used_pages;
+      if (--k.refs[p] == 0) {
+        --k.used_pages;
+        if (k.file_data != 0) drop_file_page(k, p);
+      }
   }
   k.live_blocks -= n;
+}
+
+void KvPools::drop_file_page(KvPool& k, std::size_t p) noexcept {
+  // (saved is in page order: the page's place in the file)
+  const auto at = std::lower_bound(k.saved.begin(), k.saved.end(), p);
+  if (at == k.saved.end() || *at != p) return;
+  const std::size_t bytes = k.page_set_bytes();
+  k.file.discard(d_.backend, d_.device, static_cast<std::uint64_t>(at - k.saved.begin()) * bytes, bytes);
+  k.file_data -= bytes;
+  d_.stats.backup_file_bytes.decrease(static_cast<std::int64_t>(bytes));
 }
 
 void KvPools::set_limit(int pool, std::size_t bytes) {
@@ -948,8 +961,10 @@ void KvPools::validate() const {
     if (k->asleep && mapped != 0) broken("a sleeping pool maps pages");
     if (k->host != nullptr && k->file.is_open()) broken("a backup lies both in host memory and in a file");
     if (!k->asleep && (k->host != nullptr || k->file.is_open())) broken("an awake pool keeps a backup");
-    if (k->file_data != (k->asleep && k->file.is_open() ? k->saved.size() * k->page_set_bytes() : 0))
-      broken("a backup's bytes in its file do not add up");
+    std::size_t in_file = 0;  // (a page freed while asleep leaves the file)
+    if (k->asleep && k->file.is_open())
+      for (std::size_t p : k->saved) in_file += k->refs[p] != 0 ? k->page_set_bytes() : 0;
+    if (k->file_data != in_file) broken("a backup's bytes in its file do not add up");
     if (mapped != k->mapped_pages || used != k->used_pages) broken("pages miscounted");
     if (hosted_pages != k->host_pages || hosted_slots != k->host_slots) broken("spilled pages miscounted");
   }

@@ -61,7 +61,8 @@ struct KvPool {
   std::uint64_t maps = 0, unmaps = 0;      ///< page maps and unmaps (each over every buffer)
   bool asleep = false;
   // A sleep with backup: the live pages' bytes in pinned host memory, or where the host refused
-  // them, in a file of backup_dir (file_data bytes, booked in backup_file_bytes while asleep).
+  // them, in a file of backup_dir (file_data bytes: those of the saved pages still live, booked
+  // in backup_file_bytes while asleep).
   char* host = nullptr;
   std::size_t host_bytes = 0;
   BackupFile file;
@@ -200,6 +201,9 @@ class KvPools {
   /// The runs of device memory of `k`'s saved pages and where they lie in its file (`live`: only
   /// the pages with live blocks, to read back).
   [[nodiscard]] static std::vector<Extent> file_extents(const KvPool& k, bool live);
+  /// Page `p` of the sleeping `k` lost its last live block: its bytes leave the backup file (a
+  /// hole, where the file system makes one) and backup_file_bytes.
+  void drop_file_page(KvPool& k, std::size_t p) noexcept;
   /// Gives a sleep's backup of `k` back (host memory, file).
   void drop_backup(KvPool& k) noexcept;
   /// Unmaps unused pages of `k` until at most `keep` bytes of unused pages stay.
