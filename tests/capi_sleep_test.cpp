@@ -4,7 +4,8 @@
 // succeeds while asleep); addresses and backed-up contents are kept; every error case returns an
 // error code and says why in stitch_last_error(); a wake without memory fails whole and succeeds
 // later. The disk tier: stitch_configure refuses an unusable backup_dir by its path, before and
-// after the allocator exists; stitch_backup_progress is readable while a sleep and a wake run.
+// after the allocator exists; stitch_backup_progress is readable while a sleep and a wake run
+// (a KV pool's backup file reports into it too).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -248,6 +249,42 @@ TEST(CapiDiskTier, ProgressIsReadableFromAnotherThreadWhileASleepAndAWakeRun) {
   EXPECT_EQ(stitch_stat(0, "backup_file_bytes.current"), 0);
   EXPECT_GT(stitch_stat(0, "backup_file_bytes.peak"), static_cast<std::int64_t>(14 * MiB));
   stitch_free(p, 16 * MiB, 0, nullptr);
+  (void)detail::capi_exchange_allocator(nullptr);
+}
+
+TEST(CapiDiskTier, AKvPoolsFileReportsItsProgressToo) {
+  test::BackupDir dir;
+  SimBackend::Options o;
+  o.capacity = 256 * MiB;
+  auto sim = std::make_shared<HeldFileSim>(o);
+  (void)detail::capi_exchange_allocator(std::make_unique<Allocator>(
+      Config::parse("backend:sim,backup_host_mb:1,backup_dir:" + dir.path()), sim));
+  stitch_kv_pool* pool = stitch_kv_create(0, 2, 1 * MiB, 16, "kv-progress", STITCH_REGION_BACKUP);
+  ASSERT_NE(pool, nullptr) << stitch_last_error();
+  std::int64_t ids[8];
+  ASSERT_EQ(stitch_kv_alloc(pool, 8, ids), 0) << stitch_last_error();  // 8 MiB in each buffer
+  for (int b = 0; b < 2; ++b) write_pattern(stitch_kv_buffer(pool, b), 8 * MiB, 11 + b);
+  std::uint64_t done = 1, total = 1;
+  for (const int op : {1, 2}) {
+    std::thread call([&] {
+      EXPECT_EQ(op == 1 ? stitch_sleep(0, "kv-progress", nullptr) : stitch_wake(0, "kv-progress"), 0)
+          << stitch_last_error();
+    });
+    for (int i = 0; i < 10000 && !sim->held; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_TRUE(sim->held) << "the fourth file call never came";
+    EXPECT_EQ(stitch_backup_progress(0, &done, &total), op);
+    EXPECT_EQ(total, 16 * MiB);
+    EXPECT_GT(done, 0u);
+    EXPECT_LT(done, total);
+    sim->seen = true;
+    call.join();
+    EXPECT_EQ(stitch_backup_progress(0, &done, &total), 0);
+  }
+  for (int b = 0; b < 2; ++b) EXPECT_TRUE(pattern_intact(stitch_kv_buffer(pool, b), 8 * MiB, 11 + b));
+  EXPECT_EQ(stitch_stat(0, "backup_file_bytes.current"), 0);
+  EXPECT_EQ(stitch_stat(0, "backup_file_bytes.peak"), static_cast<std::int64_t>(16 * MiB));
+  EXPECT_EQ(stitch_kv_free(pool, ids, 8), 0);
+  EXPECT_EQ(stitch_kv_destroy(pool), 0);
   (void)detail::capi_exchange_allocator(nullptr);
 }
 

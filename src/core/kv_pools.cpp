@@ -522,8 +522,29 @@ void KvPools::back_up_to_file(KvPool& k, std::size_t bytes, const std::string& w
     throw out_of_memory(fmt::format("{}: the host gives neither {} for KV pool {}'s backup nor the staging buffers "
                                     "its file in {} needs",
                                     what, bytes_text(bytes), k.id, dir));
-  BackupProgress progress;
-  staging->write(d_.backend, d_.device, file_extents(k, false), k.file, progress, what);
+  stream_file(k, true, what);
+}
+
+void KvPools::stream_file(KvPool& k, bool write, const std::string& what) {
+  const std::vector<Extent> extents = file_extents(k, !write);
+  std::uint64_t total = 0;
+  for (const Extent& e : extents) total += e.bytes;
+  Sleeper& sleeper = residency_.sleeper();
+  Staging* staging = sleeper.kv_staging(0);  // (kept while the file is open)
+  if (staging == nullptr) throw error(fmt::format("{}: KV pool {}'s backup file has no staging buffers", what, k.id));
+  BackupProgress& progress = sleeper.progress();  // (stitch_backup_progress)
+  progress.start(write ? 1 : 2, total);
+  try {
+    if (write) {
+      staging->write(d_.backend, d_.device, extents, k.file, progress, what);
+    } else {
+      staging->read(d_.backend, d_.device, extents, k.file, progress, what);
+    }
+  } catch (...) {
+    progress.stop();
+    throw;
+  }
+  progress.stop();
 }
 
 std::vector<Extent> KvPools::file_extents(const KvPool& k, bool live) {
@@ -561,9 +582,7 @@ bool KvPools::wake(const std::vector<std::uint16_t>& tags) {
     const std::string what = fmt::format("stitch_wake: device {}", d_.device);
     for (KvPool* k : todo) {
       if (k->file.is_open()) {
-        BackupProgress progress;
-        residency_.sleeper().kv_staging(0)->read(d_.backend, d_.device, file_extents(*k, true), k->file, progress,
-                                                 fmt::format("{}: KV pool {}", what, k->id));
+        stream_file(*k, false, fmt::format("{}: KV pool {}", what, k->id));
         continue;
       }
       std::size_t off = 0;

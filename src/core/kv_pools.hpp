@@ -198,6 +198,9 @@ class KvPools {
   /// the budget, the file system, the staging buffers) or backend_error; drop_backup() closes
   /// what it opened.
   void back_up_to_file(KvPool& k, std::size_t bytes, const std::string& what);
+  /// Streams `k`'s saved pages to its file (`write`) or its live pages back, through the staging
+  /// buffers, reporting into stitch_backup_progress. Throws as Staging::write / read.
+  void stream_file(KvPool& k, bool write, const std::string& what);
   /// The runs of device memory of `k`'s saved pages and where they lie in its file (`live`: only
   /// the pages with live blocks, to read back).
   [[nodiscard]] static std::vector<Extent> file_extents(const KvPool& k, bool live);

@@ -118,6 +118,8 @@ class Sleeper {
   [[nodiscard]] int kv_files() const noexcept { return kv_files_; }
   /// How far the sleep or wake running on this device is (read without the device lock).
   [[nodiscard]] const BackupProgress& progress() const noexcept { return progress_; }
+  /// The same, for the KV pools' files to report into (a pool's write or read is one operation).
+  [[nodiscard]] BackupProgress& progress() noexcept { return progress_; }
   /// Adds where the backups of the sleeping blocks lie to the snapshot segments out[from...]
   /// (backup_host_bytes, backup_file_bytes).
   void annotate(std::vector<SegmentSnapshot>& out, std::size_t from) const;
