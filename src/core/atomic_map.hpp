@@ -59,7 +59,7 @@ class AtomicMap {
 
   /// The value of `key`, or nullptr (absent, or erased). No lock; see the top of the file for
   /// what a result means.
-  [[nodiscard]] V* find(Key key) const noexcept {
+  [[nodiscard, gnu::always_inline]] V* find(Key key) const noexcept {
     const Array* a = current_.load(std::memory_order_acquire);
     const std::size_t mask = a->mask;
     for (std::size_t i = home(key) & mask, n = 0; n <= mask; i = (i + 1) & mask, ++n) {
