@@ -217,75 +217,74 @@ class HeldFileSim : public SimBackend {
   }
 };
 
-TEST(CapiDiskTier, ProgressIsReadableFromAnotherThreadWhileASleepAndAWakeRun) {
+/// The C API's allocator on a HeldFileSim whose backups beyond 1 MiB go to a fresh directory.
+struct HeldDiskTier {
+  HeldDiskTier() {
+    SimBackend::Options o;
+    o.capacity = 256 * MiB;
+    sim = std::make_shared<HeldFileSim>(o);
+    (void)detail::capi_exchange_allocator(std::make_unique<Allocator>(
+        Config::parse("backend:sim,backup_host_mb:1,backup_dir:" + dir.path()), sim));
+  }
+  ~HeldDiskTier() { (void)detail::capi_exchange_allocator(nullptr); }
+  /// A sleep and then a wake of `tag` on another thread, each held at its fourth file call:
+  /// meanwhile stitch_backup_progress says which runs (1, 2) and how far of `bytes`; before and
+  /// after, none.
+  void expect_progress_while_held(const char* tag, std::uint64_t bytes);
+
   test::BackupDir dir;
-  SimBackend::Options o;
-  o.capacity = 256 * MiB;
-  auto sim = std::make_shared<HeldFileSim>(o);
-  (void)detail::capi_exchange_allocator(std::make_unique<Allocator>(
-      Config::parse("backend:sim,backup_host_mb:1,backup_dir:" + dir.path()), sim));
+  std::shared_ptr<HeldFileSim> sim;
+};
+
+void HeldDiskTier::expect_progress_while_held(const char* tag, std::uint64_t bytes) {
+  HeldFileSim& sim = *this->sim;
+  std::uint64_t done = 1, total = 1;
+  EXPECT_EQ(stitch_backup_progress(0, &done, &total), 0) << "nothing runs";
+  for (const int op : {1, 2}) {
+    std::thread call([&] {
+      EXPECT_EQ(op == 1 ? stitch_sleep(0, tag, nullptr) : stitch_wake(0, tag), 0) << stitch_last_error();
+    });
+    for (int i = 0; i < 10000 && !sim.held; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_TRUE(sim.held) << "the fourth file call never came";
+    if (sim.held) {
+      EXPECT_EQ(stitch_backup_progress(0, &done, &total), op);
+      EXPECT_EQ(total, bytes);
+      EXPECT_GT(done, 0u);
+      EXPECT_LT(done, total);
+    }
+    sim.seen = true;
+    call.join();
+    EXPECT_EQ(stitch_backup_progress(0, &done, &total), 0);
+  }
+}
+
+TEST(CapiDiskTier, ProgressIsReadableFromAnotherThreadWhileASleepAndAWakeRun) {
+  HeldDiskTier t;
   ASSERT_EQ(stitch_region_begin("weights", STITCH_REGION_BACKUP), 0);
   void* p = stitch_malloc(16 * MiB, 0, nullptr);
   ASSERT_EQ(stitch_region_end(), 0);
   ASSERT_NE(p, nullptr);
   write_pattern(p, 16 * MiB, 5);
-  std::uint64_t done = 1, total = 1;
-  EXPECT_EQ(stitch_backup_progress(0, &done, &total), 0) << "nothing runs";
-  for (const int op : {1, 2}) {
-    std::thread call([&] {
-      EXPECT_EQ(op == 1 ? stitch_sleep(0, "weights", nullptr) : stitch_wake(0, "weights"), 0) << stitch_last_error();
-    });
-    for (int i = 0; i < 10000 && !sim->held; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    ASSERT_TRUE(sim->held) << "the fourth file call never came";
-    EXPECT_EQ(stitch_backup_progress(0, &done, &total), op);
-    EXPECT_EQ(total, 16 * MiB);
-    EXPECT_GT(done, 0u);
-    EXPECT_LT(done, total);
-    sim->seen = true;
-    call.join();
-    EXPECT_EQ(stitch_backup_progress(0, &done, &total), 0);
-  }
+  t.expect_progress_while_held("weights", 16 * MiB);
   EXPECT_TRUE(pattern_intact(p, 16 * MiB, 5));
   EXPECT_EQ(stitch_stat(0, "backup_file_bytes.current"), 0);
   EXPECT_GT(stitch_stat(0, "backup_file_bytes.peak"), static_cast<std::int64_t>(14 * MiB));
   stitch_free(p, 16 * MiB, 0, nullptr);
-  (void)detail::capi_exchange_allocator(nullptr);
 }
 
 TEST(CapiDiskTier, AKvPoolsFileReportsItsProgressToo) {
-  test::BackupDir dir;
-  SimBackend::Options o;
-  o.capacity = 256 * MiB;
-  auto sim = std::make_shared<HeldFileSim>(o);
-  (void)detail::capi_exchange_allocator(std::make_unique<Allocator>(
-      Config::parse("backend:sim,backup_host_mb:1,backup_dir:" + dir.path()), sim));
+  HeldDiskTier t;
   stitch_kv_pool* pool = stitch_kv_create(0, 2, 1 * MiB, 16, "kv-progress", STITCH_REGION_BACKUP);
   ASSERT_NE(pool, nullptr) << stitch_last_error();
   std::int64_t ids[8];
   ASSERT_EQ(stitch_kv_alloc(pool, 8, ids), 0) << stitch_last_error();  // 8 MiB in each buffer
   for (int b = 0; b < 2; ++b) write_pattern(stitch_kv_buffer(pool, b), 8 * MiB, 11 + b);
-  std::uint64_t done = 1, total = 1;
-  for (const int op : {1, 2}) {
-    std::thread call([&] {
-      EXPECT_EQ(op == 1 ? stitch_sleep(0, "kv-progress", nullptr) : stitch_wake(0, "kv-progress"), 0)
-          << stitch_last_error();
-    });
-    for (int i = 0; i < 10000 && !sim->held; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    ASSERT_TRUE(sim->held) << "the fourth file call never came";
-    EXPECT_EQ(stitch_backup_progress(0, &done, &total), op);
-    EXPECT_EQ(total, 16 * MiB);
-    EXPECT_GT(done, 0u);
-    EXPECT_LT(done, total);
-    sim->seen = true;
-    call.join();
-    EXPECT_EQ(stitch_backup_progress(0, &done, &total), 0);
-  }
+  t.expect_progress_while_held("kv-progress", 16 * MiB);
   for (int b = 0; b < 2; ++b) EXPECT_TRUE(pattern_intact(stitch_kv_buffer(pool, b), 8 * MiB, 11 + b));
   EXPECT_EQ(stitch_stat(0, "backup_file_bytes.current"), 0);
   EXPECT_EQ(stitch_stat(0, "backup_file_bytes.peak"), static_cast<std::int64_t>(16 * MiB));
   EXPECT_EQ(stitch_kv_free(pool, ids, 8), 0);
   EXPECT_EQ(stitch_kv_destroy(pool), 0);
-  (void)detail::capi_exchange_allocator(nullptr);
 }
 
 }  // namespace
