@@ -46,7 +46,7 @@ void give(std::atomic<std::size_t>& counter, std::size_t bytes) noexcept {
   counter.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
-std::uint64_t align_up(std::uint64_t n) noexcept { return (n + kAlign - 1) / kAlign * kAlign; }
+std::uint64_t align_up(std::uint64_t n) noexcept { return file_bytes_for(n); }
 
 /// "No space left on device (ENOSPC)".
 std::string errno_text(int e) {
@@ -222,6 +222,21 @@ void settle(Backend& backend, int device) noexcept {
 }
 
 }  // namespace
+
+std::uint64_t file_bytes_for(std::uint64_t bytes) noexcept { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+std::string host_cap_text(std::size_t cap) {
+  if (cap == 0) return {};
+  return fmt::format(" (backup_host_mb caps the backups at {}, {} in use)", bytes_text(cap),
+                     bytes_text(backup_host_in_use()));
+}
+
+void rethrow_with(const std::exception& e, const std::string& suffix) {
+  const std::string message = std::string(e.what()) + suffix;
+  if (dynamic_cast<const out_of_memory*>(&e) != nullptr) throw out_of_memory(message);
+  if (dynamic_cast<const backend_error*>(&e) != nullptr) throw backend_error(message);
+  throw;
+}
 
 void* allocate_backup_host(Backend& backend, int device, std::size_t bytes, std::size_t cap) {
   if (!take(g_host, bytes, cap)) return nullptr;

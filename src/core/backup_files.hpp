@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <exception>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -32,6 +33,14 @@ void free_backup_host(Backend& backend, int device, void* p, std::size_t bytes) 
 
 /// "1.50 GiB (1610612736 bytes)": sizes in messages.
 [[nodiscard]] std::string bytes_text(std::uint64_t bytes);
+/// " (backup_host_mb caps the backups at 1.00 MiB (...), 1.00 MiB (...) in use)" for a refusal
+/// of pinned host memory under `cap`; empty without a cap.
+[[nodiscard]] std::string host_cap_text(std::size_t cap);
+/// Bytes a file takes for `bytes` of data (whole 4 KiB pages): what its budget counts.
+[[nodiscard]] std::uint64_t file_bytes_for(std::uint64_t bytes) noexcept;
+/// Inside a catch of `e`: throws it again with `suffix` added to its message, as the same kind
+/// (out_of_memory, backend_error); any other exception unchanged.
+[[noreturn]] void rethrow_with(const std::exception& e, const std::string& suffix);
 
 /// Takes `bytes` of file space for backups in `dir` from the process's budget: within
 /// backup_dir_mb (`cap`; 0: what the file system has free, statvfs). Throws out_of_memory naming

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string_view>
 #include <exception>
 #include <mutex>
 
@@ -457,12 +458,7 @@ void KvPools::sleep(const std::vector<std::uint16_t>& tags, const std::vector<st
         if (d_.config.backup_dir.empty())
           throw out_of_memory(fmt::format("{}: the host cannot give {} for KV pool {}'s backup{}; nothing was put to "
                                           "sleep (backup_dir sends what the host cannot hold to files: docs/sleep.md)",
-                                          what, bytes_text(bytes), k->id,
-                                          d_.config.backup_host_bytes != 0
-                                              ? fmt::format(" (backup_host_mb caps the backups at {}, {} in use)",
-                                                            bytes_text(d_.config.backup_host_bytes),
-                                                            bytes_text(backup_host_in_use()))
-                                              : std::string()));
+                                          what, bytes_text(bytes), k->id, host_cap_text(d_.config.backup_host_bytes)));
         back_up_to_file(*k, bytes, what);
         continue;
       }
@@ -481,12 +477,8 @@ void KvPools::sleep(const std::vector<std::uint16_t>& tags, const std::vector<st
     } catch (...) {
     }
     for (KvPool* k : backed) drop_backup(*k);
-    const std::string message = e.what();
-    if (message.find("nothing was put to sleep") != std::string::npos) throw;
-    const std::string said = message + "; nothing was put to sleep: every KV pool is awake with its data";
-    if (dynamic_cast<const out_of_memory*>(&e) != nullptr) throw out_of_memory(said);
-    if (dynamic_cast<const backend_error*>(&e) != nullptr) throw backend_error(said);
-    throw;
+    if (std::string_view(e.what()).find("nothing was put to sleep") != std::string_view::npos) throw;
+    rethrow_with(e, "; nothing was put to sleep: every KV pool is awake with its data");
   } catch (...) {
     for (KvPool* k : backed) drop_backup(*k);
     throw;
@@ -504,8 +496,7 @@ void KvPools::sleep(const std::vector<std::uint16_t>& tags, const std::vector<st
 
 void KvPools::back_up_to_file(KvPool& k, std::size_t bytes, const std::string& what) {
   const std::string& dir = d_.config.backup_dir;
-  const std::uint64_t padded =
-      (bytes + Backend::kFileAlignment - 1) / Backend::kFileAlignment * Backend::kFileAlignment;
+  const std::uint64_t padded = file_bytes_for(bytes);
   take_file_budget(dir, padded, d_.config.backup_dir_bytes,
                    fmt::format("{}: KV pool {}'s backup of {} (pinned host memory took none)", what, k.id,
                                bytes_text(bytes)));
@@ -563,11 +554,14 @@ bool KvPools::wake(const std::vector<std::uint16_t>& tags) {
   // Pages under the live blocks, mapped again; all or nothing.
   std::vector<std::pair<KvPool*, std::size_t>> mapped;
   auto undo = [&]() noexcept {
+    for (auto& [k, p] : mapped) unmap_page(*k, p);
+  };
+  // After a failure among the copies: none may still write into pages about to go.
+  auto settle = [&]() noexcept {
     try {
-      d_.backend.synchronize_stream(d_.device, nullptr);  // no copy into pages about to go
+      d_.backend.synchronize_stream(d_.device, nullptr);
     } catch (...) {
     }
-    for (auto& [k, p] : mapped) unmap_page(*k, p);
   };
   try {
     for (KvPool* k : todo)
@@ -595,12 +589,11 @@ bool KvPools::wake(const std::vector<std::uint16_t>& tags) {
     }
     d_.backend.synchronize_stream(d_.device, nullptr);
   } catch (const std::exception& e) {
+    settle();
     undo();
-    const std::string said = std::string(e.what()) + "; nothing was mapped: the KV pools stay asleep with their backups, and the wake may be retried";
-    if (dynamic_cast<const out_of_memory*>(&e) != nullptr) throw out_of_memory(said);
-    if (dynamic_cast<const backend_error*>(&e) != nullptr) throw backend_error(said);
-    throw;
+    rethrow_with(e, "; nothing was mapped: the KV pools stay asleep with their backups, and the wake may be retried");
   } catch (...) {
+    settle();
     undo();
     throw;
   }

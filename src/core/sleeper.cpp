@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string_view>
 #include <exception>
 #include <limits>
 
@@ -166,9 +167,7 @@ std::size_t Sleeper::place_in_host(std::vector<Slept>& plan, bool disk) {
             "stitch_sleep: device {}: the host cannot give {} of pinned memory for the backups of {}{}; "
             "nothing was put to sleep ({})",
             device_, bytes_text(s.bytes), tag_text(s.segment->tag),
-            cap != 0 ? fmt::format(" (backup_host_mb caps the backups at {}, {} in use)", bytes_text(cap),
-                                   bytes_text(backup_host_in_use()))
-                     : std::string(),
+            host_cap_text(cap),
             config_.backup_dir.empty()
                 ? "backup_dir sends what the host cannot hold to files: docs/sleep.md"
                 : "nor the staging buffers that backup_dir's files need"));
@@ -219,8 +218,7 @@ void Sleeper::back_up(std::vector<Slept>& plan) {
       // The files: room for them all first, then one per range, written through the staging.
       std::uint64_t padded = 0;
       for (const Slept& s : plan)
-        if (s.bytes > s.host_bytes) padded += (s.bytes - s.host_bytes + Backend::kFileAlignment - 1) /
-                                              Backend::kFileAlignment * Backend::kFileAlignment;
+        if (s.bytes > s.host_bytes) padded += file_bytes_for(s.bytes - s.host_bytes);
       take_file_budget(dir, padded, config_.backup_dir_bytes,
                        fmt::format("{}: pinned host memory took {} of the {} of backups{}", what,
                                    bytes_text(total - rest), bytes_text(total),
@@ -262,13 +260,8 @@ void Sleeper::back_up(std::vector<Slept>& plan) {
     drop_staging_if_unused();
     progress_.stop();
     // Say that nothing changed (the files had no name: nothing stays in the directory).
-    const std::string suffix = "; nothing was put to sleep: every block is awake with its data";
-    const std::string message = std::string(e.what());
-    const bool said = message.find("nothing was put to sleep") != std::string::npos;
-    if (said) throw;
-    if (dynamic_cast<const out_of_memory*>(&e) != nullptr) throw out_of_memory(message + suffix);
-    if (dynamic_cast<const backend_error*>(&e) != nullptr) throw backend_error(message + suffix);
-    throw;
+    if (std::string_view(e.what()).find("nothing was put to sleep") != std::string_view::npos) throw;
+    rethrow_with(e, "; nothing was put to sleep: every block is awake with its data");
   } catch (...) {
     for (Slept& s : plan) free_host(s);
     drop_staging_if_unused();
