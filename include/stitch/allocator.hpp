@@ -276,7 +276,9 @@ class STITCH_EXPORT Allocator {
  private:
   friend class KvPool;  // registers its tag
   DeviceAllocator& checked_device(int device) const {
-    if (device < 0 || device >= device_count_) throw_bad_device(device);
+    // (one unsigned comparison: a negative device is a large one)
+    if (static_cast<unsigned>(device) >= static_cast<unsigned>(device_count_)) [[unlikely]]
+      throw_bad_device(device);
     return *devices_[static_cast<std::size_t>(device)];
   }
   [[noreturn]] void throw_bad_device(int device) const;
