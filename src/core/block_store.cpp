@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "core/assert.hpp"
 #include "core/constants.hpp"
 #include "stitch/errors.hpp"
 
@@ -475,12 +476,6 @@ void BlockStore::snapshot(int device, std::vector<SegmentSnapshot>& out, bool ol
   }
 }
 
-namespace {
-[[noreturn]] void broken(int device, const std::string& what) {
-  throw error(fmt::format("stitch invariant broken on device {}: {}", device, what));
-}
-}  // namespace
-
 StoreCount BlockStore::validate(int device, const std::function<bool(const Block*)>& live) const {
   StoreCount c;
   auto count = [](std::int64_t (&arr)[3], bool small, std::int64_t v) {
@@ -490,24 +485,24 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
   std::vector<const Block*> lent;      // lent blocks, found in their ranges
   std::vector<const Block*> borrowed;  // lent blocks, as the stitched ranges list them
   for (const Segment* s = segments_; s != nullptr; s = s->next) {
-    if (s->stitched && !s->expandable) broken(device, "a stitched segment is not expandable");
+    if (s->stitched && !s->expandable) invariant_broken(device, "a stitched segment is not expandable");
     if (s->shard == nullptr || s->shard->stream != s->stream || shards_.find(s->stream) != s->shard)
-      broken(device, "a segment's stream shard is not its stream's");
+      invariant_broken(device, "a segment's stream shard is not its stream's");
     if (s->pool != &const_cast<BlockStore*>(this)->pool_of(s) ||
         (s->private_pool != nullptr && s->pool != &s->private_pool->pool(s->small)) ||
         (s->private_pool == nullptr && s->tag == 0 && s->pool != &s->shard->pool(s->small)))
-      broken(device, "a segment files its blocks in another pool");
+      invariant_broken(device, "a segment files its blocks in another pool");
     if (s->private_pool != nullptr) {
       c.private_segments.push_back(s->private_pool);
       if (s->expandable != (s->tag != 0))
-        broken(device, "a private pool's segment is expandable without a tag, or plain with one");
+        invariant_broken(device, "a private pool's segment is expandable without a tag, or plain with one");
     }
-    if (!s->borrows.empty() && !s->stitched) broken(device, "a range that is not stitched borrows");
-    if (s->tag != 0 && !s->expandable) broken(device, "a tagged segment is not expandable");
+    if (!s->borrows.empty() && !s->stitched) invariant_broken(device, "a range that is not stitched borrows");
+    if (s->tag != 0 && !s->expandable) invariant_broken(device, "a tagged segment is not expandable");
     if (s->asleep && (s->tag == 0 || !s->borrows.empty()))
-      broken(device, "an asleep segment is untagged or borrows");
+      invariant_broken(device, "an asleep segment is untagged or borrows");
     if (s->tag != 0 && s->pages.stored() != 0 && const_cast<BlockStore*>(this)->pool_of(s).tag != s->tag)
-      broken(device, "a tagged segment is filed in another tag's pool");
+      invariant_broken(device, "a tagged segment is filed in another tag's pool");
     // Borrowed slots map a lent block's memory a second time: the same handle, the same pieces.
     for (const Borrow& b : s->borrows) {
       const Block* l = b.block;
@@ -518,33 +513,33 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
           s->pages.extent(b.slot) != b.count ||
           s->pages.handle(b.slot) != from->pages.handle(first) ||
           s->pages.piece(b.slot) != from->pages.piece(first))
-        broken(device, "borrowed slots do not map the lent block's memory");
+        invariant_broken(device, "borrowed slots do not map the lent block's memory");
       for (std::size_t k = 0; k < b.count; ++k)
         if (from->pages.handle(first + k) != s->pages.handle(b.slot) ||
             from->pages.piece(first + k) != s->pages.piece(b.slot) + k)
-          broken(device, "borrowed slots do not map the lent block's memory");
+          invariant_broken(device, "borrowed slots do not map the lent block's memory");
     }
     if (s->expandable) {
       const PageTable& t = s->pages;
       std::uint32_t host_slots = 0;
       if (s->page == 0 || s->size % s->page != 0 || t.slots() != s->size / s->page ||
           t.stored() > t.slots())
-        broken(device, "expandable segment page table is wrong");
+        invariant_broken(device, "expandable segment page table is wrong");
       for (std::size_t i = 0; i < t.stored();) {
         if (t.handle(i) == 0) {
-          if (t.extent(i) != 0) broken(device, "an unmapped page slot starts a handle");
+          if (t.extent(i) != 0) invariant_broken(device, "an unmapped page slot starts a handle");
           ++i;
           continue;
         }
         const std::size_t slots = t.extent(i);
         if (slots == 0 || i + slots > t.stored())
-          broken(device, "a mapped page slot is not covered by a whole handle");
+          invariant_broken(device, "a mapped page slot is not covered by a whole handle");
         for (std::size_t k = i + 1; k < i + slots; ++k)
           if (t.handle(k) != t.handle(i) || t.extent(k) != 0)
-            broken(device, "a handle's slots disagree");
+            invariant_broken(device, "a handle's slots disagree");
         if (t.host(i)) {
           // A spilled slot: a one-slot host page, counted apart from the device's memory.
-          if (slots != 1 || s->borrowed_at(i)) broken(device, "a host page covers more than its slot");
+          if (slots != 1 || s->borrowed_at(i)) invariant_broken(device, "a host page covers more than its slot");
           ++host_slots;
           c.spilled += static_cast<std::int64_t>(s->page);
         } else {
@@ -553,28 +548,28 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
         if (!s->borrowed_at(i)) c.handles.push_back(t.handle(i));
         i += slots;
       }
-      if (host_slots != s->spilled) broken(device, "a range's count of host pages is wrong");
+      if (host_slots != s->spilled) invariant_broken(device, "a range's count of host pages is wrong");
     } else {
       count(c.segment, s->small, 1);
       count(c.reserved, s->small, static_cast<std::int64_t>(s->size));
     }
-    if (s->head == nullptr || s->head->prev != nullptr) broken(device, "segment head is wrong");
+    if (s->head == nullptr || s->head->prev != nullptr) invariant_broken(device, "segment head is wrong");
     const BlockPool& pool = const_cast<BlockStore*>(this)->pool_of(s);
     const char* expect = s->base;
     const Block* prev = nullptr;
     for (const Block* b = s->head; b != nullptr; prev = b, b = b->next) {
-      if (b->segment != s) broken(device, "block points at the wrong segment");
-      if (b->prev != prev) broken(device, "block prev link is wrong");
+      if (b->segment != s) invariant_broken(device, "block points at the wrong segment");
+      if (b->prev != prev) invariant_broken(device, "block prev link is wrong");
       if (b->ptr != expect)
-        broken(device, fmt::format("blocks do not tile segment {}: gap or overlap at {}",
+        invariant_broken(device, fmt::format("blocks do not tile segment {}: gap or overlap at {}",
                                    static_cast<const void*>(s->base),
                                    static_cast<const void*>(b->ptr)));
       if (b->size == 0 || b->size % kMinBlockSize != 0)
-        broken(device, "block size not a multiple of 512");
+        invariant_broken(device, "block size not a multiple of 512");
       if (b->small != s->small || b->stream != s->stream || b->shard != s->shard)
-        broken(device, "block pool, stream or shard differs from its segment");
+        invariant_broken(device, "block pool, stream or shard differs from its segment");
       if ((b->event_count != 0) != (b->state == BlockState::pending))
-        broken(device, fmt::format("a {} block waits for {} events", to_string(b->state),
+        invariant_broken(device, fmt::format("a {} block waits for {} events", to_string(b->state),
                                    b->event_count));
       expect = b->ptr + b->size;
       const auto size = static_cast<std::int64_t>(b->size);
@@ -587,28 +582,28 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
         for (std::size_t i = first; i < end; ++i) {
           // Asleep, its blocks keep their states over pages given back.
           if (b->is_mapped() && !s->asleep && s->pages.handle(i) == 0)
-            broken(device, "a mapped block lies on an unmapped page");
+            invariant_broken(device, "a mapped block lies on an unmapped page");
           if (!b->is_mapped() && s->pages.handle(i) != 0)
-            broken(device, "an unmapped block lies on a mapped page");
+            invariant_broken(device, "an unmapped block lies on a mapped page");
           // A host page wholly under a free block goes back at that block's free.
           if (b->is_free() && s->pages.host(i) && b->ptr <= s->base + i * s->page &&
               s->base + (i + 1) * s->page <= b->ptr + b->size)
-            broken(device, "a host page lies wholly under a free block");
+            invariant_broken(device, "a host page lies wholly under a free block");
         }
       } else if (b->state == BlockState::unmapped || b->state == BlockState::lent) {
-        broken(device, fmt::format("a {} block in a plain segment", to_string(b->state)));
+        invariant_broken(device, fmt::format("a {} block in a plain segment", to_string(b->state)));
       }
       const bool indexed = b->is_free() && pool.index.contains(const_cast<Block*>(b));
       if (b->is_free() != indexed)
-        broken(device, "a free block is not in its pool's free index");
+        invariant_broken(device, "a free block is not in its pool's free index");
       if (b->state != BlockState::free && pool.index.contains(const_cast<Block*>(b)))
-        broken(device, fmt::format("a {} block is in the free index", to_string(b->state)));
+        invariant_broken(device, fmt::format("a {} block is in the free index", to_string(b->state)));
       if (live(b) != (b->state == BlockState::allocated))
-        broken(device, fmt::format("a {} block {} the live table", to_string(b->state),
+        invariant_broken(device, fmt::format("a {} block {} the live table", to_string(b->state),
                                    live(b) ? "is in" : "is missing from"));
       switch (b->state) {
         case BlockState::held:  // (the device lock files it first)
-          broken(device, "a held block under the device lock");
+          invariant_broken(device, "a held block under the device lock");
         case BlockState::lent:
           // Its memory counts where it is used: in the range that borrowed it.
           count(c.reserved, s->small, -size);
@@ -616,11 +611,11 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
           break;
         case BlockState::unmapped:
           if ((b->ptr - s->base) % static_cast<std::ptrdiff_t>(s->page) != 0 || b->size % s->page != 0)
-            broken(device, "unmapped block is not page aligned");
+            invariant_broken(device, "unmapped block is not page aligned");
           if (prev != nullptr && prev->state == BlockState::unmapped)
-            broken(device, "two adjacent unmapped blocks");
+            invariant_broken(device, "two adjacent unmapped blocks");
           if (pool.unmapped.count(const_cast<Block*>(b)) != 1)
-            broken(device, "unmapped block missing from the unmapped set");
+            invariant_broken(device, "unmapped block missing from the unmapped set");
           if (s->private_pool == nullptr) ++(s->tag != 0 ? c.tag_unmapped : c.unmapped_blocks[b->small ? 0 : 1]);
           break;
         case BlockState::allocated:
@@ -648,7 +643,7 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
             ++c.free_blocks[b->small ? 0 : 1];
           }
           if (prev != nullptr && prev->is_free())
-            broken(device, "two adjacent free blocks were not coalesced");
+            invariant_broken(device, "two adjacent free blocks were not coalesced");
           if (b->is_split() && !s->expandable) {
             count(c.inactive, b->small, 1);
             count(c.inactive_bytes, b->small, size);
@@ -656,35 +651,35 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
           break;
       }
     }
-    if (expect != s->base + s->size) broken(device, "blocks do not cover their segment");
+    if (expect != s->base + s->size) invariant_broken(device, "blocks do not cover their segment");
   }
   std::sort(lent.begin(), lent.end());
   std::sort(borrowed.begin(), borrowed.end());
-  if (lent != borrowed) broken(device, "a lent block is not borrowed by exactly one range");
+  if (lent != borrowed) invariant_broken(device, "a lent block is not borrowed by exactly one range");
   // Stitching moves handles between ranges: each must be mapped in exactly one page (besides
   // the second mapping of borrowed memory).
   std::sort(c.handles.begin(), c.handles.end());
   if (std::adjacent_find(c.handles.begin(), c.handles.end()) != c.handles.end())
-    broken(device, "a physical handle is mapped in two pages");
+    invariant_broken(device, "a physical handle is mapped in two pages");
   std::size_t indexed[2] = {}, unmapped[2] = {};
   for (const StreamShard* sh = shards_.first(); sh != nullptr; sh = sh->next.load(std::memory_order_relaxed)) {
     if (sh->small.owner != nullptr || sh->small.tag != 0 || !sh->small.small || sh->large.small)
-      broken(device, "a stream shard's pools are not the device's");
+      invariant_broken(device, "a stream shard's pools are not the device's");
     if (sh->small.parked != nullptr || sh->large.parked != nullptr)
-      broken(device, "a parked block under the device lock (it is indexed while the lock is held)");
+      invariant_broken(device, "a parked block under the device lock (it is indexed while the lock is held)");
     if (sh->small.held.block != nullptr || sh->large.held.block != nullptr)
-      broken(device, "a held block under the device lock (it is filed while the lock is held)");
+      invariant_broken(device, "a held block under the device lock (it is filed while the lock is held)");
     for (const BlockPool* p : {&sh->small, &sh->large}) {
       indexed[p->small ? 0 : 1] += p->index.size();
       unmapped[p->small ? 0 : 1] += p->unmapped.size();
       for (const Block* b : p->index)
-        if (b->shard != sh) broken(device, "a stream shard's index holds another stream's block");
+        if (b->shard != sh) invariant_broken(device, "a stream shard's index holds another stream's block");
     }
   }
   if (c.free_blocks[0] != indexed[0] || c.free_blocks[1] != indexed[1])
-    broken(device, "the free index holds blocks that are not free in any segment");
+    invariant_broken(device, "the free index holds blocks that are not free in any segment");
   if (c.unmapped_blocks[0] != unmapped[0] || c.unmapped_blocks[1] != unmapped[1])
-    broken(device, "the unmapped set holds blocks that are not unmapped in any segment");
+    invariant_broken(device, "the unmapped set holds blocks that are not unmapped in any segment");
   std::size_t tag_free = 0, tag_unmapped = 0;
   for (const auto& t : tag_pools_) {
     if (t == nullptr) continue;
@@ -692,7 +687,7 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
     tag_unmapped += t->small.unmapped.size() + t->large.unmapped.size();
   }
   if (c.tag_free != tag_free || c.tag_unmapped != tag_unmapped)
-    broken(device, "a region tag's pools hold blocks that are not in its segments");
+    invariant_broken(device, "a region tag's pools hold blocks that are not in its segments");
   return c;
 }
 

@@ -229,12 +229,6 @@ class BlockStore {
   std::vector<Block*> place(BlockPool& pool, Block* run, char* origin,
                             const std::vector<SeedBlock>& blocks);
 
-  // ---- the policy's questions --------------------------------------------------------------------
-  /// Whether a block of `bytes` counts as oversize (>= max_split_size).
-  [[nodiscard]] bool oversize(std::size_t bytes) const noexcept {
-    return bytes >= config_.max_split_size;
-  }
-
   // ---- queries ----------------------------------------------------------------------------------
   /// The largest free block of the streams' shares of the device's pools.
   [[nodiscard]] std::size_t largest_free_block() const;

@@ -20,9 +20,10 @@
 // - reports.hpp: what the device says about itself (statistics, snapshots, the trace observer);
 // - pool_routes.hpp: the entry points of private pools (routes, no-split, releases);
 // - kv_pools.hpp: the elastic paged KV caches (stitch_kv_*), drawing pages from the same budget.
-// Member functions by file: device_allocator.cpp (entry points, fast path), device_growth.cpp
-// (the out-of-memory ladder), device_oom.cpp (a failed request), device_validate.cpp (the
-// cross-checks of validate()), device_tagged.cpp (tagged allocations).
+// Member functions by file: device_allocator.cpp (entry points under the device lock; the cache
+// hit is core/cache_hit.*), device_growth.cpp (the out-of-memory ladder), device_oom.cpp (a failed
+// request), device_validate.cpp (the cross-checks of validate()), device_tagged.cpp (tagged
+// allocations).
 #pragma once
 
 #include <atomic>

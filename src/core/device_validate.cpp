@@ -7,25 +7,24 @@
 #include <cstdint>
 #include <mutex>
 
+#include "core/assert.hpp"
 #include "core/device_allocator.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch {
 
-namespace {
-[[noreturn]] void broken(int device, const std::string& what) {
-  throw error(fmt::format("stitch invariant broken on device {}: {}", device, what));
-}
+using detail::invariant_broken;
 
+namespace {
 void check_stat(int device, const char* name, const StatArray& have, const std::int64_t (&want)[3]) {
   static const char* kPools[3] = {"all", "small_pool", "large_pool"};
   for (int p = 0; p < 3; ++p)
     if (have[p].current != want[p])
-      broken(device, fmt::format("{}.{}.current is {} but a recount gives {}", name, kPools[p],
+      invariant_broken(device, fmt::format("{}.{}.current is {} but a recount gives {}", name, kPools[p],
                                  have[p].current, want[p]));
   for (int p = 0; p < 3; ++p)
     if (have[p].peak < have[p].current)
-      broken(device, fmt::format("{}.{}.peak {} is below its current value {}", name, kPools[p],
+      invariant_broken(device, fmt::format("{}.{}.peak {} is below its current value {}", name, kPools[p],
                                  have[p].peak, have[p].current));
 }
 }  // namespace
@@ -36,13 +35,13 @@ void DeviceAllocator::validate() const {
       store_.validate(device_, [this](const Block* b) {
         return live_.find(detail::LiveTable::key_of(b->ptr)) == b;
       });
-  if (c.allocated != live_.count()) broken(device_, "the live table holds unknown pointers");
+  if (c.allocated != live_.count()) invariant_broken(device_, "the live table holds unknown pointers");
   events_.validate(device_, c.pending_events, c.deferred);
   pools_.validate(c);
   // A handle waiting for its release (orphaned) is mapped nowhere.
   for (phys_handle_t h : pages_.orphans())
     if (std::binary_search(c.handles.begin(), c.handles.end(), h))
-      broken(device_, "an orphaned physical handle is still mapped in a page");
+      invariant_broken(device_, "an orphaned physical handle is still mapped in a page");
   const DeviceStats stats = stats_locked();
   // Stray ranges a sleep could not unmap are reserved until the retry unmaps them.
   detail::StoreCount counted = c;
@@ -56,7 +55,7 @@ void DeviceAllocator::validate() const {
   counted.reserved[0] += kv;
   counted.reserved[2] += kv;
   if (kv != stats.kv_bytes.current)
-    broken(device_, fmt::format("kv_bytes is {}, the pools map {}", stats.kv_bytes.current, kv));
+    invariant_broken(device_, fmt::format("kv_bytes is {}, the pools map {}", stats.kv_bytes.current, kv));
   kv_.validate();
   check_stat(device_, "allocation", stats.allocation, c.allocation);
   check_stat(device_, "segment", stats.segment, c.segment);
@@ -71,17 +70,17 @@ void DeviceAllocator::validate() const {
   // Allocated memory counts sleeping blocks, reserved memory does not.
   if (stats.reserved_bytes[kAll].current + stats.sleeping_bytes.current + stats.spilled_bytes.current <
       stats.allocated_bytes[kAll].current)
-    broken(device_, "reserved + sleeping + spilled bytes are less than allocated bytes");
+    invariant_broken(device_, "reserved + sleeping + spilled bytes are less than allocated bytes");
   const std::int64_t spilled = c.spilled + static_cast<std::int64_t>(kv_.spilled_bytes());
   if (spilled != stats.spilled_bytes.current)
-    broken(device_, fmt::format("spilled_bytes is {}, its recount {}", stats.spilled_bytes.current, spilled));
+    invariant_broken(device_, fmt::format("spilled_bytes is {}, its recount {}", stats.spilled_bytes.current, spilled));
   std::int64_t sleeping = 0;
   for (const detail::Segment* s = store_.segments(); s != nullptr; s = s->next)
     if (s->asleep)
       for (const Block* b = s->head; b != nullptr; b = b->next)
         if (b->state == detail::BlockState::allocated) sleeping += static_cast<std::int64_t>(b->size);
   if (sleeping != stats.sleeping_bytes.current)
-    broken(device_, fmt::format("sleeping_bytes is {}, its recount {}", stats.sleeping_bytes.current,
+    invariant_broken(device_, fmt::format("sleeping_bytes is {}, its recount {}", stats.sleeping_bytes.current,
                                 sleeping));
 }
 

@@ -9,6 +9,7 @@
 #include <exception>
 #include <mutex>
 
+#include "core/assert.hpp"
 #include "core/backup_files.hpp"
 #include "core/device_lock.hpp"
 #include "core/ledger.hpp"
@@ -938,9 +939,7 @@ void KvPools::validate() const {
   for (const auto& entry : pools_) {
     const int id = entry.first;
     const std::unique_ptr<KvPool>& k = entry.second;
-    auto broken = [&](const char* what) {
-      throw error(fmt::format("stitch invariant broken on device {}: KV pool {}: {}", d_.device, id, what));
-    };
+    auto broken = [&](const char* what) { invariant_broken(d_.device, fmt::format("KV pool {}: {}", id, what)); };
     std::vector<std::uint32_t> refs(k->pages, 0);
     std::size_t live = 0;
     for (std::size_t i = 0; i < k->max_blocks; ++i) {
@@ -983,8 +982,8 @@ void KvPools::validate() const {
   int files = 0;
   for (const auto& entry : pools_) files += entry.second->file.is_open() ? 1 : 0;
   if (files != residency_.sleeper().kv_files())
-    throw error(fmt::format("stitch invariant broken on device {}: {} KV backup files open, the staging buffers' "
-                            "count says {}", d_.device, files, residency_.sleeper().kv_files()));
+    invariant_broken(d_.device, fmt::format("{} KV backup files open, the staging buffers' count says {}",
+                                            files, residency_.sleeper().kv_files()));
 }
 
 }  // namespace stitch::detail

@@ -190,7 +190,7 @@ void PageMapper::release_or_orphan(phys_handle_t handle) noexcept {
     backend_.release_physical(device_, handle);
   } catch (...) {
     try {
-      orphans_.push_back(handle);  // retried by release_orphans
+      orphans_.push_back(handle);  // retried by retry()
     } catch (...) {
     }
   }

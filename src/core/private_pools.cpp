@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "core/assert.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch::detail {
@@ -69,9 +70,7 @@ bool PrivatePools::may_touch_device(const Block* block) {
 }
 
 void PrivatePools::validate(const StoreCount& count) const {
-  auto broken = [this](const char* what) {
-    throw error(fmt::format("stitch invariant broken on device {}: {}", device_, what));
-  };
+  auto broken = [this](const char* what) { invariant_broken(device_, what); };
   for (const PrivatePool* p : count.private_segments)
     if (pools_.count(p->id) == 0 || pools_.at(p->id).get() != p)
       broken("a segment belongs to a private pool the device does not have");

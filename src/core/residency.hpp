@@ -77,7 +77,6 @@ class Residency {
   [[nodiscard]] const std::vector<std::string>& tag_names() const noexcept { return tag_names_; }
   [[nodiscard]] Sleeper& sleeper() noexcept { return sleeper_; }
   [[nodiscard]] const Sleeper& sleeper() const noexcept { return sleeper_; }
-  [[nodiscard]] Spiller& spiller() noexcept { return spiller_; }
 
  private:
   /// Throws error when the device may not be synchronized for `what` (a sleep or a wake): a

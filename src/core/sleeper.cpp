@@ -9,6 +9,7 @@
 #include <exception>
 #include <limits>
 
+#include "core/assert.hpp"
 #include "stitch/errors.hpp"
 
 namespace stitch::detail {
@@ -515,17 +516,8 @@ void Sleeper::annotate(std::vector<SegmentSnapshot>& out, std::size_t from) cons
   }
 }
 
-std::size_t Sleeper::slept_bytes(std::uint16_t tag) const noexcept {
-  std::size_t n = 0;
-  for (const Slept& s : slept_)
-    if (tag == 0 || s.segment->tag == tag) n += s.mapped_bytes();
-  return n;
-}
-
 void Sleeper::validate(std::size_t other_file_bytes) const {
-  auto broken = [&](const char* what) {
-    throw error(fmt::format("stitch invariant broken on device {}: {}", device_, what));
-  };
+  auto broken = [this](const char* what) { invariant_broken(device_, what); };
   std::size_t asleep = 0;
   for (const Segment* s = store_.segments(); s != nullptr; s = s->next) {
     if (!s->asleep) continue;

@@ -116,15 +116,12 @@ class Sleeper {
   void kv_file_opened() noexcept { ++kv_files_; }
   void kv_file_closed() noexcept;
   [[nodiscard]] int kv_files() const noexcept { return kv_files_; }
-  /// How far the sleep or wake running on this device is (read without the device lock).
-  [[nodiscard]] const BackupProgress& progress() const noexcept { return progress_; }
-  /// The same, for the KV pools' files to report into (a pool's write or read is one operation).
+  /// How far the sleep or wake running on this device is (read without the device lock; the KV
+  /// pools' files report into it too: a pool's write or read is one operation).
   [[nodiscard]] BackupProgress& progress() noexcept { return progress_; }
   /// Adds where the backups of the sleeping blocks lie to the snapshot segments out[from...]
   /// (backup_host_bytes, backup_file_bytes).
   void annotate(std::vector<SegmentSnapshot>& out, std::size_t from) const;
-  /// Bytes of the mappings the sleeping ranges of `tag` had (0: of every tag).
-  [[nodiscard]] std::size_t slept_bytes(std::uint16_t tag = 0) const noexcept;
 
   /// Checks the sleeping ranges against the store (each asleep segment is recorded once, maps
   /// nothing, and its backups lie on its live blocks). Throws stitch::error.

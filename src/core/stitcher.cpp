@@ -396,11 +396,6 @@ std::size_t Stitcher::pages_within_reach(stream_t stream, std::size_t rounded) {
   return sup.found() + sup.borrowed;
 }
 
-bool Stitcher::could_stitch(stream_t stream, std::size_t rounded) {
-  const std::size_t page = pages_.granularity();
-  return pages_within_reach(stream, rounded) >= round_up(rounded, page) / page;
-}
-
 Block* Stitcher::stitch(BlockPool& pool, stream_t stream, std::size_t rounded, bool own_only) {
   const std::size_t page = pages_.granularity();
   const std::size_t pages = round_up(rounded, page) / page;

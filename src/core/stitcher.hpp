@@ -46,9 +46,6 @@ class Stitcher {
   /// (stitch_reuse_pages). False when the device or the memory fraction cannot give the fresh
   /// pages; nothing changed then.
   bool map_reused_pages(Block* target, std::size_t count);
-  /// Whether a stitch of `rounded` bytes of untagged memory for `stream` (from every stream,
-  /// fresh pages included) would find enough pages. Plans only: nothing moves.
-  [[nodiscard]] bool could_stitch(stream_t stream, std::size_t rounded);
   /// The granules such a stitch would find, up to what it needs: whole free pages, fresh pages,
   /// then borrowed ones (at most the shortfall). Plans only: nothing moves.
   [[nodiscard]] std::size_t pages_within_reach(stream_t stream, std::size_t rounded);

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "core/assert.hpp"
 #include "core/undo.hpp"
 #include "stitch/errors.hpp"
 
@@ -59,9 +60,7 @@ void StreamEvents::defer(Block* block) {
 
 void StreamEvents::validate(int device, std::size_t pending_events,
                             std::size_t deferred_blocks) const {
-  auto broken = [device](const char* what) {
-    throw error(fmt::format("stitch invariant broken on device {}: {}", device, what));
-  };
+  auto broken = [device](const char* what) { invariant_broken(device, what); };
   if (pending_events != outstanding_) broken("pending event count is wrong");
   if (deferred_blocks != deferred_.size()) broken("a deferred block is not in the deferred list");
   for (const Block* b : deferred_)

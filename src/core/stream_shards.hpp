@@ -1,7 +1,6 @@
 // core/stream_shards.hpp — StreamShards: the stream shards of one device (core/stream_shard.hpp):
-// found by stream without a lock, created under the device lock, listed in stream order (the
-// order of the old single free index, so every walk over the device's free blocks visits them as
-// before), and locked all at once by the device lock (core/device_lock.hpp).
+// found by stream without a lock, created under the device lock, listed in stream order, and
+// locked all at once by the device lock (core/device_lock.hpp).
 #pragma once
 
 #include <atomic>
@@ -36,14 +35,11 @@ class StreamShards {
   [[nodiscard]] const std::atomic<StreamShard*>& head() const noexcept { return head_; }
   /// The garbage-collection clocks of the device's pools, [small, large] (BlockPool::clock).
   [[nodiscard]] std::atomic<std::uint64_t>* clocks() noexcept { return clocks_; }
-  [[nodiscard]] const std::atomic<std::uint64_t>* clocks() const noexcept { return clocks_; }
 
   /// Takes every shard's lock (the device lock holds its own first; it then settles the shards'
   /// held and parked blocks, BlockStore::settle_all).
   void lock_all() noexcept;
   void unlock_all() noexcept;
-  /// Inside lock_all() .. unlock_all(): the device lock is held.
-  [[nodiscard]] bool all_locked() const noexcept { return all_locked_; }
 
  private:
   AtomicMap<StreamShard> table_{64};

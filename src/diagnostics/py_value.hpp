@@ -48,7 +48,6 @@ class PyValue {
   [[nodiscard]] bool is_int() const noexcept { return type_ == Type::integer; }
   [[nodiscard]] bool is_float() const noexcept { return type_ == Type::floating; }
   [[nodiscard]] bool is_string() const noexcept { return type_ == Type::string; }
-  [[nodiscard]] bool is_bytes() const noexcept { return type_ == Type::bytes; }
   [[nodiscard]] bool is_list() const noexcept { return type_ == Type::list; }
   [[nodiscard]] bool is_tuple() const noexcept { return type_ == Type::tuple; }
   [[nodiscard]] bool is_dict() const noexcept { return type_ == Type::dict; }

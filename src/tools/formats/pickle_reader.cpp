@@ -797,12 +797,6 @@ class Converter {
     if (v.is_wide()) fail(path, fmt::format("int {} does not fit in 64 bits", v.decimal()));
     return v.is_big() ? v.as_uint() : static_cast<std::uint64_t>(v.as_int());
   }
-  std::int64_t i64(const PyValue& v, const Path& path) const {
-    if (!v.is_int()) fail(path, fmt::format("expected int, got {}", v.type_name()));
-    if (v.is_big() || v.is_wide())
-      fail(path, fmt::format("int {} does not fit in a signed 64-bit integer", v.decimal()));
-    return v.as_int();
-  }
   /// Metadata: the value when it fits in int64, else `otherwise` (PyTorch writes an unknown line
   /// as 2^64 - 1).
   std::int64_t meta_i64(const PyValue& v, const Path& path, std::int64_t otherwise) const {

@@ -147,10 +147,6 @@ class Autograd {
   Tensor apply(const Op& op);
   /// The program drops its reference (the tensor goes when nothing saved it).
   void drop(Tensor t);
-  /// Within no_grad(), ops record nothing and save nothing (checkpointed forwards).
-  void set_grad_enabled(bool on) { grad_ = on; }
-  [[nodiscard]] bool grad_enabled() const { return grad_; }
-
   /// torch.utils.checkpoint (non-reentrant): runs `body` under no_grad and records one node that,
   /// in backward, runs `body` again with grad enabled and backpropagates through that recording
   /// before going on. `body` takes the segment's input and returns its output (with a reference).
@@ -164,8 +160,6 @@ class Autograd {
   void backward(Tensor loss);
 
   [[nodiscard]] std::size_t bytes(Tensor t) const;
-  [[nodiscard]] std::uintptr_t stream() const { return stream_; }
-  void set_stream(std::uintptr_t s) { stream_ = s; }
 
  private:
   struct TensorState {
