@@ -18,7 +18,9 @@
 // are under twice the newest).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -62,7 +64,7 @@ class AtomicMap {
   [[nodiscard, gnu::always_inline]] V* find(Key key) const noexcept {
     const Array* a = current_.load(std::memory_order_acquire);
     const std::size_t mask = a->mask;
-    for (std::size_t i = home(key) & mask, n = 0; n <= mask; i = (i + 1) & mask, ++n) {
+    for (std::size_t i = home(*a, key), n = 0; n <= mask; i = (i + 1) & mask, ++n) {
       const Key k = a->slots[i].key.load(std::memory_order_acquire);
       if (k == key) return a->slots[i].value.load(std::memory_order_acquire);
       if (k == kEmpty) return nullptr;
@@ -76,7 +78,7 @@ class AtomicMap {
   Slot* claim(Key key) noexcept {
     Array* a = current_.load(std::memory_order_acquire);
     const std::size_t mask = a->mask;
-    for (std::size_t i = home(key) & mask, n = 0; n < kProbeLimit && n <= mask; i = (i + 1) & mask, ++n) {
+    for (std::size_t i = home(*a, key), n = 0; n < kProbeLimit && n <= mask; i = (i + 1) & mask, ++n) {
       Key k = a->slots[i].key.load(std::memory_order_relaxed);
       if (k == key) return &a->slots[i];  // dormant: its own slot, no other writer
       if (k == kEmpty) {
@@ -110,7 +112,7 @@ class AtomicMap {
   bool erase(Key key) noexcept {
     Array* a = current_.load(std::memory_order_acquire);
     const std::size_t mask = a->mask;
-    for (std::size_t i = home(key) & mask, n = 0; n <= mask; i = (i + 1) & mask, ++n) {
+    for (std::size_t i = home(*a, key), n = 0; n <= mask; i = (i + 1) & mask, ++n) {
       const Key k = a->slots[i].key.load(std::memory_order_relaxed);
       if (k == key) {
         const bool live = a->slots[i].value.load(std::memory_order_relaxed) != nullptr;
@@ -170,27 +172,27 @@ class AtomicMap {
 
  private:
   struct Array {
-    std::size_t mask;
+    std::size_t mask;    ///< capacity - 1 (a power of two)
+    unsigned shift;      ///< 64 - log2(capacity): home() keeps the product's top bits
     std::unique_ptr<Slot[]> slots;
   };
 
   static std::unique_ptr<Array> make_array(std::size_t capacity) {
+    capacity = std::bit_ceil(std::max<std::size_t>(capacity, 2));  // (a shift below 64)
     auto a = std::make_unique<Array>();
     a->mask = capacity - 1;
+    a->shift = 64 - static_cast<unsigned>(std::countr_zero(capacity));
     a->slots = std::make_unique<Slot[]>(capacity);
     return a;
   }
-  static std::size_t home(Key key) noexcept {
-    // Block addresses are 512-byte aligned: mix the bits so neighbouring blocks spread out.
-    std::uint64_t x = key;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    return static_cast<std::size_t>(x);
+  /// The slot `key` is looked for from (Fibonacci hashing: the product's top bits depend on every
+  /// bit of the key, so block addresses, 512-byte aligned and near each other, spread out).
+  static std::size_t home(const Array& a, Key key) noexcept {
+    return static_cast<std::size_t>((static_cast<std::uint64_t>(key) * 0x9E3779B97F4A7C15ULL) >> a.shift);
   }
   /// Enters (k, v) in the first empty slot from k's home (no writer runs): value, then key.
   static void place(Array& a, Key k, V* v, Placed placed) noexcept {
-    std::size_t i = home(k) & a.mask;
+    std::size_t i = home(a, k);
     while (a.slots[i].key.load(std::memory_order_relaxed) != kEmpty) i = (i + 1) & a.mask;
     a.slots[i].value.store(v, std::memory_order_relaxed);
     a.slots[i].key.store(k, std::memory_order_release);
