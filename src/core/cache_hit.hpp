@@ -141,12 +141,13 @@ class CacheHit {
     const std::size_t requested = block->requested;
     if (block == shard->taken && block->ptr == ptr &&
         (expected_size == nullptr || *expected_size == requested) &&
-        (stream == nullptr || *stream == block->stream) &&
-        shard->pool(block->small).verdict.held == block &&
-        hot_.board() == shard->stats.seen) [[likely]] {
-      give_pair(*shard, shard->pool(block->small), block, requested);
-      shard->lock.unlock();
-      return {nullptr, true};
+        (stream == nullptr || *stream == block->stream)) [[likely]] {
+      if (BlockPool& pool = shard->pool(block->small);
+          pool.verdict.held == block && hot_.board() == shard->stats.seen) [[likely]] {
+        give_pair(*shard, pool, block, requested);
+        shard->lock.unlock();
+        return {nullptr, true};
+      }
     }
     return {block, false};
   }

@@ -25,10 +25,8 @@ class SpinLock {
     if (!locked_.exchange(true, std::memory_order_acquire)) return;
     lock_slow();
   }
-  bool try_lock() noexcept {
-    return !locked_.load(std::memory_order_relaxed) &&
-           !locked_.exchange(true, std::memory_order_acquire);
-  }
+  /// One exchange, as lock()'s first try (a caller that fails goes on to lock()).
+  bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
   void unlock() noexcept { locked_.store(false, std::memory_order_release); }
 
  private:
