@@ -107,7 +107,7 @@ CacheHit::Decision CacheHit::decide(StreamShard& shard, BlockPool& pool, Block* 
   store_.park(pool, rest);  // (the pairs change the rest without the tree)
   v.held = held;
   v.min_size = min_size;
-  v.max_size = max_size;
+  v.span = max_size - min_size;
   v.max_requested = slack[kRequestedBytes];
   v.merged = merged;
   v.split = !counts_splits ? HotStats::PairSplit::none

@@ -176,7 +176,7 @@ class CacheHit {
   /// Whether a pair under `v` serves a request of `size` bytes rounded to `rounded`.
   [[gnu::always_inline]] static bool fits(const PairVerdict& v, std::size_t rounded,
                                           std::size_t size) noexcept {
-    return rounded - v.min_size <= v.max_size - v.min_size &&
+    return rounded - v.min_size <= v.span &&
            static_cast<std::int64_t>(size) <= v.max_requested;
   }
   /// A pair's take: the front of the free block `held` ends in (held, then the parked block) for
@@ -204,6 +204,7 @@ class CacheHit {
     }
     ++shard.stats.hits;
     shard.taken = held;
+    if (held->ptr == nullptr) __builtin_unreachable();  // (a block's address: the caller tests none)
     return held->ptr;
   }
   /// A pair's free: `block`, the shard's taken block, held again in front of the parked block,

@@ -5,11 +5,11 @@
 // A held block H in front of the pool's parked block (both free memory: together one free block
 // M of `merged` bytes) serves a request of r bytes, in best-fit order, when no indexed block of
 // at least r bytes comes before M, M may serve r and the rest is split off: r lies in
-// [min_size, max_size]. Taking H's front and giving it back change the statistics by amounts
-// that depend only on r, the requested bytes and whether M is split; the verdict also bounds r
-// and the requested bytes by the shard's room under every peak (HotStats::slack), so no pair
-// can make a new peak and none looks at the peaks. The verdict holds until a change to its pool
-// other than a pair voids it (`held` cleared: the cache hit's plain paths, the device lock,
+// [min_size, min_size + span]. Taking H's front and giving it back change the statistics by
+// amounts that depend only on r, the requested bytes and whether M is split; the verdict also
+// bounds r and the requested bytes by the shard's room under every peak (HotStats::slack), so no
+// pair can make a new peak and none looks at the peaks. The verdict holds until a change to its
+// pool other than a pair voids it (`held` cleared: the cache hit's plain paths, the device lock,
 // StreamShard::touch), while the board of peaks (HotStats::board) is unchanged, and while the
 // other pool of its shard counts no more than `other` (the device-wide rooms assumed it: a plain
 // change there that passes it voids the verdict). While one pair is taken (the shard's `taken`
@@ -27,8 +27,8 @@ struct Block;
 
 struct PairVerdict {
   const Block* held = nullptr;   ///< the held block it was decided for (nullptr: none)
-  std::size_t min_size = 0;      ///< the rounded sizes a pair may take: [min_size, max_size]
-  std::size_t max_size = 0;
+  std::size_t min_size = 0;      ///< the rounded sizes a pair may take: [min_size, min_size + span]
+  std::size_t span = 0;
   std::int64_t max_requested = 0;  ///< the requested bytes a pair may count
   std::size_t merged = 0;        ///< bytes of M, the held block and the parked one after it
   /// What a take does to the inactive-split counters (the pair's free undoes it).
