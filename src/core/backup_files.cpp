@@ -46,8 +46,6 @@ void give(std::atomic<std::size_t>& counter, std::size_t bytes) noexcept {
   counter.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
-std::uint64_t align_up(std::uint64_t n) noexcept { return file_bytes_for(n); }
-
 /// "No space left on device (ENOSPC)".
 std::string errno_text(int e) {
   const char* name = nullptr;
@@ -303,7 +301,7 @@ void BackupFile::open(Backend& backend, int device, const std::string& in, std::
   fd = r;
   direct = d;
   dir = in;
-  size = align_up(bytes);
+  size = file_bytes_for(bytes);
   held = size;
 }
 
@@ -316,7 +314,7 @@ void BackupFile::close(Backend& backend, int device) noexcept {
 
 void BackupFile::discard(Backend& backend, int device, std::uint64_t offset, std::uint64_t bytes) noexcept {
   if (fd < 0) return;
-  const std::uint64_t from = align_up(offset);
+  const std::uint64_t from = file_bytes_for(offset);
   const std::uint64_t to = (offset + bytes) / kAlign * kAlign;
   if (to <= from) return;
   if (backend.discard_file(device, fd, from, to - from) != 0) return;  // kept until the close
@@ -383,7 +381,7 @@ void Staging::write(Backend& backend, int device, const std::vector<Extent>& ext
       });
       backend.synchronize_stream(device, nullptr);
       files.submit([&, buf, lo, n] {
-        move_all(backend, device, file, buf, static_cast<std::size_t>(align_up(n)), lo, what, /*write=*/true);
+        move_all(backend, device, file, buf, static_cast<std::size_t>(file_bytes_for(n)), lo, what, /*write=*/true);
         progress.add(n);
       });
     }

@@ -8,7 +8,6 @@
 
 #include "core/assert.hpp"
 #include "core/constants.hpp"
-#include "stitch/errors.hpp"
 
 namespace stitch::detail {
 

@@ -9,7 +9,6 @@
 
 #include "core/assert.hpp"
 #include "core/device_allocator.hpp"
-#include "stitch/errors.hpp"
 
 namespace stitch {
 

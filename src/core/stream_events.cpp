@@ -1,11 +1,8 @@
 // core/stream_events.cpp — StreamEvents: recording a freed block's events, and the event pool.
 #include "core/stream_events.hpp"
 
-#include <fmt/format.h>
-
 #include "core/assert.hpp"
 #include "core/undo.hpp"
-#include "stitch/errors.hpp"
 
 namespace stitch::detail {
 
