@@ -39,8 +39,7 @@ stream_t S(std::uintptr_t s) { return reinterpret_cast<stream_t>(s); }
 // ---- FreeIndex ------------------------------------------------------------------------------
 
 struct IndexFixture {
-  PoolAllocator<Block*>::Storage nodes;
-  FreeIndex index{&nodes};
+  FreeIndex index;
   std::vector<std::unique_ptr<Block>> blocks;
   Block* make(std::uintptr_t addr, std::size_t size, std::uintptr_t stream = 0) {
     blocks.push_back(std::make_unique<Block>(reinterpret_cast<char*>(addr), size, S(stream), nullptr, nullptr, false,
@@ -93,7 +92,7 @@ TEST(FreeIndex, ShrinkAndGrowKeepTheOrderWhetherOrNotTheNodeMoves) {
   auto it = f.index.begin();
   for (Block* b : model) {
     ASSERT_EQ(*it, b);
-    ASSERT_EQ(b->pos, it);
+    ASSERT_TRUE(f.index.contains(b));
     ++it;
   }
   for (int q = 0; q < 500; ++q) {
@@ -103,6 +102,60 @@ TEST(FreeIndex, ShrinkAndGrowKeepTheOrderWhetherOrNotTheNodeMoves) {
     const Block* expect = want != model.end() && (*want)->stream == stream ? *want : nullptr;
     auto got = f.index.best_fit(stream, size);
     EXPECT_EQ(got == f.index.end() ? nullptr : *got, expect);
+  }
+}
+
+/// The black height of the subtree at `b` (its links consistent, no red node under a red one,
+/// every path as black), or -1 where something is broken.
+int black_height(const Block* b, const Block* parent) {
+  if (b == nullptr) return 1;
+  if (b->tree.parent != parent) return -1;
+  if (b->tree.red && parent != nullptr && parent->tree.red) return -1;
+  const int left = black_height(b->tree.child[0], b);
+  const int right = black_height(b->tree.child[1], b);
+  if (left < 0 || left != right) return -1;
+  return left + (b->tree.red ? 0 : 1);
+}
+
+TEST(FreeIndex, InsertsAndErasesInAnyOrderKeepTheOrderBothWays) {
+  // Blocks filed and taken out at random (keys with many equal sizes and streams) against a
+  // std::set with the same order: forward and backward walks, lower bounds and the size agree,
+  // and the tree keeps the red-black rules (so its depth stays logarithmic).
+  IndexFixture f;
+  std::mt19937_64 rng(11);
+  std::vector<Block*> all;
+  for (int i = 0; i < 600; ++i)
+    all.push_back(f.make(0x100000 + static_cast<std::uintptr_t>(rng() % 100000) * 512 + static_cast<std::uintptr_t>(i),
+                         (1 + rng() % 16) * 512, rng() % 3));
+  std::set<Block*, FreeOrder> model;
+  for (int step = 0; step < 20000; ++step) {
+    Block* b = all[rng() % all.size()];
+    if (model.count(b) != 0) {
+      f.index.erase(b);
+      model.erase(b);
+    } else {
+      f.index.insert(b);
+      model.insert(b);
+    }
+    ASSERT_EQ(f.index.size(), model.size());
+    if (step % 97 != 0) continue;
+    std::vector<Block*> forward(f.index.begin(), f.index.end());
+    ASSERT_EQ(forward, std::vector<Block*>(model.begin(), model.end()));
+    std::vector<Block*> backward;
+    for (auto it = f.index.end(); it != f.index.begin();) backward.push_back(*--it);
+    ASSERT_EQ(backward, std::vector<Block*>(model.rbegin(), model.rend()));
+    for (Block* x : all) ASSERT_EQ(f.index.contains(x), model.count(x) != 0);
+    if (model.empty()) continue;
+    const Block* root = *model.begin();
+    while (root->tree.parent != nullptr) root = root->tree.parent;
+    ASSERT_FALSE(root->tree.red);
+    ASSERT_GT(black_height(root, nullptr), 0) << "a red-black rule broken after step " << step;
+  }
+  for (int q = 0; q < 2000; ++q) {
+    const FreeKey key{S(rng() % 3), (1 + rng() % 17) * 512, reinterpret_cast<const char*>(0x100000 + rng() % 50000000)};
+    auto want = model.lower_bound(key);
+    auto got = f.index.lower_bound(key);
+    ASSERT_EQ(got == f.index.end() ? nullptr : *got, want == model.end() ? nullptr : *want);
   }
 }
 

@@ -43,7 +43,6 @@ struct FreeOrder {
   inline bool operator()(const Block* a, const FreeKey& k) const noexcept;
   inline bool operator()(const FreeKey& k, const Block* b) const noexcept;
 };
-using FreeSet = std::set<Block*, FreeOrder, PoolAllocator<Block*>>;
 
 /// Ordering of unmapped blocks: (stream, address).
 struct AddressOrder {
@@ -125,7 +124,12 @@ struct Block {
   /// Its slot in the live table while allocated (AtomicMap: kept there by rebuilds), dormant
   /// after its free, until the address is allocated again.
   AtomicSlot<Block>* live_slot = nullptr;
-  FreeSet::iterator pos{};     ///< free: its position in the pool's FreeIndex
+  /// Free: its links in the pool's FreeIndex (a red-black tree, core/free_index.hpp).
+  struct TreeLinks {
+    Block* parent;
+    Block* child[2];
+    bool red;
+  } tree{};
 
   Block(char* p, std::size_t s, stream_t st, Segment* seg, StreamShard* sh, bool is_small,
         BlockState initial) noexcept

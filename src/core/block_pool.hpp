@@ -19,14 +19,14 @@ struct BlockPool {
   /// `gc_clock`: the clock it shares (the device's, for the streams' pools); nullptr: its own.
   BlockPool(PoolAllocator<Block*>::Storage* nodes, bool is_small, PrivatePool* of = nullptr,
             std::uint16_t tag_id = 0, std::atomic<std::uint64_t>* gc_clock = nullptr)
-      : index(nodes), unmapped(AddressOrder{}, PoolAllocator<Block*>(nodes)), nodes(nodes),
+      : unmapped(AddressOrder{}, PoolAllocator<Block*>(nodes)), nodes(nodes),
         small(is_small), owner(of), tag(tag_id), clock(gc_clock != nullptr ? gc_clock : &own_clock) {}
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
   FreeIndex index;
   UnmappedSet unmapped;  ///< expandable segments' unmapped ranges
-  /// The nodes of both (RawPool::reserve: a change that must not fail halfway reserves them).
+  /// The unmapped set's nodes (RawPool::reserve: a change that must not fail halfway reserves them).
   PoolAllocator<Block*>::Storage* nodes;
   /// A free block of the pool kept out of the index, or nullptr: the free block after the latest
   /// held one (the stream's last free), so that the pairs of a training loop (free, then allocate

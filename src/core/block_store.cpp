@@ -273,7 +273,7 @@ std::size_t BlockStore::best_fit_before(const BlockPool& pool, const Block* held
 void BlockStore::park(BlockPool& pool, Block* block) noexcept {
   if (pool.parked == block) return;
   pool.index.erase(block);
-  if (pool.parked != nullptr) pool.index.insert(pool.parked);  // (on the node just given back)
+  if (pool.parked != nullptr) pool.index.insert(pool.parked);
   pool.parked = block;
 }
 
@@ -329,7 +329,6 @@ Block* BlockStore::take_held(BlockPool& pool, stream_t stream, std::size_t round
   const bool was_split = held->prev != nullptr || (next != nullptr ? next->next : held->next) != nullptr;
   if (split && next == nullptr) {  // the rest needs a block of its own (may throw: nothing changed)
     held->shard->blocks.reserve(1);
-    if (pool.parked != nullptr) pool.index.reserve();
   }
   tick(pool);  // one best-fit lookup
   if (split) {
@@ -377,21 +376,20 @@ Block* BlockStore::take_held(BlockPool& pool, stream_t stream, std::size_t round
   return held;
 }
 
-void BlockStore::settle(BlockPool& pool) {
+void BlockStore::settle(BlockPool& pool) noexcept {
   const BlockPool::Held held = pool.held;
   if (held.block == nullptr) return;
-  pool.index.reserve();  // (filing it may index it: may throw, nothing changed)
   pool.held = BlockPool::Held{};
   // Filed as its free would have filed it (its statistics were counted then), and stamped then.
   coalesce(pool, held.block).survivor->gc_stamp = held.stamp;
 }
 
-void BlockStore::settle_all() {
+void BlockStore::settle_all() noexcept {
   for (StreamShard* s = shards_.first(); s != nullptr; s = s->next.load(std::memory_order_relaxed)) {
     for (BlockPool* pool : {&s->small, &s->large}) {
       settle(*pool);
       if (pool->parked != nullptr) {
-        pool->index.insert(pool->parked);  // (may throw: it stays parked)
+        pool->index.insert(pool->parked);
         pool->parked = nullptr;
       }
     }

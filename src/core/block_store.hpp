@@ -4,7 +4,7 @@
 // block (to unmap or lend them), mapping pages back in, and placing a recorded start state.
 //
 // The store owns the segment list and the region tags' pools; the device's pools are the stream
-// shards' (core/stream_shards.hpp), whose objects (blocks, index nodes) it draws from the
+// shards' (core/stream_shards.hpp), whose objects (blocks, unmapped-set nodes) it draws from the
 // segment's shard. It changes a block's state (BlockState) only along the transitions block.hpp
 // allows, asserting each, and it keeps the inactive-split statistics, which follow the shape, in
 // the block's shard. A change inside one stream's segments (best fit, take, file: the cache hit,
@@ -91,16 +91,16 @@ class BlockStore {
     STITCH_ASSERT(tag != 0, "the tag pools are of tags");
     if (tag > tag_pools_.size()) tag_pools_.resize(tag);
     std::unique_ptr<TagPools>& t = tag_pools_[tag - 1];
-    if (t == nullptr) t = std::make_unique<TagPools>(&index_nodes_, tag);
+    if (t == nullptr) t = std::make_unique<TagPools>(&unmapped_nodes_, tag);
     return small ? t->small : t->large;
   }
   /// The pool `segment`'s blocks are filed in: its private pool's, its tag's, or its stream's
   /// share of the device's.
   static BlockPool& pool_of(const Segment* segment) noexcept { return *segment->pool; }
   static BlockPool& pool_of(const Block* block) noexcept { return pool_of(block->segment); }
-  /// The index nodes of the tags' and the private pools' indexes (the streams' shards have their
-  /// own).
-  NodeStorage* nodes() noexcept { return &index_nodes_; }
+  /// The unmapped-set nodes of the tags' and the private pools' pools (the streams' shards have
+  /// their own).
+  NodeStorage* nodes() noexcept { return &unmapped_nodes_; }
   /// The newest segment (the list runs newest first through Segment::next).
   [[nodiscard]] Segment* segments() const noexcept { return segments_; }
   /// The free blocks of every stream's share of the device's small or large pool (tag 0), in
@@ -168,12 +168,10 @@ class BlockStore {
   /// it). Throws std::bad_alloc with nothing changed.
   Block* take(BlockPool& pool, Block* block, std::size_t rounded);
   /// Files `block` free, coalescing it with free neighbours; returns the block it ended in.
-  /// Throws std::bad_alloc with nothing changed.
-  Block* file(BlockPool& pool, Block* block);
+  Block* file(BlockPool& pool, Block* block) noexcept;
   /// A block whose free completed (its caller's free, or its last event): it leaves the active
   /// set (its requested bytes), forgets its other streams and is filed. Returns the free block.
-  /// Throws std::bad_alloc with nothing changed.
-  Block* file_freed(Block* block);
+  Block* file_freed(Block* block) noexcept;
 
   // ---- the cache hit's last free (BlockPool::held; the shard's lock) -----------------------------
   /// The cache hit frees `block` of `pool` (its other statistics counted by the caller, the pool
@@ -191,15 +189,13 @@ class BlockStore {
   /// every indexed one exactly when r is larger.
   [[nodiscard]] std::size_t best_fit_before(const BlockPool& pool, const Block* held) const;
   /// Parks the pool's free, indexed `block` (BlockPool::parked); the block parked before goes
-  /// back into the index, on the node `block` leaves (nothing is allocated).
+  /// back into the index.
   void park(BlockPool& pool, Block* block) noexcept;
-  /// Files the pool's held block, if any, as its free would have. Throws std::bad_alloc with
-  /// nothing changed.
-  void settle(BlockPool& pool);
+  /// Files the pool's held block, if any, as its free would have.
+  void settle(BlockPool& pool) noexcept;
   /// The device lock's: every stream pool's held block filed and parked block indexed, so that
-  /// every path under it sees the free blocks in the index. Throws std::bad_alloc (no node for an
-  /// index: the pools done so far stay done, the rest as they were).
-  void settle_all();
+  /// every path under it sees the free blocks in the index.
+  void settle_all() noexcept;
   /// Bytes [start, end) of `block`'s segment, whole pages inside the free `block`, become one
   /// block of state `to` (unmapped: merged with unmapped neighbours; lent); the rest stays free
   /// on either side. Returns the block.
@@ -251,7 +247,7 @@ class BlockStore {
     std::int64_t inactive_blocks, inactive_bytes;
   };
   /// file() but for the inactive-split statistics: the held block's filing, counted at its free.
-  Coalesced coalesce(BlockPool& pool, Block* block);
+  Coalesced coalesce(BlockPool& pool, Block* block) noexcept;
 
   /// A new block for the first `bytes` of `b`, linked in before it, in state `state`. `b` keeps
   /// its address and size: the caller moves them (through the free index when `b` is in it).
@@ -283,7 +279,7 @@ class BlockStore {
   const Config& config_;
   StreamShards& shards_;
   HotStats& hot_;
-  NodeStorage index_nodes_;  ///< for the tags' and private pools' indexes
+  NodeStorage unmapped_nodes_;  ///< for the tags' and private pools' unmapped sets
   /// The pools of a region tag (tagged segments that are not a private pool's).
   struct TagPools {
     TagPools(NodeStorage* nodes, std::uint16_t tag)
@@ -427,13 +423,13 @@ inline Block* BlockStore::take(BlockPool& pool, Block* block, std::size_t rounde
   return out;
 }
 
-inline Block* BlockStore::file(BlockPool& pool, Block* block) {
+inline Block* BlockStore::file(BlockPool& pool, Block* block) noexcept {
   const Coalesced c = coalesce(pool, block);
   account_inactive_change(c.survivor, c.inactive_blocks, c.inactive_bytes);
   return c.survivor;
 }
 
-inline BlockStore::Coalesced BlockStore::coalesce(BlockPool& pool, Block* block) {
+inline BlockStore::Coalesced BlockStore::coalesce(BlockPool& pool, Block* block) noexcept {
   // Coalesces a block with its free neighbours. A free neighbour survives (re-keyed in place, or
   // as the pool's parked block) and `block` is recycled, so the common case needs no tree insert.
   STITCH_ASSERT(may_become(block->state, BlockState::free), "file: a block that may become free");
@@ -441,7 +437,6 @@ inline BlockStore::Coalesced BlockStore::coalesce(BlockPool& pool, Block* block)
   // each merged neighbour (a free block in a split segment) leaves, the survivor joins.
   Block* prev = block->prev != nullptr && block->prev->is_free() ? block->prev : nullptr;
   Block* next = block->next != nullptr && block->next->is_free() ? block->next : nullptr;
-  if (prev == nullptr && next == nullptr) pool.index.reserve();  // (may throw: nothing changed)
   std::int64_t inactive_blocks = -static_cast<std::int64_t>((prev != nullptr) + (next != nullptr));
   std::int64_t inactive_bytes = -static_cast<std::int64_t>((prev != nullptr ? prev->size : 0) +
                                                            (next != nullptr ? next->size : 0));
@@ -497,9 +492,8 @@ inline BlockStore::Coalesced BlockStore::coalesce(BlockPool& pool, Block* block)
   return Coalesced{survivor, inactive_blocks, inactive_bytes};
 }
 
-inline Block* BlockStore::file_freed(Block* block) {
+inline Block* BlockStore::file_freed(Block* block) noexcept {
   BlockPool& pool = pool_of(block);
-  pool.index.reserve();  // (may throw: nothing changed)
   HotStats::inactive_block(block->shard->stats, block->small,
                            static_cast<std::int64_t>(block->requested));
   block->requested = 0;

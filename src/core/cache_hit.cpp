@@ -117,7 +117,7 @@ CacheHit::Decision CacheHit::decide(StreamShard& shard, BlockPool& pool, Block* 
 }
 
 CacheHit::Freed CacheHit::free_plain(Block& found, const void* ptr, const std::size_t* expected_size,
-                                     const stream_t* stream, std::size_t* actual_size) {
+                                     const stream_t* stream, std::size_t* actual_size) noexcept {
   Block* block = &found;
   StreamShard& shard = *block->shard;
   std::lock_guard guard(shard.lock, std::adopt_lock);
@@ -131,7 +131,7 @@ CacheHit::Freed CacheHit::free_plain(Block& found, const void* ptr, const std::s
       segment->pool != &pool || segment->asleep || segment->spilled != 0)
     return Freed::elsewhere;
   begin_plain(shard, pool);
-  // The stream's last free is filed first (may throw: nothing changed).
+  // The stream's last free is filed first.
   if (pool.held.block != nullptr) store_.settle(pool);
   LiveTable::publish(block->live_slot, nullptr);
   HotStats::hit_freed(shard.stats, block->small, static_cast<std::int64_t>(block->size),

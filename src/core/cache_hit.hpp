@@ -154,9 +154,9 @@ class CacheHit {
   /// A free of `ptr` that is not a pair's, as DeviceAllocator::free would do it, if the cache
   /// hit may (give() kept the lock of `found`'s shard; released here): checked, held
   /// (BlockStore::file_or_hold) and counted in full, or refused with nothing changed (wrong
-  /// size; elsewhere: the device lock looks). Throws std::bad_alloc with nothing changed.
+  /// size; elsewhere: the device lock looks).
   [[gnu::noinline]] Freed free_plain(Block& found, const void* ptr, const std::size_t* expected_size,
-                                     const stream_t* stream, std::size_t* actual_size);
+                                     const stream_t* stream, std::size_t* actual_size) noexcept;
 
   /// Calls fn(block) on the live block at `ptr` under its shard's lock. False, fn not called,
   /// when it is not found that way (the device lock looks again).

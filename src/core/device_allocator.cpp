@@ -159,9 +159,7 @@ void DeviceAllocator::record_deferred_events() {
 }
 
 void DeviceAllocator::complete_pending(Block* block) {
-  store_.pool_of(block).index.reserve();  // may throw: nothing changed (nothing below throws)
-  hot_.pending_done(block->small, static_cast<std::int64_t>(block->size));  // (before filing:
-  // file_freed cannot throw after its reserve, and the counters are the device's)
+  hot_.pending_done(block->small, static_cast<std::int64_t>(block->size));
   recorder_.trace(TraceAction::free_completed, block->ptr, block->requested, block->stream);
   detail::Segment* segment = block->segment;
   store_.file_freed(block);
@@ -193,7 +191,6 @@ FreeStatus DeviceAllocator::free_locked(void* ptr, const std::size_t* expected_s
   if (actual_size != nullptr) *actual_size = block->requested;
   if (expected_size != nullptr && *expected_size != block->requested)
     return FreeStatus::wrong_size;
-  store_.pool_of(block).index.reserve();  // filing cannot fail below (may throw: nothing changed)
   if (stream != nullptr) add_stream_use(*block, *stream);  // freed on another stream: its last use
   // Asleep: its backup goes (its memory is simply free at the wake).
   if (block->segment->asleep) residency_.sleeper().forget(block);

@@ -28,17 +28,12 @@ class DeviceLock {
 
   /// Takes the device's lock and every shard's, and files the cache hit's held blocks and
   /// indexes its parked ones (BlockStore::settle_all). Throws stitch::error in a forked child,
-  /// std::bad_alloc with nothing held.
+  /// with nothing held.
   void lock() {
     refuse_after_fork(generation_);
     spin_.lock();
     shards_.lock_all();
-    try {
-      store_.settle_all();
-    } catch (...) {
-      unlock();
-      throw;
-    }
+    store_.settle_all();
   }
   void unlock() noexcept {
     shards_.unlock_all();
