@@ -357,7 +357,7 @@ TEST(BlockState, OnlyTheLifecycleTransitionsAreAllowed) {
 TEST(BlockStore, TakesSplitsFilesAndCoalescesKeepingEveryInvariant) {
   StoreFixture f;
   BlockPool& small = f.store.pool(nullptr, true);
-  Block* seg = f.store.add_segment(f.store.prepare_segment(small, nullptr), small, nullptr, at(0x10000000), 2 * MiB, BlockState::free);
+  Block* seg = f.store.add_segment(f.store.prepare_segment(nullptr), small, nullptr, at(0x10000000), 2 * MiB, BlockState::free);
   EXPECT_EQ(seg->state, BlockState::free);
   f.check();
   Block* a = f.take(small, f.store.best_fit(small, nullptr, 4 * KiB), 4 * KiB);
@@ -384,7 +384,7 @@ TEST(BlockStore, TakesPagesOutMapsThemBackAndLendsThem) {
   StoreFixture f;
   BlockPool& large = f.store.pool(nullptr, false);
   const std::size_t page = 2 * MiB;
-  Segment* r = f.store.add_range(f.store.prepare_segment(large, nullptr), large, nullptr, at(0x40000000), 16 * page, page, false,
+  Segment* r = f.store.add_range(f.store.prepare_segment(nullptr), large, nullptr, at(0x40000000), 16 * page, page, false,
                                  BlockState::unmapped);
   EXPECT_TRUE(r->wholly_unmapped());
   f.check();
@@ -421,7 +421,7 @@ TEST(BlockStore, TakesPagesOutMapsThemBackAndLendsThem) {
 TEST(BlockStore, PlacesARecordedStartState) {
   StoreFixture f;
   BlockPool& large = f.store.pool(nullptr, false);
-  Block* seg = f.store.add_segment(f.store.prepare_segment(large, nullptr), large, nullptr, at(0x30000000), 20 * MiB, BlockState::free);
+  Block* seg = f.store.add_segment(f.store.prepare_segment(nullptr), large, nullptr, at(0x30000000), 20 * MiB, BlockState::free);
   const std::vector<SeedBlock> blocks = {
       {2 * MiB, 4 * MiB, 4 * MiB - 100}, {6 * MiB, 2 * MiB, 2 * MiB}, {30 * MiB, MiB, MiB}};
   const std::vector<Block*> placed = f.store.place(large, seg, seg->ptr, blocks);
@@ -443,7 +443,7 @@ TEST(BlockStore, PlacesARecordedStartState) {
 TEST(BlockStore, ValidateFindsWhatIsBroken) {
   StoreFixture f;
   BlockPool& small = f.store.pool(nullptr, true);
-  f.store.add_segment(f.store.prepare_segment(small, nullptr), small, nullptr, at(0x50000000), 2 * MiB, BlockState::free);
+  f.store.add_segment(f.store.prepare_segment(nullptr), small, nullptr, at(0x50000000), 2 * MiB, BlockState::free);
   Block* a = f.take(small, f.store.best_fit(small, nullptr, 4 * KiB), 4 * KiB);
   f.check();
   f.live.clear();  // the caller's live table lost it

@@ -1,5 +1,5 @@
-// Tests of the core's data structures on their own (src/core): FreeIndex (best fit, in-place
-// re-keying), AtomicMap (claims, tombstones, rebuilds, readers without a lock), ObjectPool and
+// Tests of the core's data structures on their own (src/core): FreeIndex and BlockTree (best fit,
+// in-place re-keying, the red-black rules), AtomicMap (claims, tombstones, rebuilds, readers without a lock), ObjectPool and
 // RawPool (reuse without the heap), the fast path's statistics (HotStats over several stream
 // shards against a naive model of the device-wide sums and peaks), PageTable, and the undo guard. The core's types have files of their own (block_store_test.cpp, ...).
 #include <gtest/gtest.h>
@@ -264,19 +264,6 @@ TEST(ObjectPool, RecyclesStorageAndConstructsAndDestroysObjects) {
   EXPECT_EQ(pool.create(7), last) << "the storage given back is the first reused";
   for (Counted* c : made) pool.destroy(c);
   EXPECT_EQ(live, 0);
-}
-
-TEST(ObjectPool, PoolAllocatorServesSetNodesFromItsStorage) {
-  PoolAllocator<int>::Storage storage;
-  std::set<int, std::less<>, PoolAllocator<int>> s{std::less<>{}, PoolAllocator<int>(&storage)};
-  for (int i = 0; i < 1000; ++i) s.insert(i * 7 % 1000);
-  EXPECT_EQ(s.size(), 1000u);
-  EXPECT_EQ(*s.begin(), 0);
-  for (int i = 0; i < 1000; i += 2) s.erase(i);
-  EXPECT_EQ(s.size(), 500u);
-  std::vector<int> many(5000, 1);  // n > 1 allocations go to operator new, not the node pool
-  std::vector<int, PoolAllocator<int>> v(many.begin(), many.end(), PoolAllocator<int>(&storage));
-  EXPECT_EQ(v.size(), 5000u);
 }
 
 // ---- the fast path's statistics ---------------------------------------------------------------

@@ -247,9 +247,8 @@ stream_t S(int n) { return reinterpret_cast<stream_t>(static_cast<std::uintptr_t
 
 TEST(PrivatePoolRoutes, TheNewestRouteThatAcceptsAStreamTakesItsAllocations) {
   SimBackend sim;
-  BlockStore::NodeStorage nodes;
-  PrivatePools pools(sim, 0, &nodes);
-  BlockPool device_small(&nodes, true);
+  PrivatePools pools(sim, 0);
+  BlockPool device_small(true);
   const PoolId one{1, 0}, two{2, 0};
   EXPECT_FALSE(pools.routing());
   EXPECT_EQ(&pools.route(S(1), true, device_small), &device_small);
@@ -285,8 +284,7 @@ TEST(PrivatePoolRoutes, TheNewestRouteThatAcceptsAStreamTakesItsAllocations) {
 
 TEST(PrivatePoolRoutes, TheDeviceIsNotTouchedDuringARouteOrACapture) {
   SimBackend sim;
-  BlockStore::NodeStorage nodes;
-  PrivatePools pools(sim, 0, &nodes);
+  PrivatePools pools(sim, 0);
   EXPECT_TRUE(pools.may_touch_device({S(1), S(2)}));
   sim.begin_capture(0, S(2));  // a capture stitch was not told about
   EXPECT_TRUE(pools.may_touch_device({S(1)}));
@@ -301,7 +299,7 @@ TEST(PrivatePoolRoutes, TheDeviceIsNotTouchedDuringARouteOrACapture) {
   EXPECT_FALSE(pools.may_touch_device({})) << "any route: a stream may be capturing";
   // A segment of a pool the device does not have is caught.
   StoreCount count;
-  PrivatePool stranger(PoolId{5, 5}, &nodes);
+  PrivatePool stranger(PoolId{5, 5});
   count.private_segments.push_back(&stranger);
   EXPECT_THROW(pools.validate(count), stitch::error);
 }

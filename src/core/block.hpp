@@ -7,11 +7,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <set>
 #include <vector>
 
 #include "core/assert.hpp"
-#include "core/object_pool.hpp"
 #include "core/page_table.hpp"
 #include "stitch/backend.hpp"
 
@@ -48,7 +46,6 @@ struct FreeOrder {
 struct AddressOrder {
   inline bool operator()(const Block* a, const Block* b) const noexcept;
 };
-using UnmappedSet = std::set<Block*, AddressOrder, PoolAllocator<Block*>>;
 
 /// Where a block is in its life. Exactly one holds at a time, and each says which set holds the
 /// block: the live table, the event queues, a pool's free index or unmapped set.

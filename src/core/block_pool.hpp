@@ -7,8 +7,8 @@
 #include <cstdint>
 
 #include "core/block.hpp"
+#include "core/block_tree.hpp"
 #include "core/free_index.hpp"
-#include "core/object_pool.hpp"
 #include "core/pair_verdict.hpp"
 
 namespace stitch::detail {
@@ -17,17 +17,14 @@ struct PrivatePool;
 
 struct BlockPool {
   /// `gc_clock`: the clock it shares (the device's, for the streams' pools); nullptr: its own.
-  BlockPool(PoolAllocator<Block*>::Storage* nodes, bool is_small, PrivatePool* of = nullptr,
-            std::uint16_t tag_id = 0, std::atomic<std::uint64_t>* gc_clock = nullptr)
-      : unmapped(AddressOrder{}, PoolAllocator<Block*>(nodes)), nodes(nodes),
-        small(is_small), owner(of), tag(tag_id), clock(gc_clock != nullptr ? gc_clock : &own_clock) {}
+  explicit BlockPool(bool is_small, PrivatePool* of = nullptr, std::uint16_t tag_id = 0,
+                     std::atomic<std::uint64_t>* gc_clock = nullptr)
+      : small(is_small), owner(of), tag(tag_id), clock(gc_clock != nullptr ? gc_clock : &own_clock) {}
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
   FreeIndex index;
-  UnmappedSet unmapped;  ///< expandable segments' unmapped ranges
-  /// The unmapped set's nodes (RawPool::reserve: a change that must not fail halfway reserves them).
-  PoolAllocator<Block*>::Storage* nodes;
+  BlockTree<AddressOrder> unmapped;  ///< expandable segments' unmapped ranges
   /// A free block of the pool kept out of the index, or nullptr: the free block after the latest
   /// held one (the stream's last free), so that the pairs of a training loop (free, then allocate
   /// the same size or another) split and merge it without touching the tree. Best fit weighs it as if

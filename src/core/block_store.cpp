@@ -36,10 +36,9 @@ BlockStore::FreeBlocks BlockStore::free_blocks(bool small, std::uint16_t tag) {
 
 // ---- segments -------------------------------------------------------------------------------------
 
-std::unique_ptr<Segment> BlockStore::prepare_segment(BlockPool& pool, stream_t stream) {
+std::unique_ptr<Segment> BlockStore::prepare_segment(stream_t stream) {
   StreamShard& shard = shards_.get(stream);
   shard.blocks.reserve(1);
-  pool.nodes->reserve(1);
   return std::make_unique<Segment>();
 }
 
@@ -58,7 +57,7 @@ Block* BlockStore::add_segment(std::unique_ptr<Segment> segment, BlockPool& pool
   segment->small = pool.small;
   segment->private_pool = pool.owner;
   segment->tag = pool.tag;
-  // (prepare_segment reserved the block and the entry: neither allocates)
+  // (prepare_segment reserved the block: nothing allocates)
   Block* block = shard.blocks.create(base, size, stream, segment.get(), &shard, pool.small, initial);
   if (initial == BlockState::free) {
     pool.index.insert(block);
@@ -611,7 +610,7 @@ StoreCount BlockStore::validate(int device, const std::function<bool(const Block
             invariant_broken(device, "unmapped block is not page aligned");
           if (prev != nullptr && prev->state == BlockState::unmapped)
             invariant_broken(device, "two adjacent unmapped blocks");
-          if (pool.unmapped.count(const_cast<Block*>(b)) != 1)
+          if (!pool.unmapped.contains(b))
             invariant_broken(device, "unmapped block missing from the unmapped set");
           if (s->private_pool == nullptr) ++(s->tag != 0 ? c.tag_unmapped : c.unmapped_blocks[b->small ? 0 : 1]);
           break;

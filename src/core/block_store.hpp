@@ -4,7 +4,7 @@
 // block (to unmap or lend them), mapping pages back in, and placing a recorded start state.
 //
 // The store owns the segment list and the region tags' pools; the device's pools are the stream
-// shards' (core/stream_shards.hpp), whose objects (blocks, unmapped-set nodes) it draws from the
+// shards' (core/stream_shards.hpp), whose Block objects it draws from the
 // segment's shard. It changes a block's state (BlockState) only along the transitions block.hpp
 // allows, asserting each, and it keeps the inactive-split statistics, which follow the shape, in
 // the block's shard. A change inside one stream's segments (best fit, take, file: the cache hit,
@@ -70,8 +70,6 @@ struct StoreCount {
 
 class BlockStore {
  public:
-  using NodeStorage = PoolAllocator<Block*>::Storage;
-
   class FreeBlocks;
 
   /// `config` (max_split_size, max_non_split_rounding, garbage_collection_threshold), `shards`
@@ -91,16 +89,13 @@ class BlockStore {
     STITCH_ASSERT(tag != 0, "the tag pools are of tags");
     if (tag > tag_pools_.size()) tag_pools_.resize(tag);
     std::unique_ptr<TagPools>& t = tag_pools_[tag - 1];
-    if (t == nullptr) t = std::make_unique<TagPools>(&unmapped_nodes_, tag);
+    if (t == nullptr) t = std::make_unique<TagPools>(tag);
     return small ? t->small : t->large;
   }
   /// The pool `segment`'s blocks are filed in: its private pool's, its tag's, or its stream's
   /// share of the device's.
   static BlockPool& pool_of(const Segment* segment) noexcept { return *segment->pool; }
   static BlockPool& pool_of(const Block* block) noexcept { return pool_of(block->segment); }
-  /// The unmapped-set nodes of the tags' and the private pools' pools (the streams' shards have
-  /// their own).
-  NodeStorage* nodes() noexcept { return &unmapped_nodes_; }
   /// The newest segment (the list runs newest first through Segment::next).
   [[nodiscard]] Segment* segments() const noexcept { return segments_; }
   /// The free blocks of every stream's share of the device's small or large pool (tag 0), in
@@ -113,8 +108,8 @@ class BlockStore {
 
   /// A new segment over [base, base + size) of `pool` and `stream`, linked in as the newest, with
   /// one block over all of it: free (filed in the index) or unmapped (a reserved range: filed in
-  /// the unmapped set). Returns the block. `space` is prepare_segment()'s, for `pool` and
-  /// `stream`: nothing here can fail.
+  /// the unmapped set). Returns the block. `space` is prepare_segment()'s, for `stream`: nothing
+  /// here can fail.
   Block* add_segment(std::unique_ptr<Segment> space, BlockPool& pool, stream_t stream, char* base,
                      std::size_t size, BlockState initial) noexcept;
   /// A new expandable range over the reserved [va, va + bytes), in page slots of `page` bytes
@@ -122,11 +117,11 @@ class BlockStore {
   /// whose pages the caller has just mapped and enters in its page table). As add_segment().
   Segment* add_range(std::unique_ptr<Segment> space, BlockPool& pool, stream_t stream, char* va,
                      std::size_t bytes, std::size_t page, bool stitched, BlockState initial) noexcept;
-  /// The host memory a new segment of `pool` and `stream` needs (the Segment, its stream's shard,
-  /// its first block and its index or unmapped-set entry), taken before the caller changes the
-  /// device (allocates, reserves, maps), so that adding the segment after that cannot fail.
-  /// Throws std::bad_alloc with nothing changed (the stream's shard may be made).
-  [[nodiscard]] std::unique_ptr<Segment> prepare_segment(BlockPool& pool, stream_t stream);
+  /// The host memory a new segment of `stream` needs (the Segment, its stream's shard and its
+  /// first block), taken before the caller changes the device (allocates, reserves, maps), so
+  /// that adding the segment after that cannot fail. Throws std::bad_alloc with nothing changed
+  /// (the stream's shard may be made).
+  [[nodiscard]] std::unique_ptr<Segment> prepare_segment(stream_t stream);
   /// Unlinks and deletes `segment`, whose one block is free or unmapped.
   void remove_segment(Segment* segment) noexcept;
 
@@ -209,14 +204,10 @@ class BlockStore {
   /// before and after it stay unmapped, and it becomes free: filed coalesced (`merge`), or alone
   /// in the index (a recorded start state placed next). Returns the block.
   Block* mapped(Block* block, char* at, std::size_t bytes, bool merge);
-  /// The next `blocks` new Block objects of `segment` and `nodes` entries of its pool's index or
-  /// unmapped set will not fail for want of host memory (std::bad_alloc here instead, nothing
-  /// changed): a caller about to change the device first (map, unmap) asks, so that the store's
-  /// change that follows cannot fail.
-  static void reserve(const Segment* segment, std::size_t blocks, std::size_t nodes) {
-    segment->shard->blocks.reserve(blocks);
-    segment->pool->nodes->reserve(nodes);
-  }
+  /// The next `blocks` new Block objects of `segment` will not fail for want of host memory
+  /// (std::bad_alloc here instead, nothing changed): a caller about to change the device first
+  /// (map, unmap) asks, so that the store's change that follows cannot fail.
+  static void reserve(const Segment* segment, std::size_t blocks) { segment->shard->blocks.reserve(blocks); }
   /// The lent `block`'s second mapping is gone: it is free again where it lies.
   Block* return_lent(Block* block);
   /// A recorded start state: `blocks` (offsets from `origin`, address order) are placed inside
@@ -279,11 +270,9 @@ class BlockStore {
   const Config& config_;
   StreamShards& shards_;
   HotStats& hot_;
-  NodeStorage unmapped_nodes_;  ///< for the tags' and private pools' unmapped sets
   /// The pools of a region tag (tagged segments that are not a private pool's).
   struct TagPools {
-    TagPools(NodeStorage* nodes, std::uint16_t tag)
-        : small(nodes, true, nullptr, tag), large(nodes, false, nullptr, tag) {}
+    explicit TagPools(std::uint16_t tag) : small(true, nullptr, tag), large(false, nullptr, tag) {}
     BlockPool small;
     BlockPool large;
   };

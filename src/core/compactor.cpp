@@ -70,7 +70,7 @@ bool Compactor::empty(const Candidate& c, bool stage) {
   const std::size_t page = s.page;
   // The store's change after the remap cannot fail (may throw here: nothing changed).
   const std::size_t runs = c.keep.size() + 1;
-  BlockStore::reserve(&s, 2 * runs, 3 * runs);
+  BlockStore::reserve(&s, 2 * runs);
   if (!pages_.remap(c.mapping, c.keep, stage)) return false;
   // Booked as what happened: the whole mapping unmapped, the kept runs mapped again.
   ledger_.unmapped(s, s.base + c.mapping.first * page, c.mapping.count * page);

@@ -233,7 +233,7 @@ class DeviceAllocator final : private detail::DeviceUpkeep {
   detail::CacheHit hits_{config_, shards_, store_, hot_, live_, mutex_.generation()};
   detail::PageMapper pages_{backend_, device_};
   detail::StreamEvents events_{backend_, device_};
-  detail::PrivatePools pools_{backend_, device_, store_.nodes()};
+  detail::PrivatePools pools_{backend_, device_};
   detail::PlainSegments plain_{backend_, device_, config_, store_, ledger_};
   detail::Stitcher stitcher_{store_, pages_, ledger_, stats_};
   detail::ExpandableRanges ranges_{config_, store_, pages_, ledger_, stitcher_};

@@ -39,7 +39,7 @@ Segment* ExpandableRanges::create(BlockPool& pool, stream_t stream, std::size_t 
   const std::size_t total = pages_.device_total();
   const std::size_t bytes =
       std::max(round_up(total + total / 8, page), round_up(min_bytes, page));
-  std::unique_ptr<Segment> space = store_.prepare_segment(pool, stream);  // (before the device)
+  std::unique_ptr<Segment> space = store_.prepare_segment(stream);  // (before the device)
   char* va = pages_.reserve(bytes, pages_.granularity());
   if (va == nullptr) return nullptr;
   return store_.add_range(std::move(space), pool, stream, va, bytes, page, false, BlockState::unmapped);
@@ -134,7 +134,7 @@ Block* ExpandableRanges::map_front(Block* target, std::size_t bytes, std::size_t
   Segment* segment = target->segment;
   if (!ledger_.fits(bytes)) return nullptr;
   const std::size_t first = static_cast<std::size_t>(target->ptr - segment->base) / segment->page;
-  BlockStore::reserve(segment, 2, 4);  // mapped() below cannot fail (may throw: nothing changed)
+  BlockStore::reserve(segment, 2);  // mapped() below cannot fail (may throw: nothing changed)
   if (!pages_.map(*segment, first, bytes / segment->page, unit / segment->page)) return nullptr;
   ledger_.mapped(*segment, target->ptr, bytes);
   return store_.mapped(target, target->ptr, bytes, /*merge=*/true);

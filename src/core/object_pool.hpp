@@ -77,34 +77,4 @@ class ObjectPool {
   RawPool<sizeof(T), alignof(T)> raw_;
 };
 
-/// A std::allocator replacement for node-based containers (std::set) that draws single nodes
-/// from a shared RawPool. Only n == 1 allocations are pooled; anything else uses operator new.
-template <typename T>
-class PoolAllocator {
- public:
-  using value_type = T;
-  static constexpr std::size_t kNodeBytes = 64;
-  using Storage = RawPool<kNodeBytes, alignof(std::max_align_t)>;
-
-  explicit PoolAllocator(Storage* storage) noexcept : storage_(storage) {}
-  template <typename U>
-  PoolAllocator(const PoolAllocator<U>& other) noexcept : storage_(other.storage_) {}  // NOLINT
-
-  T* allocate(std::size_t n) {
-    if (n == 1 && sizeof(T) <= kNodeBytes) return static_cast<T*>(storage_->get());
-    return static_cast<T*>(::operator new(n * sizeof(T)));
-  }
-  void deallocate(T* p, std::size_t n) noexcept {
-    if (n == 1 && sizeof(T) <= kNodeBytes) {
-      storage_->put(p);
-    } else {
-      ::operator delete(p);
-    }
-  }
-  template <typename U>
-  bool operator==(const PoolAllocator<U>& o) const noexcept { return storage_ == o.storage_; }
-
-  Storage* storage_;
-};
-
 }  // namespace stitch::detail

@@ -10,7 +10,7 @@ namespace stitch::detail {
 
 Block* PlainSegments::allocate(BlockPool& pool, stream_t stream, std::size_t bytes) {
   if (!ledger_.fits(bytes)) return nullptr;
-  std::unique_ptr<Segment> space = store_.prepare_segment(pool, stream);  // (before the device)
+  std::unique_ptr<Segment> space = store_.prepare_segment(stream);  // (before the device)
   void* ptr = backend_.allocate(device_, bytes);  // throws backend_error for non-OOM failures
   if (ptr == nullptr) return nullptr;
   Block* block =

@@ -15,9 +15,8 @@
 namespace stitch::detail {
 
 struct PrivatePool {
-  PrivatePool(PoolId pool_id, PoolAllocator<Block*>::Storage* nodes, std::uint16_t tag_id = 0,
-              bool keep = false)
-      : id(pool_id), small(nodes, true, this, tag_id), large(nodes, false, this, tag_id),
+  explicit PrivatePool(PoolId pool_id, std::uint16_t tag_id = 0, bool keep = false)
+      : id(pool_id), small(true, this, tag_id), large(false, this, tag_id),
         tag(tag_id), backup(keep) {}
   PoolId id;
   BlockPool small;

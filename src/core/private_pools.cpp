@@ -20,7 +20,7 @@ void PrivatePools::begin(PoolId id, StreamFilter filter, std::uint16_t tag, bool
   if (!filter) throw invalid_argument("begin_allocate_to_pool: the stream filter is empty");
   auto it = pools_.find(id);
   if (it == pools_.end()) {
-    it = pools_.emplace(id, std::make_unique<PrivatePool>(id, nodes_, tag, backup)).first;
+    it = pools_.emplace(id, std::make_unique<PrivatePool>(id, tag, backup)).first;
   } else {
     // A released pool that still held memory is in use again (PyTorch shares a pool between
     // graphs with graph_pool_handle()).

@@ -28,9 +28,8 @@ namespace stitch::detail {
 
 class PrivatePools {
  public:
-  /// Asks `backend` about `device`'s streams; the pools' free indexes draw nodes from `nodes`.
-  PrivatePools(Backend& backend, int device, BlockStore::NodeStorage* nodes) noexcept
-      : backend_(backend), device_(device), nodes_(nodes) {}
+  /// Asks `backend` about `device`'s streams.
+  PrivatePools(Backend& backend, int device) noexcept : backend_(backend), device_(device) {}
 
   /// Routes the allocations on the streams `filter` accepts to pool `id` (created at its first
   /// route, with region tag `tag` and `backup`; each begin is one use) until end(id). Throws
@@ -93,7 +92,6 @@ class PrivatePools {
  private:
   Backend& backend_;
   const int device_;
-  BlockStore::NodeStorage* nodes_;
   std::map<PoolId, std::unique_ptr<PrivatePool>> pools_;
   std::vector<PoolRoute> routes_;  ///< underway, oldest first
 };

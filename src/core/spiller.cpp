@@ -159,7 +159,7 @@ void Spiller::spill(const std::vector<Move>& plan) {
     for (; done < plan.size(); ++done) {
       const Move& m = plan[done];
       const std::size_t runs = m.keep.size() + 1;
-      BlockStore::reserve(m.mapping.segment, 2 * runs, 3 * runs);  // book() cannot fail
+      BlockStore::reserve(m.mapping.segment, 2 * runs);  // book() cannot fail
       if (!pages_.remap(m.mapping, m.keep, false, host[done].data()))
         throw out_of_memory(fmt::format("spill: device {}: no address space or memory for the "
                                         "remap's scratch range; nothing moved", device_));
@@ -195,7 +195,7 @@ void Spiller::spill(const std::vector<Move>& plan) {
 
 bool Spiller::unspill_slot(Segment& s, std::size_t i) {
   if (!ledger_.fits(s.page)) return false;
-  BlockStore::reserve(&s, 2, 3);
+  BlockStore::reserve(&s, 2);
   if (!pages_.remap(Mapping{&s, i, 1}, {SlotRun{i, 1}})) return false;
   book(Move{Mapping{&s, i, 1}, {SlotRun{i, 1}}, 1}, false);
   return true;
@@ -244,7 +244,7 @@ void Spiller::release_freed(Segment& s) {
   Block* b = nullptr;
   std::size_t first = 0, last = 0;
   if (!next_run(b, first, last)) return;
-  BlockStore::reserve(&s, 2, 3);  // (throws std::bad_alloc: kept until the next release)
+  BlockStore::reserve(&s, 2);  // (throws std::bad_alloc: kept until the next release)
   pages_.synchronize(s.stream);  // kernels queued before the free may still use the pages
   do {
     char* at = s.base + first * page;
@@ -256,7 +256,7 @@ void Spiller::release_freed(Segment& s) {
     s.spilled -= static_cast<std::uint32_t>(last - first);
     (void)pages_.release(s, first, last);  // (a release that fails is kept as an orphan)
     store_.take_pages(b, first * page, last * page, BlockState::unmapped);
-    BlockStore::reserve(&s, 2, 3);
+    BlockStore::reserve(&s, 2);
   } while (next_run(b, first, last));
 }
 

@@ -202,7 +202,7 @@ void Stitcher::move_out(const std::vector<Run>& plan, std::vector<MovedPage>& mo
   for (const Run& run : plan) pages += run.count;
   moved.reserve(moved.size() + pages);
   sources.reserve(sources.size() + plan.size());
-  for (const Run& run : plan) BlockStore::reserve(run.block->segment, 2 + 2 * pages, 3 + 4 * pages);
+  for (const Run& run : plan) BlockStore::reserve(run.block->segment, 2 + 2 * pages);
   for (const Run& run : plan) {
     Segment* s = run.block->segment;
     const std::size_t page = s->page;
@@ -420,8 +420,8 @@ Block* Stitcher::stitch(BlockPool& pool, stream_t stream, std::size_t rounded, b
   const bool sync_own = planned > 0;
   // The host memory of every step after the device's first change, taken first (std::bad_alloc
   // here: nothing changed): the new segment, and the lenders' blocks and borrows below.
-  std::unique_ptr<Segment> space = store_.prepare_segment(pool, stream);
-  for (const Lendable& b : borrow) BlockStore::reserve(b.segment, 2, 3);
+  std::unique_ptr<Segment> space = store_.prepare_segment(stream);
+  for (const Lendable& b : borrow) BlockStore::reserve(b.segment, 2);
   Segment table;  // the new range's page table, filled below and moved into its segment
   table.borrows.reserve(borrow.size() + planned);
   char* va = pages_.reserve(pages * page, page);  // throws: nothing changed

@@ -2,7 +2,7 @@
 //
 // A block never serves another stream than its segment's, so a stream's free blocks are a pool of
 // their own: the shard holds them (its two block pools, small and large, with their free indexes
-// and unmapped sets), the Block objects and unmapped-set nodes of its segments, and its share of the hot
+// and unmapped sets), the Block objects of its segments, and its share of the hot
 // statistics (core/hot_stats.hpp). The cache hit (core/cache_hit.hpp) takes only this lock, so
 // threads on different streams never meet, and threads on one stream are ordered by it exactly as
 // the device lock would order them. Everything else takes the device lock, which holds every
@@ -21,7 +21,7 @@ namespace stitch::detail {
 
 struct StreamShard {
   explicit StreamShard(stream_t s, std::atomic<std::uint64_t>* clocks) noexcept
-      : stream(s), small(&nodes, true, nullptr, 0, &clocks[0]), large(&nodes, false, nullptr, 0, &clocks[1]) {}
+      : stream(s), small(true, nullptr, 0, &clocks[0]), large(false, nullptr, 0, &clocks[1]) {}
   StreamShard(const StreamShard&) = delete;
   StreamShard& operator=(const StreamShard&) = delete;
 
@@ -29,7 +29,6 @@ struct StreamShard {
 
   alignas(64) SpinLock lock;
   alignas(64) const stream_t stream;
-  PoolAllocator<Block*>::Storage nodes;  ///< the unmapped sets' nodes
   ObjectPool<Block> blocks;              ///< the Block objects of the stream's segments
   BlockPool small, large;                ///< the stream's blocks of the device's pools
   ShardStats stats;
