@@ -22,10 +22,12 @@ void* CacheHit::allocate_plain(StreamShard& shard, std::size_t size, stream_t st
                                               : round_size(size, config_.roundup_power2_divisions);
   if (rounded >= max_split_) return nullptr;
   BlockPool& pool = shard.pool(is_small(rounded));
+  // A verdict that still holds for the held block knows where best fit puts a smaller request.
+  const bool below = pool.verdict.held == pool.held.block && rounded < pool.verdict.fit_min;
   begin_plain(shard, pool);
   Block* block = nullptr;
   if (Block* held = pool.held.block; held != nullptr) {
-    const Decision d = decide(shard, pool, held, rounded);
+    const Decision d = below ? Decision::elsewhere : decide(shard, pool, held, rounded);
     if (d == Decision::pair && fits(pool.verdict, rounded, size))
       return take_pair(shard, pool, held, rounded, size);
     // Taken back where best fit would put the request, else filed before anything else changes.
@@ -73,6 +75,7 @@ CacheHit::Decision CacheHit::decide(StreamShard& shard, BlockPool& pool, Block* 
       p != nullptr && p != rest && (p->size < merged || (p->size == merged && p->ptr < held->ptr)))
     min_size = std::max(min_size, p->size + 1);
   if (rounded < min_size) return Decision::elsewhere;
+  const std::size_t fit_min = min_size;
   // The rest is split off (BlockStore::should_split): at least 512 bytes in the small pool and
   // expandable segments, more than 1 MiB in plain large segments.
   const bool flexible = held->small || held->segment->expandable;
@@ -110,6 +113,7 @@ CacheHit::Decision CacheHit::decide(StreamShard& shard, BlockPool& pool, Block* 
   v.span = max_size - min_size;
   v.max_requested = slack[kRequestedBytes];
   v.merged = merged;
+  v.fit_min = fit_min;
   v.split = !counts_splits ? HotStats::PairSplit::none
              : merged_split ? HotStats::PairSplit::shrink
                             : HotStats::PairSplit::fresh;

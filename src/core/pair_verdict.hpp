@@ -31,6 +31,9 @@ struct PairVerdict {
   std::size_t span = 0;
   std::int64_t max_requested = 0;  ///< the requested bytes a pair may count
   std::size_t merged = 0;        ///< bytes of M, the held block and the parked one after it
+  /// The smallest rounded size best fit serves from M (min_size before the statistics' bounds):
+  /// while the verdict holds, a smaller request goes to an indexed block.
+  std::size_t fit_min = 0;
   /// What a take does to the inactive-split counters (the pair's free undoes it).
   HotStats::PairSplit split = HotStats::PairSplit::none;
   /// The other pool's counters when it was decided: the rooms it leaves assume no more there.
