@@ -152,12 +152,9 @@ class BlockTree {
   [[nodiscard]] Block* bound(const Key& key) const noexcept {
     Block* found = nullptr;
     for (Block* b = root_; b != nullptr;) {
-      if (Order{}(b, key)) {
-        b = b->tree.child[1];
-      } else {
-        found = b;
-        b = b->tree.child[0];
-      }
+      const bool right = Order{}(b, key);
+      found = right ? found : b;
+      b = b->tree.child[right ? 1 : 0];
     }
     return found;
   }
