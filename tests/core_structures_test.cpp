@@ -1,7 +1,8 @@
 // Tests of the core's data structures on their own (src/core): FreeIndex and BlockTree (best fit,
-// in-place re-keying, the red-black rules), AtomicMap (claims, tombstones, rebuilds, readers without a lock), ObjectPool and
-// RawPool (reuse without the heap), the fast path's statistics (HotStats over several stream
-// shards against a naive model of the device-wide sums and peaks), PageTable, and the undo guard. The core's types have files of their own (block_store_test.cpp, ...).
+// in-place re-keying, the red-black rules), AtomicMap (claims, tombstones, rebuilds, readers
+// without a lock), ObjectPool (reuse without the heap), the fast path's statistics (HotStats over
+// several stream shards against a naive model of the device-wide sums and peaks), PageTable, and
+// the undo guard. The core's types have files of their own (block_store_test.cpp, ...).
 #include <gtest/gtest.h>
 
 #include <algorithm>
