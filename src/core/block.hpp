@@ -123,7 +123,7 @@ struct Block {
   /// Its slot in the live table while allocated (AtomicMap: kept there by rebuilds), dormant
   /// after its free, until the address is allocated again.
   AtomicSlot<Block>* live_slot = nullptr;
-  /// Free: its links in the pool's FreeIndex (a red-black tree, core/free_index.hpp).
+  /// Free or unmapped: its links in its pool's free index or unmapped set (core/block_tree.hpp).
   struct TreeLinks {
     Block* parent;
     Block* child[2];

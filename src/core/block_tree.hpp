@@ -158,6 +158,7 @@ class BlockTree {
     }
     return found;
   }
+
  private:
   /// The link that points at `b`: its parent's child or the root.
   Block*& link_of(const Block* b) noexcept {
