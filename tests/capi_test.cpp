@@ -219,6 +219,43 @@ TEST(CApi, FreeOfAnUnknownPointerSetsTheErrorAndChangesNothing) {
   expect_rejected_free(others, &host, sizeof host, 0, "not a live allocation");
 }
 
+// A wrong size is refused the same way whichever path the free would take: the pair's taken
+// block (its free is a pair's when asked right), a block the hit's plain path frees, and one the
+// device lock frees (a block used on another stream). The error names the size it was allocated
+// with, and the block stays live.
+TEST(CApi, AWrongSizeIsRefusedOnEveryPathWithTheAllocatedSize) {
+  use_sim();
+  Bystanders others;
+  for (int route = 0; route < 3; ++route) {
+    void* p = stitch_malloc(1000, 0, stream(2));
+    ASSERT_NE(p, nullptr) << last_error();
+    if (route == 0) {  // a pair: freed, taken again
+      stitch_free(p, 1000, 0, stream(2));
+      p = stitch_malloc(1000, 0, stream(2));
+      ASSERT_NE(p, nullptr) << last_error();
+    } else if (route == 1) {  // a plain free: another block allocated after it
+      void* q = stitch_malloc(5000, 0, stream(2));
+      ASSERT_NE(q, nullptr) << last_error();
+      stitch_free(q, 5000, 0, stream(2));
+    } else {  // used on another stream: the device lock
+      ASSERT_EQ(stitch_record_stream(p, stream(3)), 0) << last_error();
+    }
+    fill(p, 1000, 9);
+    const std::int64_t live = stat("allocation.all.current");
+    const std::int64_t invalid = stat("num_invalid_frees");
+    stitch_free(p, 999, 0, stream(2));
+    EXPECT_TRUE(contains(last_error(), "allocated with size 1000; nothing was freed")) << route << ": " << last_error();
+    EXPECT_EQ(stat("num_invalid_frees"), invalid + 1) << route;
+    EXPECT_EQ(stat("allocation.all.current"), live) << route;
+    EXPECT_TRUE(intact(p, 1000, 9)) << route;
+    stitch_clear_error();
+    stitch_free(p, 1000, 0, stream(2));
+    EXPECT_EQ(last_error(), "") << route;
+    EXPECT_EQ(stat("allocation.all.current"), live - 1) << route;
+  }
+  EXPECT_TRUE(others.all_intact());
+}
+
 TEST(CApi, InteriorPointerFreeIsRejected) {
   use_sim();
   Bystanders others;

@@ -273,13 +273,27 @@ class STITCH_EXPORT Allocator {
   /// The per-device allocator (for diagnostics).
   [[nodiscard]] DeviceAllocator& device(int device) const;
 
+  // ---- for the entry points' cache hit (src/api/entry.hpp): internal, not for programs ------
+  /// The per-device allocator of `device`, or nullptr where there is none.
+  [[nodiscard]] DeviceAllocator* device_or_null(int device) const noexcept {
+    // (one unsigned comparison: a negative device is a large one)
+    if (static_cast<unsigned>(device) >= static_cast<unsigned>(device_count_)) [[unlikely]] return nullptr;
+    DeviceAllocator* d = devices_[static_cast<std::size_t>(device)].get();
+    if (d == nullptr) __builtin_unreachable();  // (every device has one: no test for it)
+    return d;
+  }
+  /// allocate() on `d` after the cache hit declined; `plain`: its plain path ran (else nothing
+  /// of it did).
+  [[nodiscard]] void* allocate_unhit(DeviceAllocator& d, bool plain, std::size_t bytes, stream_t stream);
+  /// deallocate(ptr, bytes, home's device, stream) after the cache hit declined; `plain`: its
+  /// plain path looked at the block (else nothing of it did).
+  void deallocate_unhit(DeviceAllocator& home, bool plain, void* ptr, std::size_t bytes, stream_t stream);
+
  private:
   friend class KvPool;  // registers its tag
   DeviceAllocator& checked_device(int device) const {
-    // (one unsigned comparison: a negative device is a large one)
-    if (static_cast<unsigned>(device) >= static_cast<unsigned>(device_count_)) [[unlikely]]
-      throw_bad_device(device);
-    return *devices_[static_cast<std::size_t>(device)];
+    if (DeviceAllocator* d = device_or_null(device)) [[likely]] return *d;
+    throw_bad_device(device);
   }
   [[noreturn]] void throw_bad_device(int device) const;
   void free_any_device(void* ptr, const stream_t* stream);

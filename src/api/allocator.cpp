@@ -14,6 +14,7 @@
 #include "core/region_stack.hpp"
 #include "core/size_policy.hpp"
 #include "config/keys.hpp"
+#include "api/entry.hpp"
 #include "core/device_allocator.hpp"
 #include "diagnostics/snapshot_writer.hpp"
 #include "replay/what_if.hpp"
@@ -64,19 +65,13 @@ void Allocator::throw_bad_device(int device) const {
 DeviceAllocator& Allocator::device(int device) const { return checked_device(device); }
 
 void* Allocator::allocate(std::size_t bytes, stream_t stream, int device) {
-  DeviceAllocator& d = checked_device(device);
-  // A pair of the cache hit first, without waiting for a lock another thread holds (so that a
-  // pair calls nothing); then the hit's plain path in the shard it locked; then all of malloc().
-  const detail::CacheHit::Taken t = d.hits().take<false>(bytes, stream);
-  if (t.ptr != nullptr) [[likely]] return t.ptr;
-  DeviceAllocator::Allocation a{nullptr, nullptr};
-  if (t.shard == nullptr) {
-    a = d.malloc(bytes, stream);
-  } else if (void* p = d.hits().allocate_plain(*t.shard, bytes, stream)) {
-    return p;
-  } else {
-    a = d.malloc_locked(bytes, stream);
-  }
+  return allocate_on(*this, checked_device(device), bytes, stream);
+}
+
+void* Allocator::allocate_unhit(DeviceAllocator& d, bool plain, std::size_t bytes, stream_t stream) {
+  // The device lock: at once where the plain path ran, else after the cache hit, waiting for
+  // the shard's lock this time (DeviceAllocator::malloc).
+  const DeviceAllocator::Allocation a = plain ? d.malloc_locked(bytes, stream) : d.malloc(bytes, stream);
   if (a.failure != nullptr) [[unlikely]] fail_allocation(a.failure);
   return a.ptr;
 }
@@ -142,23 +137,17 @@ void Allocator::free_any_device(void* ptr, const stream_t* stream) {
 
 void Allocator::deallocate(void* ptr, std::size_t bytes, int device, stream_t stream) {
   if (ptr == nullptr) return;
-  DeviceAllocator& home = checked_device(device);
-  // As allocate(): a pair's free, then the hit's plain path for the block it found, then free().
-  const detail::CacheHit::Given g = home.hits().give<false>(ptr, &bytes, &stream);
-  if (g.done) [[likely]] return;
+  deallocate_on(*this, checked_device(device), ptr, bytes, stream);
+}
+
+void Allocator::deallocate_unhit(DeviceAllocator& home, bool plain, void* ptr, std::size_t bytes,
+                                 stream_t stream) {
+  // As allocate_unhit(); the device lock also says why a free is refused.
   std::size_t actual = 0;
-  FreeStatus status = FreeStatus::freed;
-  if (g.found == nullptr) {
-    status = home.free(ptr, &bytes, &stream, &actual);
-  } else {
-    switch (home.hits().free_plain(*g.found, ptr, &bytes, &stream, &actual)) {
-      case detail::CacheHit::Freed::yes: return;
-      case detail::CacheHit::Freed::wrong_size: status = FreeStatus::wrong_size; break;
-      case detail::CacheHit::Freed::elsewhere: status = home.free_locked(ptr, &bytes, &stream, &actual);
-    }
-  }
+  const FreeStatus status = plain ? home.free_locked(ptr, &bytes, &stream, &actual)
+                                  : home.free(ptr, &bytes, &stream, &actual);
   if (status != FreeStatus::freed) [[unlikely]]
-    reject_sized_free(home, status == FreeStatus::wrong_size, ptr, bytes, device, actual);
+    reject_sized_free(home, status == FreeStatus::wrong_size, ptr, bytes, home.device(), actual);
 }
 
 void Allocator::reject_sized_free(DeviceAllocator& home, bool wrong_size, void* ptr,

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "api/entry.hpp"
 #include "capi/c_api_testing.hpp"
 #include "stitch/allocator.hpp"
 #include "stitch/backend.hpp"
@@ -169,6 +170,24 @@ R guarded(Fn&& fn, R fail) noexcept {
                  static_cast<stitch::Allocator*>(nullptr));
 }
 
+// stitch_malloc before the allocator exists, or for a device it does not have.
+[[gnu::noinline]] void* malloc_first(size_t size, int device, void* stream) noexcept {
+  stitch::Allocator* a = first_use();
+  if (a == nullptr) return nullptr;
+  return guarded([&]() -> void* { return a->allocate(size, stream, device); },
+                 static_cast<void*>(nullptr));
+}
+
+// stitch_free before the allocator exists, or for a device it does not have.
+[[gnu::noinline]] void free_first(void* ptr, size_t size, int device, void* stream) noexcept {
+  stitch::Allocator* a = first_use();
+  if (a == nullptr) return;
+  guarded([&] {
+    a->deallocate(ptr, size, device, stream);
+    return 0;
+  }, 0);
+}
+
 }  // namespace
 
 namespace stitch::detail {
@@ -187,25 +206,30 @@ Allocator& process_allocator() { return allocator(); }
 
 extern "C" {
 
-// stitch_malloc and stitch_free: with the allocator made, the call into it is all they do (no
-// register to keep across it: the cache hit's pair costs no frame here).
+// stitch_malloc and stitch_free: with the allocator made, the cache hit is inlined here
+// (api/entry.hpp), and only what it leaves makes one more call.
 void* stitch_malloc(size_t size, int device, void* stream) {
-  stitch::Allocator* a = g_allocator.load(std::memory_order_acquire);
-  if (a == nullptr) [[unlikely]] a = first_use();
-  if (a == nullptr) return nullptr;
-  return guarded([&]() -> void* { return a->allocate(size, stream, device); },
-                 static_cast<void*>(nullptr));
+  if (stitch::Allocator* a = g_allocator.load(std::memory_order_acquire)) [[likely]] {
+    if (stitch::DeviceAllocator* d = a->device_or_null(device)) [[likely]] {
+      return guarded([&]() -> void* { return stitch::allocate_on(*a, *d, size, stream); },
+                     static_cast<void*>(nullptr));
+    }
+  }
+  return malloc_first(size, device, stream);
 }
 
 void stitch_free(void* ptr, size_t size, int device, void* stream) {
   if (ptr == nullptr) return;
-  stitch::Allocator* a = g_allocator.load(std::memory_order_acquire);
-  if (a == nullptr) [[unlikely]] a = first_use();
-  if (a == nullptr) return;
-  guarded([&] {
-    a->deallocate(ptr, size, device, stream);
-    return 0;
-  }, 0);
+  if (stitch::Allocator* a = g_allocator.load(std::memory_order_acquire)) [[likely]] {
+    if (stitch::DeviceAllocator* d = a->device_or_null(device)) [[likely]] {
+      guarded([&] {
+        stitch::deallocate_on(*a, *d, ptr, size, stream);
+        return 0;
+      }, 0);
+      return;
+    }
+  }
+  free_first(ptr, size, device, stream);
 }
 
 int stitch_configure(const char* conf) {
