@@ -28,6 +28,18 @@
 
 #include "stitch/stats.hpp"
 
+// ThreadSanitizer, which sees no inline assembly (GCC defines the first, Clang has the second).
+#if defined(__SANITIZE_THREAD__)
+#define STITCH_HOT_STATS_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define STITCH_HOT_STATS_TSAN 1
+#endif
+#endif
+#ifndef STITCH_HOT_STATS_TSAN
+#define STITCH_HOT_STATS_TSAN 0
+#endif
+
 namespace stitch::detail {
 
 struct StreamShard;
@@ -56,7 +68,7 @@ class OwnedCounter {
   /// atomic store; only the owner writes). ThreadSanitizer builds keep set(), which it sees.
   template <int Sign>
   void add(std::int64_t n) noexcept {
-#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+#if defined(__x86_64__) && !STITCH_HOT_STATS_TSAN
     if constexpr (Sign > 0) {
       asm("addq %1, %0" : "+m"(v_) : "er"(n));
     } else {
