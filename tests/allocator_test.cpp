@@ -455,6 +455,43 @@ TEST_F(AllocatorTest, DevicesHaveSeparateCachesAndStatistics) {
   a().validate();
 }
 
+// deallocate(ptr) and deallocate(ptr, stream) try device 0's pair first, then its plain path,
+// then every device's cache hit and device lock: each route frees exactly its block.
+TEST_F(AllocatorTest, TheUnsizedFreeTakesEveryRouteOnEveryDevice) {
+  make("", GiB, 2);
+  auto live = [&](int d) { return st("allocation.all.current", d); };
+  // Device 0: a plain free, then the same size again and its free (a pair's take and give).
+  void* p = a().allocate(4 * KiB, S(1), 0);
+  a().deallocate(p);
+  const std::int64_t hits = st("num_cache_hits", 0);
+  void* q = a().allocate(4 * KiB, S(1), 0);
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(st("num_cache_hits", 0), hits + 1);  // (counts allocations)
+  a().deallocate(q, S(1));
+  EXPECT_EQ(live(0), 0);
+  // Device 0, a block used on another stream: its plain path declines, the device lock frees it
+  // (pending until the other stream's event completes).
+  void* r = a().allocate(4 * KiB, S(1), 0);
+  a().record_stream(r, S(2));
+  a().deallocate(r);
+  EXPECT_EQ(live(0), 0);
+  EXPECT_FALSE(a().find(r).has_value());
+  // Device 1: not found on device 0, freed by device 1's cache hit, then by its pair.
+  void* t = a().allocate(1 * MiB, S(1), 1);
+  a().deallocate(t);
+  const std::int64_t hits1 = st("num_cache_hits", 1);
+  void* u = a().allocate(1 * MiB, S(1), 1);
+  EXPECT_EQ(st("num_cache_hits", 1), hits1 + 1);
+  a().deallocate(u, S(1));
+  EXPECT_EQ(live(1), 0);
+  // A pointer live nowhere: refused, counted once, and nothing else changes.
+  const std::int64_t reserved = st("reserved_bytes.all.current", 0) + st("reserved_bytes.all.current", 1);
+  EXPECT_THROW(a().deallocate(u), invalid_argument);
+  EXPECT_EQ(st("num_invalid_frees", 0), 1);
+  EXPECT_EQ(st("reserved_bytes.all.current", 0) + st("reserved_bytes.all.current", 1), reserved);
+  a().validate();
+}
+
 TEST_F(AllocatorTest, BadDeviceIndexThrowsInvalidArgument) {
   make("", GiB, 2);
   EXPECT_THROW((void)a().allocate(1000, nullptr, 2), invalid_argument);

@@ -297,6 +297,9 @@ class STITCH_EXPORT Allocator {
   }
   [[noreturn]] void throw_bad_device(int device) const;
   void free_any_device(void* ptr, const stream_t* stream);
+  /// free_any_device() after device 0's pair declined (`found`: device 0's live block, whose
+  /// shard lock the pair kept; else nothing of it ran).
+  [[gnu::noinline]] void free_any_device_unhit(void* ptr, const stream_t* stream, detail::Block* found);
   [[noreturn]] void reject_free(DeviceAllocator& counter, std::string message) const;
   /// deallocate(ptr, bytes, device, stream) found no such allocation on `device` (or one of
   /// another size, `wrong_size`): says why (wrong size, another device, unknown) and throws.

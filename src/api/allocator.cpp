@@ -116,9 +116,22 @@ void Allocator::deallocate(void* ptr, stream_t stream) { free_any_device(ptr, &s
 
 void Allocator::free_any_device(void* ptr, const stream_t* stream) {
   if (ptr == nullptr) return;
-  // The cache hit first, on every device (no device lock is taken for another device's block),
-  // then the device lock of each, which also answers for a pointer that is not live anywhere.
-  for (int d = 0; d < device_count_; ++d) {
+  // Device 0's pair, which waits for no lock another thread holds: nothing else in this frame,
+  // so that the pair keeps its values in registers.
+  const detail::CacheHit::Given g = devices_[0]->hits().give<false>(ptr, nullptr, stream);
+  if (g.done) [[likely]] return;
+  free_any_device_unhit(ptr, stream, g.found);
+}
+
+void Allocator::free_any_device_unhit(void* ptr, const stream_t* stream, detail::Block* found) {
+  // Device 0's plain path, where its pair kept the block's shard lock.
+  if (found != nullptr && devices_[0]->hits().free_plain(*found, ptr, nullptr, stream, nullptr) ==
+                              detail::CacheHit::Freed::yes)
+    return;
+  // The cache hit on every device, waiting for its shard lock this time (no device lock is taken
+  // for another device's block; none where device 0's plain path declined its own block), then
+  // the device lock of each, which also answers for a pointer that is not live anywhere.
+  for (int d = found != nullptr ? device_count_ : 0; d < device_count_; ++d) {
     detail::CacheHit& hits = devices_[static_cast<std::size_t>(d)]->hits();
     const detail::CacheHit::Given g = hits.give(ptr, nullptr, stream);
     if (g.done || (g.found != nullptr && hits.free_plain(*g.found, ptr, nullptr, stream, nullptr) ==
