@@ -297,9 +297,13 @@ class STITCH_EXPORT Allocator {
   }
   [[noreturn]] void throw_bad_device(int device) const;
   void free_any_device(void* ptr, const stream_t* stream);
-  /// free_any_device() after device 0's pair declined (`found`: device 0's live block, whose
-  /// shard lock the pair kept; else nothing of it ran).
-  [[gnu::noinline]] void free_any_device_unhit(void* ptr, const stream_t* stream, detail::Block* found);
+  /// free_any_device() where `device`'s pair found its live block `found` and kept its shard
+  /// lock, but declined: the plain path, else free_any_device_locked().
+  [[gnu::noinline]] void free_any_device_unhit(void* ptr, const stream_t* stream, int device,
+                                               detail::Block* found);
+  /// free_any_device() past the cache hit: each device's hit again, waiting for the shard lock
+  /// (`hits_again`: no pair found the block, or a shard lock was busy), then each device lock.
+  [[gnu::noinline]] void free_any_device_locked(void* ptr, const stream_t* stream, bool hits_again);
   [[noreturn]] void reject_free(DeviceAllocator& counter, std::string message) const;
   /// deallocate(ptr, bytes, device, stream) found no such allocation on `device` (or one of
   /// another size, `wrong_size`): says why (wrong size, another device, unknown) and throws.

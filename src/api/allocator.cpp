@@ -116,28 +116,38 @@ void Allocator::deallocate(void* ptr, stream_t stream) { free_any_device(ptr, &s
 
 void Allocator::free_any_device(void* ptr, const stream_t* stream) {
   if (ptr == nullptr) return;
-  // Device 0's pair, which waits for no lock another thread holds: nothing else in this frame,
-  // so that the pair keeps its values in registers.
+  // Each device's pair (device 0's on its own: most programs have one device), waiting for no
+  // lock another thread holds. The frame calls nothing but what the pairs leave, so that a pair
+  // keeps its values in registers.
   const detail::CacheHit::Given g = devices_[0]->hits().give<false>(ptr, nullptr, stream);
   if (g.done) [[likely]] return;
-  free_any_device_unhit(ptr, stream, g.found);
+  if (g.found != nullptr) return free_any_device_unhit(ptr, stream, 0, g.found);
+  for (int d = 1; d < device_count_; ++d) {
+    const detail::CacheHit::Given h = devices_[static_cast<std::size_t>(d)]->hits().give<false>(ptr, nullptr, stream);
+    if (h.done) return;
+    if (h.found != nullptr) return free_any_device_unhit(ptr, stream, d, h.found);
+  }
+  free_any_device_locked(ptr, stream, true);
 }
 
-void Allocator::free_any_device_unhit(void* ptr, const stream_t* stream, detail::Block* found) {
-  // Device 0's plain path, where its pair kept the block's shard lock.
-  if (found != nullptr && devices_[0]->hits().free_plain(*found, ptr, nullptr, stream, nullptr) ==
-                              detail::CacheHit::Freed::yes)
+void Allocator::free_any_device_unhit(void* ptr, const stream_t* stream, int device, detail::Block* found) {
+  // The plain path of `device`, where its pair kept the block's shard lock.
+  if (devices_[static_cast<std::size_t>(device)]->hits().free_plain(*found, ptr, nullptr, stream, nullptr) ==
+      detail::CacheHit::Freed::yes) [[likely]]
     return;
-  // The cache hit on every device, waiting for its shard lock this time (no device lock is taken
-  // for another device's block; none where device 0's plain path declined its own block), then
-  // the device lock of each, which also answers for a pointer that is not live anywhere.
-  for (int d = found != nullptr ? device_count_ : 0; d < device_count_; ++d) {
+  free_any_device_locked(ptr, stream, false);
+}
+
+void Allocator::free_any_device_locked(void* ptr, const stream_t* stream, bool hits_again) {
+  // Not found, or a shard lock was busy: the cache hit again, waiting for the lock this time.
+  for (int d = 0; hits_again && d < device_count_; ++d) {
     detail::CacheHit& hits = devices_[static_cast<std::size_t>(d)]->hits();
     const detail::CacheHit::Given g = hits.give(ptr, nullptr, stream);
     if (g.done || (g.found != nullptr && hits.free_plain(*g.found, ptr, nullptr, stream, nullptr) ==
                                              detail::CacheHit::Freed::yes))
       return;
   }
+  // The device lock of each device, which also answers for a pointer that is not live anywhere.
   for (int d = 0; d < device_count_; ++d) {
     if (devices_[static_cast<std::size_t>(d)]->free(ptr, nullptr, stream) ==
         FreeStatus::freed)
