@@ -455,8 +455,9 @@ TEST_F(AllocatorTest, DevicesHaveSeparateCachesAndStatistics) {
   a().validate();
 }
 
-// deallocate(ptr) and deallocate(ptr, stream) try device 0's pair first, then its plain path,
-// then every device's cache hit and device lock: each route frees exactly its block.
+// deallocate(ptr) and deallocate(ptr, stream) try each device's pair (device 0's first), then the
+// plain path of the device whose pair found the block, else every device's cache hit again and
+// every device lock: each route frees exactly its block.
 TEST_F(AllocatorTest, TheUnsizedFreeTakesEveryRouteOnEveryDevice) {
   make("", GiB, 2);
   auto live = [&](int d) { return st("allocation.all.current", d); };
