@@ -20,7 +20,7 @@ namespace stitch {
   const detail::CacheHit::Taken t = d.hits().take<false>(bytes, stream);
   if (t.ptr != nullptr) [[likely]] return t.ptr;
   if (t.shard != nullptr)  // (the take kept its lock)
-    if (void* p = d.hits().allocate_plain(*t.shard, bytes, stream)) [[likely]] return p;
+    if (void* p = d.hits().allocate_plain(*t.shard, bytes, t.rounded, stream)) [[likely]] return p;
   return a.allocate_unhit(d, t.shard != nullptr, bytes, stream);
 }
 

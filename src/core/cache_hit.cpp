@@ -15,11 +15,10 @@ void CacheHit::configure(const Config& config) noexcept {
   gc_clock_ = store_.gc_clock_runs();
 }
 
-void* CacheHit::allocate_plain(StreamShard& shard, std::size_t size, stream_t stream) {
+void* CacheHit::allocate_plain(StreamShard& shard, std::size_t size, std::size_t rounded,
+                               stream_t stream) {
   std::lock_guard guard(shard.lock, std::adopt_lock);
   if (closed_.load(std::memory_order_relaxed) != 0 || live_.crowded()) return nullptr;
-  const std::size_t rounded = plain_rounding_ ? round_up(size, kMinBlockSize)
-                                              : round_size(size, config_.roundup_power2_divisions);
   if (rounded >= max_split_) return nullptr;
   BlockPool& pool = shard.pool(is_small(rounded));
   // A verdict that still holds for the held block knows where best fit puts a smaller request.
@@ -44,7 +43,7 @@ void* CacheHit::allocate_plain(StreamShard& shard, std::size_t size, stream_t st
     shard.blocks.reserve(1);  // take() cannot fail (may throw: nothing changed)
     LiveTable::Slot* slot = live_.claim(LiveTable::key_of(fit->ptr));
     if (slot == nullptr) return nullptr;
-    store_.tick(pool);  // the lookup counts for the GC clock, as best_fit's
+    if (gc_clock_) store_.tick(pool);  // the lookup counts for the GC clock, as best_fit's
     block = store_.take(pool, fit, rounded);
     block->live_slot = slot;
     LiveTable::publish(slot, block);

@@ -75,10 +75,12 @@ class CacheHit {
   void configure(const Config& config) noexcept;
 
   /// What take() did: the pair's pointer, or (nullptr) the stream's shard, whose lock it kept
-  /// for allocate_plain(), or neither (no lock held: the device lock decides).
+  /// for allocate_plain(), and the request's rounded size, or neither (no lock held: the device
+  /// lock decides).
   struct Taken {
     void* ptr;
     StreamShard* shard;
+    std::size_t rounded;
   };
   /// A pair's take (core/pair_verdict.hpp) of `size` bytes for `stream`. Without `kWait`, a
   /// shard lock another thread holds is not waited for: neither pointer (the caller's full path
@@ -87,13 +89,13 @@ class CacheHit {
   [[gnu::always_inline]] Taken take(std::size_t size, stream_t stream) noexcept {
     if (size - 1 >= kMaxRequest - 1 || t_open_regions != 0 ||
         g_fork_generation.load(std::memory_order_relaxed) != generation_)
-      return {nullptr, nullptr};
+      return {nullptr, nullptr, 0};
     StreamShard* shard = shards_.find(stream);
-    if (shard == nullptr) return {nullptr, nullptr};
+    if (shard == nullptr) return {nullptr, nullptr, 0};
     if constexpr (kWait) {
       shard->lock.lock();
     } else if (!shard->lock.try_lock()) {
-      return {nullptr, nullptr};
+      return {nullptr, nullptr, 0};
     }
     const std::size_t rounded = plain_rounding_ ? round_up(size, kMinBlockSize)
                                                 : round_size(size, config_.roundup_power2_divisions);
@@ -105,17 +107,18 @@ class CacheHit {
         hot_.board() == shard->stats.seen) [[likely]] {
       void* p = take_pair(*shard, pool, held, rounded, size);
       shard->lock.unlock();
-      return {p, nullptr};
+      return {p, nullptr, rounded};
     }
-    return {nullptr, shard};
+    return {nullptr, shard, rounded};
   }
-  /// An allocation of `size` bytes for `stream` that is not a pair's take (take() kept the lock
-  /// of `shard`, `stream`'s; released here): a verdict decided for the held block, and its pair
-  /// taken, or the held block taken back (take_held) or best fit in the pool's index (the held
-  /// block filed first), counted in full. nullptr when the hit is closed, the request oversize,
+  /// An allocation of `size` bytes (`rounded`, take()'s) for `stream` that is not a pair's take
+  /// (take() kept the lock of `shard`, `stream`'s; released here): a verdict decided for the
+  /// held block, and its pair taken, or the held block taken back (take_held) or best fit in the
+  /// pool's index (the held block filed first), counted in full. nullptr when the hit is closed, the request oversize,
   /// best fit finds no block or the live table has no room: the device lock decides (nothing
   /// changed). Throws std::bad_alloc with nothing changed.
-  [[gnu::noinline]] void* allocate_plain(StreamShard& shard, std::size_t size, stream_t stream);
+  [[gnu::noinline]] void* allocate_plain(StreamShard& shard, std::size_t size, std::size_t rounded,
+                                         stream_t stream);
 
   /// What give() did: `done`, or not and the live block found for the pointer, whose shard's
   /// lock it kept for free_plain() (nullptr: no lock held, the device lock looks).

@@ -89,7 +89,7 @@ class DeviceAllocator final : private detail::DeviceUpkeep {
     const detail::CacheHit::Taken t = hits_.take(size, stream);
     if (t.ptr != nullptr) [[likely]] return {t.ptr, nullptr};
     if (t.shard != nullptr)
-      if (void* p = hits_.allocate_plain(*t.shard, size, stream)) return {p, nullptr};
+      if (void* p = hits_.allocate_plain(*t.shard, size, t.rounded, stream)) return {p, nullptr};
     return malloc_locked(size, stream);
   }
   /// malloc() under the device lock (what the cache hit leaves).
