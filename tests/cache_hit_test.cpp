@@ -425,54 +425,68 @@ TEST(CacheHitUnit, WhatTheDeviceLockMustDoGoesThere) {
 // garbage_collection_threshold releases the free whole segments that sat unused longer than the
 // average, by the large pools' clock, which counts best-fit lookups. Every lookup the cache hit
 // makes must tick it as the device lock's does. Here one segment is freed before three lookups
-// that only the hit's best fit in the index makes, and one after them: the collector must release
-// the older one. (Were those lookups not counted, both would look as old, and the collector would
-// release the first in address order: the younger.)
+// that only the hit makes (best fit in the index, pairs, or a held block taken back), and one
+// after them: the collector must release the older one. (Were those lookups not counted, both
+// would look as old, and the collector would release the first in address order: the younger.)
 TEST(CacheHitUnit, ItsLookupsAgeFreeSegmentsForTheCollectorAsTheDeviceLocksDo) {
-  const char* conf = "backend:sim,garbage_collection_threshold:0.5,per_process_memory_fraction:0.5";
-  FixedSide on(conf, 200 * MiB);
-  FixedSide off(conf, 200 * MiB);
-  off.alloc->device(0).set_cache_hit(false);
-  const stream_t s = S(1);
-  struct Both {
-    void* on;
-    void* off;
-  };
-  auto allocate = [&](std::size_t bytes) {
-    return Both{on.alloc->allocate(bytes, s), off.alloc->allocate(bytes, s)};
-  };
-  auto free = [&](Both b, std::size_t bytes) {
-    on.alloc->deallocate(b.on, bytes, 0, s);
-    off.alloc->deallocate(b.off, bytes, 0, s);
-  };
-  const Both younger = allocate(20 * MiB);  // (the lower address)
-  const Both older = allocate(20 * MiB);
-  const Both work = allocate(12 * MiB);  // 52 MiB reserved: past the threshold's 50
-  free(work, 12 * MiB);
-  std::vector<Both> pieces{allocate(2 * MiB)};  // the front of `work`, taken back
-  free(older, 20 * MiB);
-  for (int i = 0; i < 3; ++i) pieces.push_back(allocate(2 * MiB));  // best fit in the index
-  free(younger, 20 * MiB);
-  const std::int64_t hits = on.alloc->stats(0).num_cache_hits;
-  EXPECT_GE(hits, 4) << "the hit made the lookups";
-  const Both big = allocate(30 * MiB);  // a new segment: the collector runs first
-  ASSERT_NE(big.on, nullptr);
-  ASSERT_NE(big.off, nullptr);
-  EXPECT_EQ(on.alloc->stats(0).num_cache_hits, hits) << "the device lock grew the device";
-  EXPECT_EQ(stats_text(*on.alloc), stats_text(*off.alloc));
-  EXPECT_EQ(layout(*on.alloc), layout(*off.alloc));
-  bool has_younger = false;
-  bool has_older = false;
-  for (const SegmentSnapshot& seg : on.alloc->snapshot().segments) {
-    has_younger |= seg.address == reinterpret_cast<std::uintptr_t>(younger.on);
-    has_older |= seg.address == reinterpret_cast<std::uintptr_t>(older.on);
+  for (const char* how : {"best fit in the index", "pairs", "taken back"}) {
+    SCOPED_TRACE(how);
+    const std::string way = how;
+    const char* conf =
+        "backend:sim,garbage_collection_threshold:0.5,per_process_memory_fraction:0.5";
+    FixedSide on(conf, 200 * MiB);
+    FixedSide off(conf, 200 * MiB);
+    off.alloc->device(0).set_cache_hit(false);
+    const stream_t s = S(1);
+    struct Both {
+      void* on;
+      void* off;
+    };
+    auto allocate = [&](std::size_t bytes) {
+      return Both{on.alloc->allocate(bytes, s), off.alloc->allocate(bytes, s)};
+    };
+    auto free = [&](Both b, std::size_t bytes) {
+      on.alloc->deallocate(b.on, bytes, 0, s);
+      off.alloc->deallocate(b.off, bytes, 0, s);
+    };
+    const Both younger = allocate(20 * MiB);  // (the lower address)
+    const Both older = allocate(20 * MiB);
+    const Both work = allocate(12 * MiB);  // 52 MiB reserved: past the threshold's 50
+    free(work, 12 * MiB);
+    std::vector<Both> pieces{allocate(2 * MiB)};  // the front of `work`, taken back
+    // Taken back: `work` full, so that its last piece, freed, has no free neighbour.
+    while (way == "taken back" && pieces.size() < 6) pieces.push_back(allocate(2 * MiB));
+    free(older, 20 * MiB);
+    for (int i = 0; i < 3; ++i) {
+      if (way == "best fit in the index") {  // the rest of `work`
+        pieces.push_back(allocate(2 * MiB));
+      } else {  // a free and the same request again
+        free(pieces.back(), 2 * MiB);
+        pieces.back() = allocate(2 * MiB);
+      }
+    }
+    free(younger, 20 * MiB);
+    const std::int64_t hits = on.alloc->stats(0).num_cache_hits;
+    EXPECT_GE(hits, 4) << "the hit made the lookups";
+    const Both big = allocate(30 * MiB);  // a new segment: the collector runs first
+    ASSERT_NE(big.on, nullptr);
+    ASSERT_NE(big.off, nullptr);
+    EXPECT_EQ(on.alloc->stats(0).num_cache_hits, hits) << "the device lock grew the device";
+    EXPECT_EQ(stats_text(*on.alloc), stats_text(*off.alloc));
+    EXPECT_EQ(layout(*on.alloc), layout(*off.alloc));
+    bool has_younger = false;
+    bool has_older = false;
+    for (const SegmentSnapshot& seg : on.alloc->snapshot().segments) {
+      has_younger |= seg.address == reinterpret_cast<std::uintptr_t>(younger.on);
+      has_older |= seg.address == reinterpret_cast<std::uintptr_t>(older.on);
+    }
+    EXPECT_TRUE(has_younger) << "the younger free segment stays";
+    EXPECT_FALSE(has_older) << "the older free segment is released";
+    for (const Both& p : pieces) free(p, 2 * MiB);
+    free(big, 30 * MiB);
+    on.alloc->validate();
+    off.alloc->validate();
   }
-  EXPECT_TRUE(has_younger) << "the younger free segment stays";
-  EXPECT_FALSE(has_older) << "the older free segment is released";
-  for (const Both& p : pieces) free(p, 2 * MiB);
-  free(big, 30 * MiB);
-  on.alloc->validate();
-  off.alloc->validate();
 }
 
 // Many live blocks crowd the live table, which the device lock rebuilds; the blocks stay found.
