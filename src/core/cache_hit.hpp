@@ -114,9 +114,9 @@ class CacheHit {
   /// An allocation of `size` bytes (`rounded`, take()'s) for `stream` that is not a pair's take
   /// (take() kept the lock of `shard`, `stream`'s; released here): a verdict decided for the
   /// held block, and its pair taken, or the held block taken back (take_held) or best fit in the
-  /// pool's index (the held block filed first), counted in full. nullptr when the hit is closed, the request oversize,
-  /// best fit finds no block or the live table has no room: the device lock decides (nothing
-  /// changed). Throws std::bad_alloc with nothing changed.
+  /// pool's index (the held block filed first), counted in full. nullptr when the hit is closed,
+  /// the request oversize, best fit finds no block or the live table has no room: the device
+  /// lock decides (nothing changed). Throws std::bad_alloc with nothing changed.
   [[gnu::noinline]] void* allocate_plain(StreamShard& shard, std::size_t size, std::size_t rounded,
                                          stream_t stream);
 
