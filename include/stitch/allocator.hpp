@@ -289,8 +289,11 @@ class STITCH_EXPORT Allocator {
   /// plain path looked at the block (else nothing of it did).
   void deallocate_unhit(DeviceAllocator& home, bool plain, void* ptr, std::size_t bytes, stream_t stream);
 
+  // ---- for stitch::KvPool (src/api/kv_pool.cpp): internal, not for programs -----------------
+  /// The id of region tag `name` (1..), registered when `create`; 0 when unknown.
+  std::uint16_t tag_id(std::string_view name, bool create);
+
  private:
-  friend class KvPool;  // registers its tag
   DeviceAllocator& checked_device(int device) const {
     if (DeviceAllocator* d = device_or_null(device)) [[likely]] return *d;
     throw_bad_device(device);
@@ -315,8 +318,6 @@ class STITCH_EXPORT Allocator {
   [[noreturn, gnu::noinline]] void fail_allocation(detail::OomCapture* failure);
   /// configure() with config_mutex_ held.
   void configure_locked(std::string_view conf);
-  /// The id of tag `name` (1..), registered when `create`; 0 when unknown.
-  std::uint16_t tag_id(std::string_view name, bool create);
   [[nodiscard]] std::string tag_name(std::uint16_t id) const;
   /// The ids of a comma-separated list of tags, each of which must have been used on some
   /// device (nullopt: every tag known). Throws invalid_argument naming an unknown one.

@@ -18,9 +18,9 @@ KvPool::KvPool(Allocator& allocator, int device, int buffers, std::size_t block_
   if (tag.empty()) tag = "kv";
   if (tag.find(',') != std::string_view::npos)
     throw invalid_argument(fmt::format("stitch_kv_create: tag '{}' has a comma", tag));
-  DeviceAllocator& d = allocator.checked_device(device);
+  DeviceAllocator& d = allocator.device(device);
   const std::uint16_t id = allocator.tag_id(tag, true);
-  const std::string name = allocator.tag_name(id);
+  const std::string name(tag);  // (the name tag_id registered)
   const bool spill = (flags & Allocator::kRegionSpill) != 0;
   for (int k = 0; k < allocator.device_count(); ++k) allocator.device(k).residency().name_tag(id, name);
   id_ = d.kv().create(buffers, block_bytes, max_blocks, id, name, (flags & Allocator::kRegionBackup) != 0, spill);

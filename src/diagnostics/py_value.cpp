@@ -293,7 +293,8 @@ void PyValue::set(PyValue key, PyValue v) {
   node_->entries.emplace_back(std::move(key), std::move(v));
 }
 
-bool operator==(const PyValue& a, const PyValue& b) {
+bool PyValue::operator==(const PyValue& b) const {
+  const PyValue& a = *this;
   if (a.type_ != b.type_) return false;
   switch (a.type_) {
     case PyValue::Type::none: return true;

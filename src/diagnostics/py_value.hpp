@@ -86,7 +86,7 @@ class PyValue {
   void set(PyValue key, PyValue v);
 
   /// Deep equality (1 == 1.0 is false: types must match; NaN != NaN).
-  friend bool operator==(const PyValue& a, const PyValue& b);
+  bool operator==(const PyValue& b) const;
 
   /// A short Python-like rendering, cut after `max_chars` characters (for messages and tests).
   [[nodiscard]] std::string repr(std::size_t max_chars = 200) const;
