@@ -5,6 +5,7 @@
 // store (core/block_store.hpp) changes states and asserts every transition.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -216,6 +217,24 @@ struct Segment {
     for (const Borrow& b : borrows)
       if (b.slot == slot) return true;
     return false;
+  }
+  /// What slot_marks() says of a page slot.
+  static constexpr std::uint8_t kSlotLive = 1, kSlotFrozen = 2;
+  /// Per page slot (expandable): kSlotLive where a block other than a free or unmapped one
+  /// touches it, with kSlotFrozen where that block is lent or pinned (exported: its memory stays
+  /// where it is). For the paths that move pages (compaction, spill), never for a cache hit.
+  [[nodiscard]] std::vector<std::uint8_t> slot_marks() const {
+    std::vector<std::uint8_t> mark(pages.stored(), 0);
+    for (const Block* b = head; b != nullptr; b = b->next) {
+      if (b->state == BlockState::free || b->state == BlockState::unmapped) continue;
+      const auto offset = static_cast<std::size_t>(b->ptr - base);
+      const std::size_t first = offset / page;
+      const std::size_t last = std::min((offset + b->size - 1) / page + 1, mark.size());
+      const std::uint8_t m = b->state == BlockState::lent || b->pins > 0 ? kSlotLive | kSlotFrozen
+                                                                          : kSlotLive;
+      for (std::size_t i = first; i < last; ++i) mark[i] |= m;
+    }
+    return mark;
   }
 };
 

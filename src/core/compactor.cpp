@@ -19,17 +19,7 @@ std::vector<Compactor::Candidate> Compactor::candidates() const {
     if (s->asleep) continue;  // nothing under a sleeping range is mapped
     if (s->private_pool != nullptr) continue;  // a graph's replay may use its free granules
     const PageTable& t = s->pages;
-    // Per slot: live (a block other than a free one touches it), or frozen (pinned or lent).
-    std::vector<std::uint8_t> mark(t.stored(), 0);
-    constexpr std::uint8_t kLive = 1, kFrozen = 2;
-    for (const Block* b = s->head; b != nullptr; b = b->next) {
-      if (b->state == BlockState::free || b->state == BlockState::unmapped) continue;
-      const auto offset = static_cast<std::size_t>(b->ptr - s->base);
-      const std::size_t first = offset / s->page;
-      const std::size_t last = std::min((offset + b->size - 1) / s->page + 1, mark.size());
-      const std::uint8_t m = b->state == BlockState::lent || b->pins > 0 ? kLive | kFrozen : kLive;
-      for (std::size_t i = first; i < last; ++i) mark[i] |= m;
-    }
+    const std::vector<std::uint8_t> mark = s->slot_marks();
     for (std::size_t i = 0; i < t.stored();) {
       const std::size_t n = t.extent(i);
       if (t.handle(i) == 0 || n == 0) {
@@ -39,8 +29,8 @@ std::vector<Compactor::Candidate> Compactor::candidates() const {
       Candidate c{Mapping{s, i, n}, {}, 0, 0};
       bool frozen = s->borrowed_at(i);
       for (std::size_t k = i; k < i + n; ++k) {
-        frozen = frozen || (mark[k] & kFrozen) != 0;
-        if ((mark[k] & kLive) == 0) {
+        frozen = frozen || (mark[k] & Segment::kSlotFrozen) != 0;
+        if ((mark[k] & Segment::kSlotLive) == 0) {
           ++c.free;
           continue;
         }

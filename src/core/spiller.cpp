@@ -45,18 +45,7 @@ std::vector<Spiller::Move> Spiller::moves(Segment& s) {
   std::vector<Move> out;
   if (!may_spill(s)) return out;
   const PageTable& t = s.pages;
-  // Per slot: live (a block other than a free one touches it), or frozen (pinned, exported or
-  // lent: its memory stays where it is).
-  std::vector<std::uint8_t> mark(t.stored(), 0);
-  constexpr std::uint8_t kLive = 1, kFrozen = 2;
-  for (const Block* b = s.head; b != nullptr; b = b->next) {
-    if (b->state == BlockState::free || b->state == BlockState::unmapped) continue;
-    const auto offset = static_cast<std::size_t>(b->ptr - s.base);
-    const std::size_t first = offset / s.page;
-    const std::size_t last = std::min((offset + b->size - 1) / s.page + 1, mark.size());
-    const std::uint8_t m = b->state == BlockState::lent || b->pins > 0 ? kLive | kFrozen : kLive;
-    for (std::size_t i = first; i < last; ++i) mark[i] |= m;
-  }
+  const std::vector<std::uint8_t> mark = s.slot_marks();
   for (std::size_t i = 0; i < t.stored();) {
     const std::size_t n = t.extent(i);
     if (t.handle(i) == 0 || n == 0) {
@@ -66,8 +55,8 @@ std::vector<Spiller::Move> Spiller::moves(Segment& s) {
     Move mv{Mapping{&s, i, n}, {}, 0};
     bool frozen = t.host(i) || s.borrowed_at(i);
     for (std::size_t k = i; k < i + n; ++k) {
-      frozen = frozen || (mark[k] & kFrozen) != 0;
-      if ((mark[k] & kLive) == 0) continue;
+      frozen = frozen || (mark[k] & Segment::kSlotFrozen) != 0;
+      if ((mark[k] & Segment::kSlotLive) == 0) continue;
       ++mv.kept;
       if (!mv.keep.empty() && mv.keep.back().first + mv.keep.back().count == k) {
         ++mv.keep.back().count;
