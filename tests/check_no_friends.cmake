@@ -4,9 +4,10 @@
 file(GLOB_RECURSE files ${SRC}/src/*.hpp ${SRC}/src/*.cpp ${SRC}/src/*.h ${SRC}/include/*.hpp ${SRC}/include/*.h)
 set(found "")
 foreach(f ${files})
-  file(STRINGS ${f} lines REGEX "^[ \t]*friend[ \t]")
+  # At a line's start or after a template header or a brace ("template <...> friend", "{ friend").
+  file(STRINGS ${f} lines REGEX "(^|[>{;])[ \t]*friend[ \t]")
+  file(RELATIVE_PATH rel ${SRC} ${f})
   foreach(line ${lines})
-    file(RELATIVE_PATH rel ${SRC} ${f})
     string(STRIP "${line}" line)
     string(APPEND found "\n  ${rel}: ${line}")
   endforeach()
