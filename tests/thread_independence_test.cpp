@@ -14,7 +14,9 @@
 // pages left with a live block at their start, which stitching and compaction serve; and training
 // beside tagged inference memory that a third thread puts to sleep and wakes. Configs:
 // PyTorch's defaults, expandable segments, stitching and compaction (on a device small enough for
-// the out-of-memory ladder to run).
+// the out-of-memory ladder to run), and PyTorch's tuning knobs together ("Tuned": power-of-two
+// rounding divisions, a max_split_size that makes the fragmentation scenario's largest blocks
+// oversize, and a garbage collection threshold).
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -482,9 +484,11 @@ TEST_P(ThreadIndependence, TheSameRequestsInTheSameOrderEndInTheSameSnapshot) {
 std::string param_name(const ::testing::TestParamInfo<Params>& info) {
   static const char* const kScenario[] = {"ForwardBackward", "ProducerConsumer", "OwnStreams",
                                           "SharedAndOwnStreams", "Fragmentation", "SleepWake"};
-  static const char* const kConfig[] = {"Defaults", "Expandable", "Stitching", "Compaction"};
+  static const char* const kConfig[] = {"Defaults", "Expandable", "Stitching", "Compaction",
+                                        "Tuned"};
   const std::string config = std::get<0>(info.param);
   const int c = config.empty()                                  ? 0
+                : config.find("roundup") != std::string::npos   ? 4
                 : config.find("compact") != std::string::npos   ? 3
                 : config.find("stitching") != std::string::npos ? 2
                                                                 : 1;
@@ -495,7 +499,9 @@ INSTANTIATE_TEST_SUITE_P(
     Scenarios, ThreadIndependence,
     ::testing::Combine(::testing::Values("", "expandable_segments:True",
                                          "expandable_segments:True,stitching:True",
-                                         "expandable_segments:True,stitching:True,stitch_compact:True"),
+                                         "expandable_segments:True,stitching:True,stitch_compact:True",
+                                         "roundup_power2_divisions:4,max_split_size_mb:24,"
+                                         "garbage_collection_threshold:0.5"),
                        ::testing::Values(std::size_t{160}), ::testing::Values(0, 1, 2, 3, 4, 5)),
     param_name);
 
