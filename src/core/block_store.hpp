@@ -161,7 +161,7 @@ class BlockStore {
   /// Takes the free `block` (best_fit's) out of the index for `rounded` bytes, splitting off the
   /// rest when the policy says so; returns the block to hand out, allocated (the caller activates
   /// it). Throws std::bad_alloc with nothing changed.
-  Block* take(BlockPool& pool, Block* block, std::size_t rounded);
+  [[gnu::always_inline]] Block* take(BlockPool& pool, Block* block, std::size_t rounded);
   /// Files `block` free, coalescing it with free neighbours; returns the block it ended in.
   Block* file(BlockPool& pool, Block* block) noexcept;
   /// A block whose free completed (its caller's free, or its last event): it leaves the active
@@ -172,12 +172,12 @@ class BlockStore {
   /// The cache hit frees `block` of `pool` (its other statistics counted by the caller, the pool
   /// holding no block): held (BlockPool::held) when no free block precedes it, else filed. Never
   /// allocates.
-  void file_or_hold(BlockPool& pool, Block* block) noexcept;
+  [[gnu::always_inline]] void file_or_hold(BlockPool& pool, Block* block) noexcept;
   /// The pool's held block for `rounded` bytes of `stream`, when best fit would take the free
   /// block it ends in (the held block at its front), as take() would make it: allocated (the
   /// caller activates it). nullptr, with nothing changed, otherwise. Throws std::bad_alloc with
   /// nothing changed.
-  Block* take_held(BlockPool& pool, stream_t stream, std::size_t rounded);
+  [[gnu::always_inline]] Block* take_held(BlockPool& pool, stream_t stream, std::size_t rounded);
   /// The size of the last block of `pool`'s index that comes before the free block the held
   /// block `held` ends in (it and its free successor) in best-fit order (stream, size, address),
   /// that successor aside, or 0: best fit for a request of r bytes takes that free block over
@@ -410,6 +410,106 @@ inline Block* BlockStore::take(BlockPool& pool, Block* block, std::size_t rounde
     set_state(*block, BlockState::allocated);
   }
   return out;
+}
+
+inline void BlockStore::file_or_hold(BlockPool& pool, Block* block) noexcept {
+  if (block->prev != nullptr && block->prev->is_free()) {  // it ends in the block before it
+    file(pool, block);  // (merges: never a tree insert)
+    return;
+  }
+  // Held: counted as the filing would count it (merged with a free successor), and stamped.
+  Block* next = block->next;
+  if (next != nullptr && next->is_free()) {
+    // One free block (the successor) becomes another (the two merged): split unless they make
+    // the whole segment.
+    if (block->prev != nullptr || next->next != nullptr) {
+      account_inactive_change(block, 0, static_cast<std::int64_t>(block->size));
+    } else {
+      account_inactive_change(block, -1, -static_cast<std::int64_t>(next->size));
+    }
+    // Its free successor is parked when the pool parks none (once: then the pairs that follow
+    // touch no tree).
+    if (pool.parked == nullptr) {
+      pool.index.erase(next);
+      pool.parked = next;
+    }
+  } else if (block->prev != nullptr || next != nullptr) {
+    account_inactive_change(block, 1, static_cast<std::int64_t>(block->size));
+  }
+  pool.held = BlockPool::Held{block, pool.clock->load(std::memory_order_relaxed)};
+  set_state(*block, BlockState::held);
+}
+
+inline Block* BlockStore::take_held(BlockPool& pool, stream_t stream, std::size_t rounded) {
+  Block* held = pool.held.block;
+  // The free block the held one ends in: it and its free successor (its predecessor is not free).
+  Block* next = held->next != nullptr && held->next->is_free() ? held->next : nullptr;
+  const std::size_t size = held->size + (next != nullptr ? next->size : 0);
+  if (size < rounded || !may_serve(size, rounded)) return nullptr;
+  // Best fit among the other free blocks: the index without `next`, and the parked block.
+  auto it = pool.index.best_fit(stream, rounded);
+  if (it != pool.index.end() && *it == next) {
+    ++it;
+    if (it != pool.index.end() && (*it)->stream != stream) it = pool.index.end();
+  }
+  auto before = [&](const Block* b) {  // `b` comes first in best-fit order
+    return b->size < size || (b->size == size && b->ptr < held->ptr);
+  };
+  if (it != pool.index.end() && before(*it)) return nullptr;
+  if (Block* p = pool.parked;
+      p != nullptr && p != next && p->size >= rounded && before(p))
+    return nullptr;
+  // Best fit takes it: what take() does to that free block, the held block its front.
+  const bool split = should_split(held->small, held->segment->expandable, size, rounded);
+  const bool was_split =
+      held->prev != nullptr || (next != nullptr ? next->next : held->next) != nullptr;
+  if (split && next == nullptr) {  // the rest needs a block of its own (may throw: nothing changed)
+    held->shard->blocks.reserve(1);
+  }
+  tick(pool);  // one best-fit lookup
+  if (split) {
+    Block* rest = next;
+    const std::size_t rest_size = size - rounded;
+    if (rest == nullptr) {
+      rest = link_new_back(held, rounded, BlockState::free);
+      rest->size = rest_size;
+      if (pool.parked == nullptr) {
+        pool.parked = rest;
+      } else {
+        pool.index.insert(rest);
+      }
+    } else if (rest == pool.parked) {
+      rest->ptr = held->ptr + rounded;
+      rest->size = rest_size;
+    } else if (rounded < held->size) {
+      pool.index.grow(rest, held->ptr + rounded, rest_size);
+    } else if (rounded > held->size) {
+      pool.index.shrink(rest, held->ptr + rounded, rest_size);
+    }
+    held->size = rounded;
+    rest->gc_stamp = pool.held.stamp;  // (the free block's stamp, which the rest keeps)
+    if (was_split) {
+      account_inactive_change(held, 0, -static_cast<std::int64_t>(rounded));
+    } else {
+      account_inactive_change(held, 1, static_cast<std::int64_t>(rest_size));
+    }
+  } else {
+    if (next != nullptr) {  // the whole free block: the held one takes its successor in
+      if (next == pool.parked) {
+        pool.parked = nullptr;
+      } else {
+        pool.index.erase(next);
+      }
+      held->size = size;
+      held->next = next->next;
+      if (held->next != nullptr) held->next->prev = held;
+      destroy(next);
+    }
+    if (was_split) account_inactive_change(held, -1, -static_cast<std::int64_t>(size));
+  }
+  pool.held = BlockPool::Held{};
+  set_state(*held, BlockState::allocated);
+  return held;
 }
 
 inline Block* BlockStore::file(BlockPool& pool, Block* block) noexcept {

@@ -1,5 +1,7 @@
 // core/cache_hit.cpp — the cache hit's plain paths (an allocation or a free that is not a held
-// block's pair: best fit, take, file, counted in full) and the pair verdict's decision.
+// block's pair: best fit, take, file, counted in full) and the pair verdict's decision. Each plain
+// path is one frame: the decision and the store's operations it runs are inlined into it (only
+// filing the previous held block and the tree's inserts and erases are calls).
 #include "core/cache_hit.hpp"
 
 #include <algorithm>
@@ -15,50 +17,8 @@ void CacheHit::configure(const Config& config) noexcept {
   gc_clock_ = store_.gc_clock_runs();
 }
 
-void* CacheHit::allocate_plain(StreamShard& shard, std::size_t size, std::size_t rounded,
-                               stream_t stream) {
-  std::lock_guard guard(shard.lock, std::adopt_lock);
-  if (closed_.load(std::memory_order_relaxed) != 0 || live_.crowded()) return nullptr;
-  if (rounded >= max_split_) return nullptr;
-  BlockPool& pool = shard.pool(is_small(rounded));
-  // A verdict that still holds for the held block knows where best fit puts a smaller request.
-  const bool below = pool.verdict.held == pool.held.block && rounded < pool.verdict.fit_min;
-  begin_plain(shard, pool);
-  Block* block = nullptr;
-  if (Block* held = pool.held.block; held != nullptr) {
-    const Decision d = below ? Decision::elsewhere : decide(shard, pool, held, rounded);
-    if (d == Decision::pair && fits(pool.verdict, rounded, size))
-      return take_pair(shard, pool, held, rounded, size);
-    // Taken back where best fit would put the request, else filed before anything else changes.
-    if (d != Decision::elsewhere) block = store_.take_held(pool, stream, rounded);
-    if (block != nullptr) {
-      LiveTable::publish(block->live_slot, block);  // (its key's slot, dormant since its free)
-    } else {
-      store_.settle(pool);
-    }
-  }
-  if (block == nullptr) {
-    Block* fit = store_.find_fit(pool, stream, rounded);
-    if (fit == nullptr) return nullptr;
-    shard.blocks.reserve(1);  // take() cannot fail (may throw: nothing changed)
-    LiveTable::Slot* slot = live_.claim(LiveTable::key_of(fit->ptr));
-    if (slot == nullptr) return nullptr;
-    if (gc_clock_) store_.tick(pool);  // the lookup counts for the GC clock, as best_fit's
-    block = store_.take(pool, fit, rounded);
-    block->live_slot = slot;
-    LiveTable::publish(slot, block);
-  }
-  block->requested = size;
-  block->oversize = false;
-  hot_.hit_allocated(shard.stats, block->small, static_cast<std::int64_t>(block->size),
-                     static_cast<std::int64_t>(size));
-  ++shard.stats.hits;
-  end_plain(shard, pool);
-  return block->ptr;
-}
-
-CacheHit::Decision CacheHit::decide(StreamShard& shard, BlockPool& pool, Block* held,
-                                   std::size_t rounded) noexcept {
+inline CacheHit::Decision CacheHit::decide(StreamShard& shard, BlockPool& pool, Block* held,
+                                          std::size_t rounded) noexcept {
   PairVerdict& v = pool.verdict;
   v.held = nullptr;
   Block* rest = held->next;
@@ -117,6 +77,48 @@ CacheHit::Decision CacheHit::decide(StreamShard& shard, BlockPool& pool, Block* 
              : merged_split ? HotStats::PairSplit::shrink
                             : HotStats::PairSplit::fresh;
   return Decision::pair;
+}
+
+void* CacheHit::allocate_plain(StreamShard& shard, std::size_t size, std::size_t rounded,
+                               stream_t stream) {
+  std::lock_guard guard(shard.lock, std::adopt_lock);
+  if (closed_.load(std::memory_order_relaxed) != 0 || live_.crowded()) return nullptr;
+  if (rounded >= max_split_) return nullptr;
+  BlockPool& pool = shard.pool(is_small(rounded));
+  // A verdict that still holds for the held block knows where best fit puts a smaller request.
+  const bool below = pool.verdict.held == pool.held.block && rounded < pool.verdict.fit_min;
+  begin_plain(shard, pool);
+  Block* block = nullptr;
+  if (Block* held = pool.held.block; held != nullptr) {
+    const Decision d = below ? Decision::elsewhere : decide(shard, pool, held, rounded);
+    if (d == Decision::pair && fits(pool.verdict, rounded, size))
+      return take_pair(shard, pool, held, rounded, size);
+    // Taken back where best fit would put the request, else filed before anything else changes.
+    if (d != Decision::elsewhere) block = store_.take_held(pool, stream, rounded);
+    if (block != nullptr) {
+      LiveTable::publish(block->live_slot, block);  // (its key's slot, dormant since its free)
+    } else {
+      store_.settle(pool);
+    }
+  }
+  if (block == nullptr) {
+    Block* fit = store_.find_fit(pool, stream, rounded);
+    if (fit == nullptr) return nullptr;
+    shard.blocks.reserve(1);  // take() cannot fail (may throw: nothing changed)
+    LiveTable::Slot* slot = live_.claim(LiveTable::key_of(fit->ptr));
+    if (slot == nullptr) return nullptr;
+    if (gc_clock_) store_.tick(pool);  // the lookup counts for the GC clock, as best_fit's
+    block = store_.take(pool, fit, rounded);
+    block->live_slot = slot;
+    LiveTable::publish(slot, block);
+  }
+  block->requested = size;
+  block->oversize = false;
+  hot_.hit_allocated(shard.stats, block->small, static_cast<std::int64_t>(block->size),
+                     static_cast<std::int64_t>(size));
+  ++shard.stats.hits;
+  end_plain(shard, pool);
+  return block->ptr;
 }
 
 CacheHit::Freed CacheHit::free_plain(Block& found, const void* ptr, const std::size_t* expected_size,

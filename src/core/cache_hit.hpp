@@ -237,7 +237,8 @@ class CacheHit {
   };
   /// Decides the pool's verdict for its held block `held` (core/pair_verdict.hpp), or none,
   /// looking at a request of `rounded` bytes first.
-  Decision decide(StreamShard& shard, BlockPool& pool, Block* held, std::size_t rounded) noexcept;
+  [[gnu::always_inline]] Decision decide(StreamShard& shard, BlockPool& pool, Block* held,
+                                         std::size_t rounded) noexcept;
   /// A plain path is about to change `pool`: its verdict is void, and the shard's taken block's
   /// free will be a plain one.
   static void begin_plain(StreamShard& shard, BlockPool& pool) noexcept {
