@@ -1,7 +1,8 @@
 // core/cache_hit.cpp — the cache hit's plain paths (an allocation or a free that is not a held
 // block's pair: best fit, take, file, counted in full) and the pair verdict's decision. Each plain
-// path is one frame: the decision and the store's operations it runs are inlined into it (only
-// filing the previous held block and the tree's inserts and erases are calls).
+// path is one frame: the decision and the store's take, take-back and hold are inlined into it.
+// Calls remain for filing the previous held block, a new verdict's looks at the index and the
+// peaks, a peak's update and the tree's inserts and erases.
 #include "core/cache_hit.hpp"
 
 #include <algorithm>
