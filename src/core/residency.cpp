@@ -45,11 +45,6 @@ std::string Residency::tag_name(std::uint16_t tag) const {
                                                               : fmt::format("tag {}", tag);
 }
 
-bool Residency::asleep(std::uint16_t tag) const {
-  std::lock_guard lock(d_.lock);
-  return sleeper_.asleep(tag);
-}
-
 bool Residency::used(std::uint16_t tag) const {
   std::lock_guard lock(d_.lock);
   return sleeper_.used(tag);

@@ -53,8 +53,7 @@ class Residency {
   /// pages, releasing the cache first when the device has no room. The OOM text naming what
   /// stays on the host, or empty when everything is back.
   std::string unspill(const std::vector<std::uint16_t>& tags, bool all);
-  /// Whether `tag` is asleep / was ever used on this device.
-  [[nodiscard]] bool asleep(std::uint16_t tag) const;
+  /// Whether `tag` was ever used on this device.
   [[nodiscard]] bool used(std::uint16_t tag) const;
   /// Gives back cached free memory until reserved memory is at most `keep` bytes or nothing more
   /// can go (empty_cache that stops when enough has gone).
