@@ -40,6 +40,7 @@ stream_t S(std::uintptr_t s) { return reinterpret_cast<stream_t>(s); }
 // ---- FreeIndex ------------------------------------------------------------------------------
 
 struct IndexFixture {
+  explicit IndexFixture(bool one_stream = false) : index(one_stream) {}
   FreeIndex index;
   std::vector<std::unique_ptr<Block>> blocks;
   Block* make(std::uintptr_t addr, std::size_t size, std::uintptr_t stream = 0) {
@@ -157,6 +158,49 @@ TEST(FreeIndex, InsertsAndErasesInAnyOrderKeepTheOrderBothWays) {
     auto want = model.lower_bound(key);
     auto got = f.index.lower_bound(key);
     ASSERT_EQ(got == f.index.end() ? nullptr : *got, want == model.end() ? nullptr : *want);
+  }
+}
+
+TEST(FreeIndex, AOneStreamIndexKeepsTheFullOrderWithoutComparingStreams) {
+  // A stream shard's index (one stream): inserts, erases, re-keys, best fits and lower bounds at
+  // random against a std::set in the full (stream, size, address) order.
+  IndexFixture f(true);
+  std::mt19937_64 rng(13);
+  const std::uintptr_t stream = 0x40;
+  std::vector<Block*> all;
+  for (int i = 0; i < 400; ++i)
+    all.push_back(f.make(0x100000 + static_cast<std::uintptr_t>(i) * 0x1000000, (1 + rng() % 24) * 512, stream));
+  std::set<Block*, FreeOrder> model;
+  for (int step = 0; step < 20000; ++step) {
+    Block* b = all[rng() % all.size()];
+    const std::size_t delta = (1 + rng() % 4) * 512;
+    if (model.count(b) == 0) {
+      f.index.insert(b);
+      model.insert(b);
+    } else if (rng() % 3 == 0) {
+      f.index.erase(b);
+      model.erase(b);
+    } else {
+      model.erase(b);
+      if (rng() % 2 == 0 && b->size > delta) {
+        f.index.shrink(b, b->ptr + delta, b->size - delta);
+      } else {
+        f.index.grow(b, b->ptr - delta, b->size + delta);
+      }
+      model.insert(b);
+    }
+    ASSERT_EQ(f.index.size(), model.size());
+    const std::size_t size = (1 + rng() % 30) * 512;
+    auto want = model.lower_bound(FreeKey{S(stream), size, nullptr});
+    auto got = f.index.best_fit(S(stream), size);
+    ASSERT_EQ(got == f.index.end() ? nullptr : *got, want == model.end() ? nullptr : *want);
+    const FreeKey key{S(stream), size, reinterpret_cast<const char*>(0x100000 + rng() % 0x190000000)};
+    want = model.lower_bound(key);
+    auto bound = f.index.lower_bound(key);
+    ASSERT_EQ(bound == f.index.end() ? nullptr : *bound, want == model.end() ? nullptr : *want);
+    if (step % 97 != 0) continue;
+    ASSERT_EQ(std::vector<Block*>(f.index.begin(), f.index.end()), std::vector<Block*>(model.begin(), model.end()));
+    for (Block* x : all) ASSERT_EQ(f.index.contains(x), model.count(x) != 0);
   }
 }
 

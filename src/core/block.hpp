@@ -30,15 +30,23 @@ struct FreeKey {
   std::size_t size;
   const char* ptr;
 };
-struct FreeOrder {
-  using is_transparent = void;
-  static bool less(stream_t s1, std::size_t z1, const char* p1, stream_t s2, std::size_t z2,
-                   const char* p2) noexcept {
-    if (s1 != s2) [[unlikely]] return s1 < s2;  // (a stream's shard holds its blocks alone)
+/// FreeOrder among blocks of one stream (a stream shard's pools): (size, address).
+struct SizeOrder {
+  static bool less(std::size_t z1, const char* p1, std::size_t z2, const char* p2) noexcept {
     // (size, address) as one 128-bit number: one comparison, no branch on the size.
     __extension__ using Key = unsigned __int128;
     return ((Key{z1} << 64) | reinterpret_cast<std::uintptr_t>(p1)) <
            ((Key{z2} << 64) | reinterpret_cast<std::uintptr_t>(p2));
+  }
+  inline bool operator()(const Block* a, const Block* b) const noexcept;
+  inline bool operator()(const Block* a, const FreeKey& k) const noexcept;
+};
+struct FreeOrder {
+  using is_transparent = void;
+  static bool less(stream_t s1, std::size_t z1, const char* p1, stream_t s2, std::size_t z2,
+                   const char* p2) noexcept {
+    if (s1 != s2) [[unlikely]] return s1 < s2;
+    return SizeOrder::less(z1, p1, z2, p2);
   }
   inline bool operator()(const Block* a, const Block* b) const noexcept;
   inline bool operator()(const Block* a, const FreeKey& k) const noexcept;
@@ -150,6 +158,12 @@ void set_state(Block& block, BlockState to) noexcept {
   block.state = to;
 }
 
+bool SizeOrder::operator()(const Block* a, const Block* b) const noexcept {
+  return less(a->size, a->ptr, b->size, b->ptr);
+}
+bool SizeOrder::operator()(const Block* a, const FreeKey& k) const noexcept {
+  return less(a->size, a->ptr, k.size, k.ptr);
+}
 bool FreeOrder::operator()(const Block* a, const Block* b) const noexcept {
   return less(a->stream, a->size, a->ptr, b->stream, b->size, b->ptr);
 }

@@ -19,7 +19,8 @@ struct BlockPool {
   /// `gc_clock`: the clock it shares (the device's, for the streams' pools); nullptr: its own.
   explicit BlockPool(bool is_small, PrivatePool* of = nullptr, std::uint16_t tag_id = 0,
                      std::atomic<std::uint64_t>* gc_clock = nullptr)
-      : small(is_small), owner(of), tag(tag_id), clock(gc_clock != nullptr ? gc_clock : &own_clock) {}
+      : index(of == nullptr && tag_id == 0),  // (the device's own pools are a stream shard's)
+        small(is_small), owner(of), tag(tag_id), clock(gc_clock != nullptr ? gc_clock : &own_clock) {}
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 

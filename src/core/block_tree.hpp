@@ -51,13 +51,14 @@ class BlockTree {
   BlockTree(const BlockTree&) = delete;
   BlockTree& operator=(const BlockTree&) = delete;
 
-  /// Adds `b` (not in the tree).
+  /// Adds `b` (not in the tree). `O`: an order that agrees with `Order` on the tree's blocks.
+  template <typename O = Order>
   void insert(Block* b) noexcept {
     Block* parent = nullptr;
     Block** link = &root_;
     while (*link != nullptr) {
       parent = *link;
-      link = &parent->tree.child[Order{}(parent, b) ? 1 : 0];
+      link = &parent->tree.child[O{}(parent, b) ? 1 : 0];
     }
     b->tree = Block::TreeLinks{parent, {nullptr, nullptr}, true};
     *link = b;
@@ -147,12 +148,12 @@ class BlockTree {
     }
     return p;
   }
-  /// The first block not before `key`, or nullptr.
-  template <typename Key>
+  /// The first block not before `key`, or nullptr (`O` as insert()'s).
+  template <typename O = Order, typename Key>
   [[nodiscard]] Block* bound(const Key& key) const noexcept {
     Block* found = nullptr;
     for (Block* b = root_; b != nullptr;) {
-      const bool right = Order{}(b, key);
+      const bool right = O{}(b, key);
       found = right ? found : b;
       b = b->tree.child[right ? 1 : 0];
     }
