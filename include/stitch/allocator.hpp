@@ -285,9 +285,11 @@ class STITCH_EXPORT Allocator {
   /// allocate() on `d` after the cache hit declined; `plain`: its plain path ran (else nothing
   /// of it did).
   [[nodiscard]] void* allocate_unhit(DeviceAllocator& d, bool plain, std::size_t bytes, stream_t stream);
-  /// deallocate(ptr, bytes, home's device, stream) after the cache hit declined; `plain`: its
-  /// plain path looked at the block (else nothing of it did).
-  void deallocate_unhit(DeviceAllocator& home, bool plain, void* ptr, std::size_t bytes, stream_t stream);
+  /// deallocate(ptr, bytes, home's device, stream) after the pair declined: the cache hit's plain
+  /// path where the pair found the live block `found` (and kept its shard's lock), then the
+  /// device lock.
+  [[gnu::noinline]] void deallocate_unhit(DeviceAllocator& home, detail::Block* found, void* ptr,
+                                          std::size_t bytes, stream_t stream);
 
   // ---- for stitch::KvPool (src/api/kv_pool.cpp): internal, not for programs -----------------
   /// The id of region tag `name` (1..), registered when `create`; 0 when unknown.

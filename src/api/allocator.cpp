@@ -132,7 +132,7 @@ void Allocator::free_any_device(void* ptr, const stream_t* stream) {
 
 void Allocator::free_any_device_unhit(void* ptr, const stream_t* stream, int device, detail::Block* found) {
   // The plain path of `device`, where its pair kept the block's shard lock.
-  if (devices_[static_cast<std::size_t>(device)]->hits().free_plain(*found, ptr, nullptr, stream, nullptr) ==
+  if (devices_[static_cast<std::size_t>(device)]->hits().free_plain_inline(*found, ptr, nullptr, stream, nullptr) ==
       detail::CacheHit::Freed::yes) [[likely]]
     return;
   free_any_device_locked(ptr, stream, false);
@@ -161,16 +161,6 @@ void Allocator::free_any_device_locked(void* ptr, const stream_t* stream, bool h
 void Allocator::deallocate(void* ptr, std::size_t bytes, int device, stream_t stream) {
   if (ptr == nullptr) return;
   deallocate_on(*this, checked_device(device), ptr, bytes, stream);
-}
-
-void Allocator::deallocate_unhit(DeviceAllocator& home, bool plain, void* ptr, std::size_t bytes,
-                                 stream_t stream) {
-  // As allocate_unhit(); the device lock also says why a free is refused.
-  std::size_t actual = 0;
-  const FreeStatus status = plain ? home.free_locked(ptr, &bytes, &stream, &actual)
-                                  : home.free(ptr, &bytes, &stream, &actual);
-  if (status != FreeStatus::freed) [[unlikely]]
-    reject_sized_free(home, status == FreeStatus::wrong_size, ptr, bytes, home.device(), actual);
 }
 
 void Allocator::reject_sized_free(DeviceAllocator& home, bool wrong_size, void* ptr,

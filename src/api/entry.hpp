@@ -1,8 +1,8 @@
 // api/entry.hpp — allocate() and deallocate(ptr, bytes, device, stream) on one device, which
 // Allocator's entry points and the C API's stitch_malloc and stitch_free inline: the cache hit
 // (core/cache_hit.hpp; a pair, else its plain path), so that a hit makes no call from one entry
-// into another, then one call for what the hit leaves (Allocator::allocate_unhit,
-// deallocate_unhit: the device lock).
+// into another, then one call for what the hit leaves (Allocator::allocate_unhit: the device
+// lock; deallocate_unhit: the plain free, inlined there, then the device lock).
 #pragma once
 
 #include <cstddef>
@@ -29,10 +29,7 @@ namespace stitch {
                                                  std::size_t bytes, stream_t stream) {
   const detail::CacheHit::Given g = home.hits().give<false>(ptr, &bytes, &stream);
   if (g.done) [[likely]] return;
-  if (g.found != nullptr &&  // (give kept its shard's lock)
-      home.hits().free_plain(*g.found, ptr, &bytes, &stream, nullptr) == detail::CacheHit::Freed::yes)
-    [[likely]] return;
-  a.deallocate_unhit(home, g.found != nullptr, ptr, bytes, stream);
+  a.deallocate_unhit(home, g.found, ptr, bytes, stream);  // (g.found: give kept its shard's lock)
 }
 
 }  // namespace stitch

@@ -2,7 +2,9 @@
 // block's pair: best fit, take, file, counted in full) and the pair verdict's decision. Each plain
 // path is one frame: the decision and the store's take, take-back and hold are inlined into it.
 // Calls remain for filing the previous held block, a new verdict's looks at the index and the
-// peaks, a peak's update and the tree's inserts and erases.
+// peaks, a peak's update and the tree's inserts and erases. The plain free's body is
+// CacheHit::free_plain_inline (core/cache_hit.hpp), which the entry points' frame after a declined
+// pair inlines too (Allocator::deallocate_unhit, free_any_device_unhit).
 #include "core/cache_hit.hpp"
 
 #include <algorithm>
@@ -124,29 +126,7 @@ void* CacheHit::allocate_plain(StreamShard& shard, std::size_t size, std::size_t
 
 CacheHit::Freed CacheHit::free_plain(Block& found, const void* ptr, const std::size_t* expected_size,
                                      const stream_t* stream, std::size_t* actual_size) noexcept {
-  Block* block = &found;
-  StreamShard& shard = *block->shard;
-  std::lock_guard guard(shard.lock, std::adopt_lock);
-  if (block->state != BlockState::allocated || block->ptr != ptr) return Freed::elsewhere;
-  if (actual_size != nullptr) *actual_size = block->requested;
-  if (expected_size != nullptr && *expected_size != block->requested) return Freed::wrong_size;
-  BlockPool& pool = shard.pool(block->small);
-  const Segment* segment = block->segment;
-  if (closed_.load(std::memory_order_relaxed) != 0 || block->oversize ||
-      !block->stream_uses.empty() || (stream != nullptr && *stream != block->stream) ||
-      segment->pool != &pool || segment->asleep || segment->spilled != 0)
-    return Freed::elsewhere;
-  begin_plain(shard, pool);
-  // The stream's last free is filed first.
-  if (pool.held.block != nullptr) store_.settle(pool);
-  LiveTable::publish(block->live_slot, nullptr);
-  HotStats::hit_freed(shard.stats, block->small, static_cast<std::int64_t>(block->size),
-                      static_cast<std::int64_t>(block->requested));
-  block->requested = 0;
-  block->pins = 0;  // a pin lasts until the free
-  store_.file_or_hold(pool, block);  // (the stream's last free now)
-  end_plain(shard, pool);
-  return Freed::yes;
+  return free_plain_inline(found, ptr, expected_size, stream, actual_size);
 }
 
 }  // namespace stitch::detail

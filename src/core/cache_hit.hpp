@@ -160,6 +160,11 @@ class CacheHit {
   /// size; elsewhere: the device lock looks).
   [[gnu::noinline]] Freed free_plain(Block& found, const void* ptr, const std::size_t* expected_size,
                                      const stream_t* stream, std::size_t* actual_size) noexcept;
+  /// free_plain() inlined into its caller: the entry points' frame for a free the pair declined
+  /// (api/allocator_free.cpp, api/allocator.cpp), one frame past the entry point, not two.
+  [[gnu::always_inline]] Freed free_plain_inline(Block& found, const void* ptr,
+                                                 const std::size_t* expected_size,
+                                                 const stream_t* stream, std::size_t* actual_size) noexcept;
 
   /// Calls fn(block) on the live block at `ptr` under its shard's lock. False, fn not called,
   /// when it is not found that way (the device lock looks again).
@@ -264,5 +269,34 @@ class CacheHit {
   bool plain_rounding_ = true;  ///< no roundup_power2_divisions: sizes round to 512 B
   bool gc_clock_ = false;       ///< BlockStore::gc_clock_runs()
 };
+
+inline CacheHit::Freed CacheHit::free_plain_inline(Block& found, const void* ptr,
+                                                   const std::size_t* expected_size,
+                                                   const stream_t* stream,
+                                                   std::size_t* actual_size) noexcept {
+  Block* block = &found;
+  StreamShard& shard = *block->shard;
+  std::lock_guard guard(shard.lock, std::adopt_lock);
+  if (block->state != BlockState::allocated || block->ptr != ptr) return Freed::elsewhere;
+  if (actual_size != nullptr) *actual_size = block->requested;
+  if (expected_size != nullptr && *expected_size != block->requested) return Freed::wrong_size;
+  BlockPool& pool = shard.pool(block->small);
+  const Segment* segment = block->segment;
+  if (closed_.load(std::memory_order_relaxed) != 0 || block->oversize ||
+      !block->stream_uses.empty() || (stream != nullptr && *stream != block->stream) ||
+      segment->pool != &pool || segment->asleep || segment->spilled != 0)
+    return Freed::elsewhere;
+  begin_plain(shard, pool);
+  // The stream's last free is filed first.
+  if (pool.held.block != nullptr) store_.settle(pool);
+  LiveTable::publish(block->live_slot, nullptr);
+  HotStats::hit_freed(shard.stats, block->small, static_cast<std::int64_t>(block->size),
+                      static_cast<std::int64_t>(block->requested));
+  block->requested = 0;
+  block->pins = 0;  // a pin lasts until the free
+  store_.file_or_hold(pool, block);  // (the stream's last free now)
+  end_plain(shard, pool);
+  return Freed::yes;
+}
 
 }  // namespace stitch::detail
